@@ -1,0 +1,35 @@
+//! timeoutd's policy host: the wasmtime side of timeoutd.
+//!
+//! This crate owns everything between a merchant's policy plugin (a WebAssembly component built
+//! against the WIT package `timeout:policy`, see `wit/`) and the daemon, and nothing else: it has
+//! no database, broker or Redis dependency, so the merchant test harness can reuse it and test
+//! plugins under exactly the production engine, limits and WASI settings.
+//!
+//! Shape of a call:
+//! 1. [`PolicyEngine::new`] builds the one [`wasmtime::Engine`] (pooling allocator, epoch
+//!    interruption) and starts its epoch ticker.
+//! 2. [`PolicyEngine::load`] checks that the bytes are a component of a supported API version,
+//!    compiles it once (cached on disk, keyed by the engine's compatibility hash and the component's
+//!    digest) and links it into an `InstancePre`.
+//! 3. [`Plugin::decide`] / [`Plugin::check`] instantiate a fresh `Store` per call, with a memory
+//!    cap, an epoch deadline and a WASI clock set to the decision's `now`, and convert the answer
+//!    into the version-independent types of [`model`]. A trap throws that `Store` away and nothing
+//!    else.
+//!
+//! Failures come in three tiers, kept apart in [`DecideError`]: the guest's own domain error
+//! (`policy-error`), a trap (deadline, memory, panic), and host-side problems.
+
+mod bindings;
+mod cache;
+mod engine;
+mod error;
+pub mod model;
+mod plugin;
+mod state;
+
+pub use engine::{PolicyEngine, RuntimeLimits};
+pub use error::{DecideError, LoadError, TrapKind};
+pub use plugin::Plugin;
+
+/// The WIT API versions this host can run, newest last (`timeout:policy@<version>`).
+pub const SUPPORTED_API_VERSIONS: &[&str] = &["0.1.0"];

@@ -1,0 +1,282 @@
+//! A loaded plugin and the per-call sandbox around `decide` and `check`.
+
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, Linker};
+use wasmtime::{Store, Trap};
+
+use crate::bindings::{VersionedPre, latest, v0_1_0};
+use crate::engine::PolicyEngine;
+use crate::error::{DecideError, LoadError, TrapKind};
+use crate::model::{CheckVerdict, Context, Decision, Effect, Notice, Order};
+use crate::state::CallState;
+
+/// The layer/version field of a component's preamble (`\0asm` then `0d 00 01 00`), as opposed
+/// to a core module's `01 00 00 00` (component-model binary format, `Binary.md`).
+const COMPONENT_PREAMBLE: [u8; 8] = [0x00, 0x61, 0x73, 0x6d, 0x0d, 0x00, 0x01, 0x00];
+
+/// A compiled, linked policy plugin. Cheap to clone; every call gets a fresh `Store`.
+#[derive(Clone)]
+pub struct Plugin {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    name: Arc<str>,
+    digest: String,
+    engine: PolicyEngine,
+    pre: VersionedPre,
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin")
+            .field("name", &self.name())
+            .field("digest", &self.digest())
+            .field("api_version", &self.api_version())
+            .finish()
+    }
+}
+
+impl Plugin {
+    pub(crate) fn load(engine: PolicyEngine, name: &str, bytes: &[u8]) -> Result<Self, LoadError> {
+        let plugin = name.to_string();
+        if bytes.len() < 8 || bytes[..4] != COMPONENT_PREAMBLE[..4] {
+            return Err(LoadError::NotAComponent {
+                plugin,
+                detail: "no WebAssembly magic number".into(),
+            });
+        }
+        if bytes[4..8] != COMPONENT_PREAMBLE[4..8] {
+            return Err(LoadError::NotAComponent {
+                plugin,
+                detail: "a core module".into(),
+            });
+        }
+        let digest = hex::encode(Sha256::digest(bytes));
+        let component = crate::cache::compile(&engine, bytes, &digest).map_err(|reason| {
+            LoadError::Compile {
+                plugin: plugin.clone(),
+                stage: "compile",
+                reason,
+            }
+        })?;
+        let pre = link(&engine, &component, &plugin)?;
+        Ok(Plugin {
+            inner: Arc::new(Inner {
+                name: name.into(),
+                digest,
+                engine,
+                pre,
+            }),
+        })
+    }
+
+    /// The name it was loaded under (the merchant's plugin name in the config).
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// SHA-256 of the component bytes, lowercase hex; recorded with every decision.
+    pub fn digest(&self) -> &str {
+        &self.inner.digest
+    }
+
+    /// The `timeout:policy` version the plugin was built against, e.g. `0.1.0`.
+    pub fn api_version(&self) -> &'static str {
+        self.inner.pre.api_version()
+    }
+
+    /// Asks the plugin what to do with `order` now.
+    ///
+    /// Runs in a fresh `Store` under the engine's [`crate::RuntimeLimits`]; blocks the calling
+    /// thread for at most about the deadline.
+    ///
+    /// # Errors
+    /// [`DecideError`]: the guest's own error, a trap, an oversized answer or a host problem.
+    pub fn decide(&self, order: &Order, ctx: &Context) -> Result<Decision, DecideError> {
+        let mut store = self.store(order, ctx);
+        match self.inner.pre.decide(&mut store, order, ctx) {
+            Ok(Ok(decision)) => {
+                self.check_size(&decision)?;
+                Ok(decision)
+            }
+            Ok(Err(error)) => Err(DecideError::Policy {
+                plugin: self.name().to_string(),
+                error,
+            }),
+            Err(e) => Err(self.classify(e)),
+        }
+    }
+
+    /// Asks the plugin to answer a transactional check-back for an order that exists.
+    ///
+    /// # Errors
+    /// As [`Plugin::decide`], minus the guest's domain error (`check` has none).
+    pub fn check(&self, order: &Order, ctx: &Context) -> Result<CheckVerdict, DecideError> {
+        let mut store = self.store(order, ctx);
+        self.inner
+            .pre
+            .check(&mut store, order, ctx)
+            .map_err(|e| self.classify(e))
+    }
+
+    fn store(&self, order: &Order, ctx: &Context) -> Store<CallState> {
+        let engine = &self.inner.engine;
+        let state = CallState::new(
+            self.inner.name.clone(),
+            order.id.clone(),
+            ctx.now_ms,
+            engine.limits().max_memory_bytes,
+        );
+        let mut store = Store::new(engine.engine(), state);
+        store.limiter(|s| &mut s.limits);
+        store.set_epoch_deadline(engine.deadline_ticks());
+        store
+    }
+
+    fn classify(&self, e: wasmtime::Error) -> DecideError {
+        let plugin = self.name().to_string();
+        let message = format!("{e:?}");
+        match e.downcast_ref::<Trap>() {
+            Some(Trap::Interrupt) => DecideError::Trap {
+                plugin,
+                kind: TrapKind::Deadline,
+                message,
+            },
+            Some(_) => DecideError::Trap {
+                plugin,
+                kind: TrapKind::Fault,
+                message,
+            },
+            // `StoreLimits` with `trap_on_grow_failure` reports a refused memory.grow this way.
+            None if message.contains("forcing trap when growing memory") => DecideError::Trap {
+                plugin,
+                kind: TrapKind::Memory,
+                message,
+            },
+            None => DecideError::Host {
+                plugin,
+                reason: message,
+            },
+        }
+    }
+
+    fn check_size(&self, decision: &Decision) -> Result<(), DecideError> {
+        let limits = self.inner.engine.limits();
+        let oversized = |reason: String| DecideError::Oversized {
+            plugin: self.name().to_string(),
+            reason,
+        };
+        let check_str = |field: &str, s: &str| {
+            if s.len() > limits.max_string_bytes {
+                Err(oversized(format!(
+                    "{field} is {} bytes, limit {}",
+                    s.len(),
+                    limits.max_string_bytes
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        let check_notice = |field: &str, n: &Notice| {
+            check_str(&format!("{field}.channel"), &n.channel)?;
+            check_str(&format!("{field}.template"), &n.template)?;
+            if n.params.len() > limits.max_effects {
+                return Err(oversized(format!(
+                    "{field} has {} params, limit {}",
+                    n.params.len(),
+                    limits.max_effects
+                )));
+            }
+            for (k, v) in &n.params {
+                check_str(&format!("{field}.params"), k)?;
+                check_str(&format!("{field}.params[{k}]"), v)?;
+            }
+            Ok(())
+        };
+        match decision {
+            Decision::Wait { reminder, .. } => {
+                if let Some(n) = reminder {
+                    check_notice("wait.reminder", n)?;
+                }
+            }
+            Decision::Ignore { reason } => check_str("ignore.reason", reason)?,
+            Decision::Cancel { reason, effects } => {
+                check_str("cancel.reason", reason)?;
+                if effects.len() > limits.max_effects {
+                    return Err(oversized(format!(
+                        "cancel has {} effects, limit {}",
+                        effects.len(),
+                        limits.max_effects
+                    )));
+                }
+                for (i, effect) in effects.iter().enumerate() {
+                    let field = format!("cancel.effects[{i}]");
+                    match effect {
+                        Effect::RestoreStock { sku: a, .. }
+                        | Effect::RestoreFlashStock { activity: a, .. }
+                        | Effect::ReleaseCoupon { coupon: a }
+                        | Effect::ClosePayment { payment_ref: a } => check_str(&field, a)?,
+                        Effect::ReleaseFlashSlot { activity, user } => {
+                            check_str(&field, activity)?;
+                            check_str(&field, user)?;
+                        }
+                        Effect::Notify(n) => check_notice(&field, n)?,
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Finds the API version a component was built against and links it against that version's
+/// imports plus locked-down WASI.
+fn link(
+    engine: &PolicyEngine,
+    component: &Component,
+    plugin: &str,
+) -> Result<VersionedPre, LoadError> {
+    let found = policy_import_version(engine, component);
+    let supported = crate::SUPPORTED_API_VERSIONS;
+    if let Some(v) = &found
+        && !supported.contains(&v.as_str())
+    {
+        return Err(LoadError::UnsupportedVersion {
+            plugin: plugin.to_string(),
+            found: v.clone(),
+            supported: supported.join(", "),
+        });
+    }
+    let link_err = |reason: String| LoadError::Compile {
+        plugin: plugin.to_string(),
+        stage: "link",
+        reason,
+    };
+    let mut linker: Linker<CallState> = Linker::new(engine.engine());
+    wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| link_err(format!("{e:?}")))?;
+    // Only one version exists today; `found == None` (a plugin importing nothing of ours) is
+    // tried as the latest.
+    let _ = latest::VERSION;
+    v0_1_0::add_to_linker(&mut linker).map_err(|e| link_err(format!("{e:?}")))?;
+    let instance_pre = linker
+        .instantiate_pre(component)
+        .map_err(|e| link_err(format!("{e:?}")))?;
+    let pre = v0_1_0::PolicyPre::new(instance_pre).map_err(|e| {
+        link_err(format!(
+            "does not export the timeout:policy@{} world: {e:?}",
+            v0_1_0::VERSION
+        ))
+    })?;
+    Ok(VersionedPre::V0_1_0(pre))
+}
+
+/// The version `X` of the first `timeout:policy/...@X` import, if any.
+fn policy_import_version(engine: &PolicyEngine, component: &Component) -> Option<String> {
+    let ty = component.component_type();
+    ty.imports(engine.engine())
+        .filter_map(|(name, _)| name.strip_prefix("timeout:policy/"))
+        .find_map(|rest| rest.split_once('@').map(|(_, v)| v.to_string()))
+}
