@@ -1,1 +1,22 @@
+//! timeoutd, the order-timeout daemon.
+//!
+//! Orders are created PENDING with a payment deadline. When it lapses, timeoutd asks the
+//! merchant's policy plugin (a WebAssembly component, see the `timeoutd-runtime` crate) what to
+//! do and carries out the answer exactly once: one compare-and-set PENDING→CLOSED in one
+//! transaction with the stock and coupon changes and an effect ledger.
+//!
+//! Parts, one module each: [`config`] (the file and its validation), [`db`] (schema and
+//! queries per table), [`clock`] (the only place time is read), [`policies`] (plugins per
+//! merchant), [`dispatch`] (trigger → decision → transaction), [`effects`] (carrying out ledger
+//! rows), [`sources`] (outbox timer, sweep), [`daemon`] (wiring), [`demo`] and [`cli`].
 
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod daemon;
+pub mod db;
+pub mod demo;
+pub mod dispatch;
+pub mod effects;
+pub mod policies;
+pub mod sources;

@@ -1,1 +1,5 @@
-fn main(){}
+//! The `timeoutd` binary; everything is in the library (`timeoutd::cli`).
+
+fn main() -> std::process::ExitCode {
+    timeoutd::cli::main()
+}

@@ -12,7 +12,6 @@ wasmtime::component::bindgen!({
 });
 
 pub(crate) use self::Policy as World;
-pub(crate) use self::PolicyPre;
 use self::timeout::policy::types as wit;
 
 /// The version string of this module's package.

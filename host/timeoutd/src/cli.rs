@@ -1,0 +1,178 @@
+//! The `timeoutd` command line: `run`, `validate`, `demo`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::daemon::{self, Daemon};
+
+/// Exit status for a configuration that does not validate (`EX_USAGE` of sysexits.h).
+pub const EXIT_BAD_CONFIG: u8 = 64;
+
+/// timeoutd closes unpaid orders when their payment window lapses, exactly once, under each
+/// merchant's WebAssembly policy plugin.
+#[derive(Debug, Parser)]
+#[command(name = "timeoutd", version, about)]
+pub struct Cli {
+    /// Log format on stderr.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon until SIGINT or SIGTERM.
+    Run {
+        /// Configuration file.
+        #[arg(long, default_value = "config/timeoutd.toml")]
+        config: PathBuf,
+    },
+    /// Check a configuration offline (including compiling every plugin) and list every problem.
+    /// Exits 64 when it does not validate.
+    Validate {
+        /// Configuration file.
+        #[arg(long, default_value = "config/timeoutd.toml")]
+        config: PathBuf,
+    },
+    /// The embedded default end to end: SQLite, two merchants (one per example plugin), N
+    /// orders lapsing over a few seconds, some paid, some paid right at the deadline; runs the
+    /// daemon until every order is PAID or CLOSED and prints a summary.
+    Demo {
+        /// Orders to create.
+        #[arg(long, default_value_t = 500)]
+        orders: u32,
+        /// Directory for the SQLite database (a fresh temporary directory when absent).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// Print one JSON object with the results as the last line.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Parses the command line and runs it.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let default_level = match cli.command {
+        Command::Demo { .. } => "warn",
+        _ => "info",
+    };
+    init_logging(cli.log_format, default_level);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Validate { config } => validate(&config),
+            Command::Run { config } => run(&config).await,
+            Command::Demo {
+                orders,
+                data_dir,
+                json,
+            } => match crate::demo::run(orders, data_dir, json).await {
+                Ok(report) if report.conserved() => ExitCode::SUCCESS,
+                Ok(_) => {
+                    eprintln!("demo: stock or coupons were not conserved");
+                    ExitCode::FAILURE
+                }
+                Err(e) => {
+                    eprintln!("demo failed: {e:#}");
+                    ExitCode::FAILURE
+                }
+            },
+        }
+    })
+}
+
+fn init_logging(format: LogFormat, default_level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn load(path: &std::path::Path) -> Result<Config, ExitCode> {
+    Config::load(path).map_err(|problems| {
+        eprintln!("{}: {problems}", path.display());
+        ExitCode::from(EXIT_BAD_CONFIG)
+    })
+}
+
+fn validate(path: &std::path::Path) -> ExitCode {
+    let config = match load(path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    match daemon::load_policies(&config) {
+        Ok(policies) => {
+            for p in policies.all() {
+                println!(
+                    "merchant {}: plugin {} (timeout:policy@{}, sha256 {})",
+                    p.merchant,
+                    p.plugin.name(),
+                    p.plugin.api_version(),
+                    p.plugin.digest()
+                );
+            }
+            println!("{}: ok", path.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{}: {e}", path.display());
+            ExitCode::from(EXIT_BAD_CONFIG)
+        }
+    }
+}
+
+async fn run(path: &std::path::Path) -> ExitCode {
+    let config = match load(path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let daemon = match Daemon::start(&config, Clock::Database).await {
+        Ok(d) => d,
+        Err(e @ daemon::StartError::Plugins(_)) => {
+            eprintln!("{}: {e}", path.display());
+            return ExitCode::from(EXIT_BAD_CONFIG);
+        }
+        Err(e) => {
+            eprintln!("timeoutd: cannot start: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    wait_for_signal().await;
+    tracing::info!("signal received; draining");
+    daemon.stop().await;
+    ExitCode::SUCCESS
+}
+
+async fn wait_for_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("install SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

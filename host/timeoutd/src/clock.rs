@@ -1,0 +1,62 @@
+//! The one place timeoutd reads time.
+//!
+//! Decisions and the close compare-and-set use the *database* clock, never the local clock or a
+//! message's timestamp, so several daemons on different hosts agree on what is overdue. Tests
+//! inject a [`Clock::Manual`] to put "now" where they need it (one second before a deadline, an
+//! hour after). Elapsed-time measurements go through [`Stopwatch`]; `std::time::Instant` is not
+//! used anywhere else.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use crate::db::{Db, DbError};
+
+/// Where "now" comes from.
+#[derive(Debug, Clone, Default)]
+pub enum Clock {
+    /// The database server's clock (production).
+    #[default]
+    Database,
+    /// A value the test sets, epoch ms.
+    Manual(Arc<AtomicI64>),
+}
+
+impl Clock {
+    /// A manual clock reading `now_ms`, and the handle that moves it.
+    pub fn manual(now_ms: i64) -> (Clock, Arc<AtomicI64>) {
+        let cell = Arc::new(AtomicI64::new(now_ms));
+        (Clock::Manual(cell.clone()), cell)
+    }
+
+    /// Now, epoch ms.
+    ///
+    /// # Errors
+    /// [`DbError`] when the database clock cannot be read.
+    pub async fn now_ms(&self, db: &Db) -> Result<i64, DbError> {
+        match self {
+            Clock::Database => db.now_ms().await,
+            Clock::Manual(cell) => Ok(cell.load(Ordering::SeqCst)),
+        }
+    }
+}
+
+/// Measures elapsed wall time (plugin latency, sweep duration).
+#[derive(Debug, Clone, Copy)]
+pub struct Stopwatch(std::time::Instant);
+
+impl Stopwatch {
+    /// Starts now.
+    pub fn start() -> Self {
+        Stopwatch(std::time::Instant::now())
+    }
+
+    /// Microseconds since start.
+    pub fn elapsed_us(&self) -> i64 {
+        i64::try_from(self.0.elapsed().as_micros()).unwrap_or(i64::MAX)
+    }
+
+    /// Milliseconds since start.
+    pub fn elapsed_ms(&self) -> i64 {
+        i64::try_from(self.0.elapsed().as_millis()).unwrap_or(i64::MAX)
+    }
+}

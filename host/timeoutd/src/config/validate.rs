@@ -1,0 +1,114 @@
+//! Semantic checks of a parsed [`Config`]; every problem is collected before giving up.
+
+use std::fmt;
+
+use super::{Config, PluginSource};
+
+/// Everything wrong with a configuration, each with the key path (or line) it concerns.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ConfigProblems {
+    /// `(where, what)` pairs, in the order found.
+    pub problems: Vec<(String, String)>,
+}
+
+impl ConfigProblems {
+    /// A single problem.
+    pub fn one(at: impl Into<String>, what: impl Into<String>) -> Self {
+        ConfigProblems {
+            problems: vec![(at.into(), what.into())],
+        }
+    }
+
+    /// Records a problem.
+    pub fn push(&mut self, at: impl Into<String>, what: impl Into<String>) {
+        self.problems.push((at.into(), what.into()));
+    }
+
+    /// `Ok(value)` when nothing was recorded.
+    ///
+    /// # Errors
+    /// `self` when any problem was recorded.
+    pub fn into_result<T>(self, value: T) -> Result<T, ConfigProblems> {
+        if self.problems.is_empty() {
+            Ok(value)
+        } else {
+            Err(self)
+        }
+    }
+}
+
+impl fmt::Display for ConfigProblems {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{} problem(s) in the configuration:", self.problems.len())?;
+        for (at, what) in &self.problems {
+            writeln!(f, "  - {at}: {what}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigProblems {}
+
+/// Built-in plugin names accepted after `builtin:`.
+pub const BUILTIN_PLUGINS: &[&str] = &["single-phase", "two-phase"];
+
+pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
+    let mut p = ConfigProblems::default();
+    let url = c.database.url.as_str();
+    if !(url.starts_with("sqlite:") || url.starts_with("mysql://") || url.starts_with("mariadb://"))
+    {
+        p.push(
+            "database.url",
+            format!("`{url}` names no supported backend (sqlite://PATH or mysql://USER@HOST:PORT/DB)"),
+        );
+    }
+    if c.database.max_connections == 0 {
+        p.push("database.max_connections", "must be at least 1");
+    }
+    for (key, value) in [
+        ("outbox.batch", c.outbox.batch),
+        ("outbox.concurrency", c.outbox.concurrency),
+        ("sweep.batch", c.sweep.batch),
+        ("dispatch.max_attempts", c.dispatch.max_attempts),
+        ("runtime.max_memory_mib", c.runtime.max_memory_mib),
+    ] {
+        if value == 0 {
+            p.push(key, "must be at least 1");
+        }
+    }
+    if c.outbox.lease.is_zero() {
+        p.push("outbox.lease", "must be longer than 0s");
+    }
+    if c.outbox.idle_recheck.is_zero() {
+        p.push("outbox.idle_recheck", "must be longer than 0s");
+    }
+    if c.sweep.interval.is_zero() {
+        p.push("sweep.interval", "must be longer than 0s");
+    }
+    if c.runtime.deadline.is_zero() {
+        p.push("runtime.deadline", "must be longer than 0ms");
+    }
+    if c.dispatch.retry_initial > c.dispatch.retry_max {
+        p.push("dispatch.retry_initial", "is longer than dispatch.retry_max");
+    }
+    if c.merchants.is_empty() {
+        p.push("merchants", "no merchant is configured; add a [merchants.<id>] table");
+    }
+    for (id, m) in &c.merchants {
+        let at = format!("merchants.{id}.plugin");
+        match c.plugin_source(m) {
+            PluginSource::Builtin(name) if !BUILTIN_PLUGINS.contains(&name.as_str()) => p.push(
+                at,
+                format!("unknown built-in plugin `{name}` (have: {})", BUILTIN_PLUGINS.join(", ")),
+            ),
+            PluginSource::File(path) if !path.is_file() => {
+                p.push(at, format!("no plugin file at {}", path.display()))
+            }
+            _ => {}
+        }
+        if m.payment_window.is_some_and(|w| w.is_zero()) {
+            p.push(format!("merchants.{id}.payment_window"), "must be longer than 0s");
+        }
+    }
+    p.into_result(())
+}

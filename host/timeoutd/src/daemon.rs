@@ -1,0 +1,140 @@
+//! Wiring: database, plugins, dispatcher and the trigger sources, started and stopped together.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use timeoutd_runtime::PolicyEngine;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinSet;
+
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::db::{Db, DbError};
+use crate::dispatch::Dispatcher;
+use crate::effects::EffectRunner;
+use crate::policies::{self, Policies};
+use crate::sources::{self, outbox::Waker};
+
+/// How often the ledger backlog (effects left PENDING by a crash or a failure) is retried.
+const LEDGER_BACKLOG_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The database is unreachable or its schema could not be applied.
+    #[error(transparent)]
+    Db(#[from] DbError),
+    /// The wasmtime engine could not be built.
+    #[error("plugin engine: {0}")]
+    Engine(String),
+    /// One or more plugins could not be loaded.
+    #[error("plugins refused:\n  - {}", .0.join("\n  - "))]
+    Plugins(Vec<String>),
+}
+
+/// A running daemon.
+pub struct Daemon {
+    db: Db,
+    dispatcher: Arc<Dispatcher>,
+    waker: Waker,
+    shutdown: watch::Sender<bool>,
+    tasks: JoinSet<()>,
+}
+
+/// Builds the engine and loads every merchant's plugin (no database needed): what `validate`
+/// checks offline and `run` does first.
+///
+/// # Errors
+/// [`StartError::Engine`] or [`StartError::Plugins`].
+pub fn load_policies(config: &Config) -> Result<Arc<Policies>, StartError> {
+    let engine = PolicyEngine::new(policies::limits(config), config.runtime.cache_dir.as_deref())
+        .map_err(StartError::Engine)?;
+    Policies::load(config, &engine)
+        .map(Arc::new)
+        .map_err(StartError::Plugins)
+}
+
+impl Daemon {
+    /// Connects, migrates (unless disabled), loads plugins and starts the outbox timer, the
+    /// sweep and the ledger backlog runner, as configured.
+    ///
+    /// # Errors
+    /// [`StartError`] naming what could not be set up.
+    pub async fn start(config: &Config, clock: Clock) -> Result<Daemon, StartError> {
+        let policies = load_policies(config)?;
+        let db = Db::connect(&config.database.url, config.database.max_connections).await?;
+        if config.database.migrate {
+            db.migrate().await?;
+        }
+        let effects = EffectRunner::new(db.clone(), clock.clone());
+        let dispatcher = Arc::new(Dispatcher::new(
+            db.clone(),
+            clock.clone(),
+            policies,
+            config.dispatch.clone(),
+            effects.clone(),
+        ));
+        let waker: Waker = Arc::new(Notify::new());
+        let (shutdown, rx) = watch::channel(false);
+        let mut tasks = JoinSet::new();
+        if config.outbox.enabled {
+            tasks.spawn(sources::outbox::run(
+                dispatcher.clone(),
+                config.outbox.clone(),
+                waker.clone(),
+                rx.clone(),
+            ));
+        }
+        if config.sweep.enabled {
+            tasks.spawn(sources::sweep::run(
+                db.clone(),
+                clock.clone(),
+                config.sweep.clone(),
+                waker.clone(),
+                rx.clone(),
+            ));
+        }
+        let mut backlog_rx = rx;
+        tasks.spawn(async move {
+            loop {
+                if let Err(e) = effects.run_backlog(LEDGER_BACKLOG_INTERVAL.as_millis() as i64).await {
+                    tracing::warn!(error = %e, "ledger backlog run failed");
+                }
+                if sources::sleep_or_shutdown(LEDGER_BACKLOG_INTERVAL, &mut backlog_rx).await {
+                    break;
+                }
+            }
+        });
+        tracing::info!(merchants = config.merchants.len(), backend = ?db.backend(), "timeoutd started");
+        Ok(Daemon {
+            db,
+            dispatcher,
+            waker,
+            shutdown,
+            tasks,
+        })
+    }
+
+    /// The database.
+    pub fn db(&self) -> &Db {
+        &self.db
+    }
+
+    /// The dispatcher (for triggers from outside the built-in sources).
+    pub fn dispatcher(&self) -> &Arc<Dispatcher> {
+        &self.dispatcher
+    }
+
+    /// Wakes the outbox timer after writing a row in this process.
+    pub fn waker(&self) -> Waker {
+        self.waker.clone()
+    }
+
+    /// Stops every source, letting batches in flight finish, then closes the pool.
+    pub async fn stop(mut self) {
+        let _ = self.shutdown.send(true);
+        while self.tasks.join_next().await.is_some() {}
+        self.db.close().await;
+        tracing::info!("timeoutd stopped");
+    }
+}

@@ -1,0 +1,179 @@
+//! The database: connection, migrations, the dialect differences, and one module per table.
+//!
+//! All access goes through sqlx's `Any` driver with `?` placeholders; the few statements that
+//! differ between SQLite and MySQL/MariaDB are chosen by [`Backend`]. Times are epoch
+//! milliseconds (`BIGINT *_ms`).
+
+pub mod journal;
+pub mod ledger;
+mod migrate;
+pub mod orders;
+pub mod outbox;
+
+use std::time::Duration;
+
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
+use sqlx::{AnyConnection, AnyPool, Executor, Row};
+
+/// Which SQL dialect a [`Db`] speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// SQLite (the embedded default): single writer, no `SKIP LOCKED`.
+    Sqlite,
+    /// MySQL 8 / MariaDB 10.6+.
+    MySql,
+}
+
+impl Backend {
+    /// The backend a URL names.
+    ///
+    /// # Errors
+    /// A message naming the URL's scheme when it is not `sqlite:`, `mysql:` or `mariadb:`.
+    pub fn of_url(url: &str) -> Result<Backend, DbError> {
+        let scheme = url.split(':').next().unwrap_or_default();
+        match scheme {
+            "sqlite" => Ok(Backend::Sqlite),
+            "mysql" | "mariadb" => Ok(Backend::MySql),
+            other => Err(DbError::Config(format!(
+                "unsupported database scheme `{other}:` (use sqlite: or mysql:)"
+            ))),
+        }
+    }
+
+    /// A statement returning the database clock as epoch ms in one BIGINT column.
+    fn now_sql(self) -> &'static str {
+        match self {
+            // julianday('now') has millisecond resolution; 2440587.5 is the Unix epoch.
+            Backend::Sqlite => {
+                "SELECT CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)"
+            }
+            Backend::MySql => "SELECT CAST(UNIX_TIMESTAMP(CURRENT_TIMESTAMP(3)) * 1000 AS SIGNED)",
+        }
+    }
+
+    /// `INSERT` that skips a row violating a unique key.
+    pub(crate) fn insert_ignore(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "INSERT OR IGNORE",
+            Backend::MySql => "INSERT IGNORE",
+        }
+    }
+}
+
+/// Database failures, classified for retry decisions.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    /// The configuration names something unusable.
+    #[error("database configuration: {0}")]
+    Config(String),
+    /// A query failed (connection lost, deadlock, constraint). Usually worth retrying.
+    #[error("database: {0}")]
+    Sql(#[from] sqlx::Error),
+    /// A migration failed.
+    #[error("database migration: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A row holds something timeoutd cannot read (e.g. an unknown status).
+    #[error("bad row in {table}: {detail}")]
+    BadRow {
+        /// Table.
+        table: &'static str,
+        /// What is wrong, naming the row.
+        detail: String,
+    },
+}
+
+/// A connection pool and its dialect. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Db {
+    pool: AnyPool,
+    backend: Backend,
+}
+
+impl Db {
+    /// Connects to `url` (creating a SQLite file if missing). SQLite gets one connection, WAL
+    /// and a 5 s busy timeout, so a second process on the same file waits instead of failing.
+    ///
+    /// # Errors
+    /// [`DbError`] when the URL is unsupported or the server refuses.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Db, DbError> {
+        sqlx::any::install_default_drivers();
+        let backend = Backend::of_url(url)?;
+        let url = match backend {
+            Backend::Sqlite if !url.contains("mode=") => {
+                let sep = if url.contains('?') { '&' } else { '?' };
+                format!("{url}{sep}mode=rwc")
+            }
+            Backend::MySql => url.replacen("mariadb://", "mysql://", 1),
+            _ => url.to_string(),
+        };
+        let options: AnyConnectOptions = url.parse()?;
+        let pool = AnyPoolOptions::new()
+            .max_connections(match backend {
+                Backend::Sqlite => 1,
+                Backend::MySql => max_connections,
+            })
+            .acquire_timeout(Duration::from_secs(10))
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    if backend == Backend::Sqlite {
+                        conn.execute(
+                            "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 5000;",
+                        )
+                        .await?;
+                    } else {
+                        conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                            .await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect_with(options)
+            .await?;
+        Ok(Db { pool, backend })
+    }
+
+    /// Applies the schema migrations of this backend (`migrations/<backend>/`).
+    ///
+    /// # Errors
+    /// [`DbError::Migrate`] naming the failing migration.
+    pub async fn migrate(&self) -> Result<(), DbError> {
+        migrate::run(self).await
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &AnyPool {
+        &self.pool
+    }
+
+    /// The dialect.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// The database clock, epoch ms.
+    ///
+    /// # Errors
+    /// [`DbError::Sql`] when the query fails.
+    pub async fn now_ms(&self) -> Result<i64, DbError> {
+        let row = sqlx::query(self.backend.now_sql())
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(row.try_get::<i64, _>(0)?)
+    }
+
+    /// The database clock read on `conn` (inside a transaction).
+    ///
+    /// # Errors
+    /// [`DbError::Sql`] when the query fails.
+    pub async fn now_ms_on(&self, conn: &mut AnyConnection) -> Result<i64, DbError> {
+        let row = sqlx::query(self.backend.now_sql())
+            .fetch_one(&mut *conn)
+            .await?;
+        Ok(row.try_get::<i64, _>(0)?)
+    }
+
+    /// Closes the pool, waiting for connections in use.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}

@@ -1,0 +1,100 @@
+//! `decision_log` and `dead_letter`: what was decided, and what could not be processed.
+
+use sqlx::AnyConnection;
+
+use super::DbError;
+
+/// One plugin decision and what the host made of it.
+#[derive(Debug, Clone)]
+pub struct DecisionRecord<'a> {
+    /// Order.
+    pub order_id: &'a str,
+    /// Merchant.
+    pub merchant_id: &'a str,
+    /// Plugin name.
+    pub plugin: &'a str,
+    /// Plugin SHA-256, hex.
+    pub plugin_digest: &'a str,
+    /// Trigger kind (`outbox`, `sweep`, …).
+    pub trigger_kind: &'a str,
+    /// Phase decided.
+    pub phase: u32,
+    /// Attempt of this phase.
+    pub attempt: u32,
+    /// `wait`, `cancel`, `ignore` or `error`.
+    pub decision: &'a str,
+    /// `closed`, `waiting`, `ignored`, `noop`, `refused`, `retry` or `dead-lettered`.
+    pub outcome: &'a str,
+    /// The decision or error, JSON.
+    pub detail: String,
+    /// Time spent in the plugin, µs.
+    pub latency_us: i64,
+    /// Database time of the decision, epoch ms.
+    pub decided_at_ms: i64,
+}
+
+/// Appends to `decision_log`.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn log_decision(conn: &mut AnyConnection, r: &DecisionRecord<'_>) -> Result<(), DbError> {
+    sqlx::query(
+        "INSERT INTO decision_log (order_id, merchant_id, plugin, plugin_digest, trigger_kind, phase, \
+         attempt, decision, outcome, detail, latency_us, decided_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(r.order_id)
+    .bind(r.merchant_id)
+    .bind(r.plugin)
+    .bind(r.plugin_digest)
+    .bind(r.trigger_kind)
+    .bind(i64::from(r.phase))
+    .bind(i64::from(r.attempt))
+    .bind(r.decision)
+    .bind(r.outcome)
+    .bind(&r.detail)
+    .bind(r.latency_us)
+    .bind(r.decided_at_ms)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// A trigger that cannot succeed as it is.
+#[derive(Debug, Clone)]
+pub struct DeadLetter<'a> {
+    /// Where it came from (`outbox`, `sweep`, `refused-decision`, …).
+    pub source: &'a str,
+    /// Order, when known.
+    pub order_id: Option<&'a str>,
+    /// Why, naming what was wrong.
+    pub reason: &'a str,
+    /// The trigger as received, JSON or raw text.
+    pub payload: String,
+    /// Attempts made.
+    pub attempts: u32,
+}
+
+/// Adds an OPEN dead letter. While one is open for an order, the sweep leaves the order to an
+/// operator.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn dead_letter(
+    conn: &mut AnyConnection,
+    d: &DeadLetter<'_>,
+    now_ms: i64,
+) -> Result<(), DbError> {
+    sqlx::query(
+        "INSERT INTO dead_letter (source, order_id, reason, payload, attempts, status, created_at_ms) \
+         VALUES (?, ?, ?, ?, ?, 'OPEN', ?)",
+    )
+    .bind(d.source)
+    .bind(d.order_id)
+    .bind(d.reason)
+    .bind(&d.payload)
+    .bind(i64::from(d.attempts))
+    .bind(now_ms)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,43 @@
+//! Embedded schema migrations, one set per backend, applied with sqlx's migrator.
+
+use std::borrow::Cow;
+
+use sqlx::SqlSafeStr;
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+
+use super::{Backend, Db, DbError};
+
+/// `(version, description, sql)` per backend, in order.
+const SQLITE: &[(i64, &str, &str)] = &[(
+    1,
+    "schema",
+    include_str!("../../migrations/sqlite/0001_schema.sql"),
+)];
+const MYSQL: &[(i64, &str, &str)] = &[(
+    1,
+    "schema",
+    include_str!("../../migrations/mysql/0001_schema.sql"),
+)];
+
+pub(super) async fn run(db: &Db) -> Result<(), DbError> {
+    let set = match db.backend() {
+        Backend::Sqlite => SQLITE,
+        Backend::MySql => MYSQL,
+    };
+    let migrations = set
+        .iter()
+        .map(|&(version, description, sql)| {
+            Migration::new(
+                version,
+                Cow::Borrowed(description),
+                MigrationType::Simple,
+                sql.into_sql_str(),
+                false,
+            )
+        })
+        .collect();
+    Migrator::with_migrations(migrations)
+        .run(db.pool())
+        .await?;
+    Ok(())
+}

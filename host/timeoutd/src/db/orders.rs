@@ -1,0 +1,218 @@
+//! `orders`, `order_items`, `sku_stock`, `coupons`: loading an order, the close compare-and-set
+//! with its stock and coupon changes, and the reference order service (create, pay) that the
+//! demo and the tests use exactly as an order service would.
+
+use sqlx::{AnyConnection, Row};
+use timeoutd_runtime::model::{Order, OrderItem, OrderStatus};
+
+use super::DbError;
+
+/// Loads an order and its lines; `None` when there is no such order.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure; [`DbError::BadRow`] when the row holds an unknown status.
+pub async fn load(conn: &mut AnyConnection, id: &str) -> Result<Option<Order>, DbError> {
+    let Some(row) = sqlx::query(
+        "SELECT id, merchant_id, user_id, status, created_at_ms, deadline_ms, total_cents, \
+         coupon_id, activity_id, payment_ref FROM orders WHERE id = ?",
+    )
+    .bind(id)
+    .fetch_optional(&mut *conn)
+    .await?
+    else {
+        return Ok(None);
+    };
+    let status: String = row.try_get("status")?;
+    let status = OrderStatus::parse(&status).ok_or_else(|| DbError::BadRow {
+        table: "orders",
+        detail: format!("order `{id}` has status `{status}` (want PENDING, PAID or CLOSED)"),
+    })?;
+    let items = sqlx::query(
+        "SELECT sku, quantity, unit_price_cents FROM order_items WHERE order_id = ? ORDER BY line_no",
+    )
+    .bind(id)
+    .fetch_all(&mut *conn)
+    .await?
+    .into_iter()
+    .map(|r| {
+        let quantity: i64 = r.try_get("quantity")?;
+        Ok(OrderItem {
+            sku: r.try_get("sku")?,
+            quantity: u32::try_from(quantity).map_err(|_| DbError::BadRow {
+                table: "order_items",
+                detail: format!("order `{id}` has a line with quantity {quantity}"),
+            })?,
+            unit_price_cents: r.try_get("unit_price_cents")?,
+        })
+    })
+    .collect::<Result<Vec<_>, DbError>>()?;
+    Ok(Some(Order {
+        id: row.try_get("id")?,
+        merchant: row.try_get("merchant_id")?,
+        user: row.try_get("user_id")?,
+        status,
+        created_at_ms: row.try_get("created_at_ms")?,
+        deadline_ms: row.try_get("deadline_ms")?,
+        total_cents: row.try_get("total_cents")?,
+        items,
+        coupon: row.try_get("coupon_id")?,
+        flash_activity: row.try_get("activity_id")?,
+        payment_ref: row.try_get("payment_ref")?,
+    }))
+}
+
+/// What a close records about itself.
+#[derive(Debug, Clone)]
+pub struct CloseStamp<'a> {
+    /// Database time of the close, epoch ms.
+    pub now_ms: i64,
+    /// When the close was due (deadline, or the closing phase's due time), epoch ms.
+    pub due_ms: i64,
+    /// Trigger kind that closed it.
+    pub closed_by: &'a str,
+    /// The plugin's reason.
+    pub reason: &'a str,
+}
+
+/// The compare-and-set PENDING → CLOSED, guarded by the deadline against the database clock.
+/// Returns false when the order is no longer PENDING (paid in between, closed by a concurrent
+/// trigger) or its deadline has not passed: the caller must then roll back and do nothing.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn compare_and_close(
+    conn: &mut AnyConnection,
+    id: &str,
+    stamp: &CloseStamp<'_>,
+) -> Result<bool, DbError> {
+    let done = sqlx::query(
+        "UPDATE orders SET status = 'CLOSED', closed_at_ms = ?, close_due_ms = ?, closed_by = ?, \
+         close_reason = ? WHERE id = ? AND status = 'PENDING' AND deadline_ms <= ?",
+    )
+    .bind(stamp.now_ms)
+    .bind(stamp.due_ms)
+    .bind(stamp.closed_by)
+    .bind(stamp.reason)
+    .bind(id)
+    .bind(stamp.now_ms)
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Gives `quantity` units of `sku` back. Returns false when the SKU has no stock row.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn restore_stock(
+    conn: &mut AnyConnection,
+    sku: &str,
+    quantity: u32,
+) -> Result<bool, DbError> {
+    let done = sqlx::query("UPDATE sku_stock SET available = available + ? WHERE sku = ?")
+        .bind(i64::from(quantity))
+        .bind(sku)
+        .execute(&mut *conn)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Makes `coupon` available again if `order` holds it locked. Returns false when it does not
+/// (already released, used, or locked by another order — which is then left alone).
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn release_coupon(
+    conn: &mut AnyConnection,
+    coupon: &str,
+    order: &str,
+) -> Result<bool, DbError> {
+    let done = sqlx::query(
+        "UPDATE coupons SET status = 'AVAILABLE', order_id = NULL \
+         WHERE id = ? AND order_id = ? AND status = 'LOCKED'",
+    )
+    .bind(coupon)
+    .bind(order)
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// The reference order service's create: in one transaction, insert the order and its lines,
+/// lock (subtract) each line's stock, lock the coupon, and insert the order's first outbox row
+/// (phase 0, due at the deadline). That row alone is enough for timeoutd to close the order on
+/// time.
+///
+/// # Errors
+/// [`DbError::Sql`] when any statement fails (the transaction is rolled back).
+/// The order's `status` is ignored: it is always created PENDING.
+pub async fn create(conn: &mut AnyConnection, o: &Order) -> Result<(), DbError> {
+    sqlx::query(
+        "INSERT INTO orders (id, merchant_id, user_id, status, created_at_ms, deadline_ms, \
+         total_cents, coupon_id, activity_id, payment_ref) VALUES (?, ?, ?, 'PENDING', ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(&o.id)
+    .bind(&o.merchant)
+    .bind(&o.user)
+    .bind(o.created_at_ms)
+    .bind(o.deadline_ms)
+    .bind(o.total_cents)
+    .bind(&o.coupon)
+    .bind(&o.flash_activity)
+    .bind(&o.payment_ref)
+    .execute(&mut *conn)
+    .await?;
+    for (line, item) in o.items.iter().enumerate() {
+        sqlx::query(
+            "INSERT INTO order_items (order_id, line_no, sku, quantity, unit_price_cents) VALUES (?, ?, ?, ?, ?)",
+        )
+        .bind(&o.id)
+        .bind(line as i64)
+        .bind(&item.sku)
+        .bind(i64::from(item.quantity))
+        .bind(item.unit_price_cents)
+        .execute(&mut *conn)
+        .await?;
+        sqlx::query("UPDATE sku_stock SET available = available - ? WHERE sku = ?")
+            .bind(i64::from(item.quantity))
+            .bind(&item.sku)
+            .execute(&mut *conn)
+            .await?;
+    }
+    if let Some(coupon) = &o.coupon {
+        sqlx::query("UPDATE coupons SET status = 'LOCKED', order_id = ? WHERE id = ? AND status = 'AVAILABLE'")
+            .bind(&o.id)
+            .bind(coupon)
+            .execute(&mut *conn)
+            .await?;
+    }
+    sqlx::query("INSERT INTO order_timeout_msg (order_id, due_ms, phase, status) VALUES (?, ?, 0, 'PENDING')")
+        .bind(&o.id)
+        .bind(o.deadline_ms)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// The reference order service's payment: PENDING → PAID (a compare-and-set of its own) and the
+/// coupon marked USED. Returns false when the order was no longer PENDING (closed first).
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn pay(conn: &mut AnyConnection, id: &str, now_ms: i64) -> Result<bool, DbError> {
+    let done = sqlx::query(
+        "UPDATE orders SET status = 'PAID', paid_at_ms = ? WHERE id = ? AND status = 'PENDING'",
+    )
+    .bind(now_ms)
+    .bind(id)
+    .execute(&mut *conn)
+    .await?;
+    if done.rows_affected() != 1 {
+        return Ok(false);
+    }
+    sqlx::query("UPDATE coupons SET status = 'USED' WHERE order_id = ? AND status = 'LOCKED'")
+        .bind(id)
+        .execute(&mut *conn)
+        .await?;
+    Ok(true)
+}

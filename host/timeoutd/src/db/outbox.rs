@@ -1,0 +1,285 @@
+//! `order_timeout_msg`, the local message table: claiming due rows under a lease, and moving a
+//! row on (processed, deferred, retried), and the rows that decisions and the sweep add.
+
+use sqlx::{AnyConnection, Row};
+
+use super::{Backend, Db, DbError};
+
+/// Who put a row in the table; decides the trigger kind the plugin sees.
+pub const SOURCE_WAIT: &str = "wait";
+/// Rows re-armed by the sweep.
+pub const SOURCE_SWEEP: &str = "sweep";
+
+/// A claimed, due outbox row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DueRow {
+    /// Row id.
+    pub id: i64,
+    /// Order it is for.
+    pub order_id: String,
+    /// Phase to decide.
+    pub phase: u32,
+    /// Earlier attempts.
+    pub attempts: u32,
+    /// When it was due, epoch ms.
+    pub due_ms: i64,
+    /// `order-service`, `wait` or `sweep`.
+    pub source: String,
+}
+
+/// Claims up to `batch` PENDING rows due at `now_ms` that nobody holds, for `lease_ms`.
+///
+/// On MySQL/MariaDB the candidates are locked with `FOR UPDATE SKIP LOCKED`, so two daemons
+/// claiming at once take disjoint rows; SQLite has one writer, and claims with a single
+/// `UPDATE`. A claim that is not finished within the lease (the daemon died) lapses and the row
+/// is claimed again.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn claim_due(
+    db: &Db,
+    now_ms: i64,
+    batch: u32,
+    lease_ms: i64,
+) -> Result<Vec<DueRow>, DbError> {
+    let token = format!("{:016x}{:08x}", fastrand::u64(..), std::process::id());
+    let until = now_ms + lease_ms;
+    match db.backend() {
+        Backend::Sqlite => {
+            sqlx::query(
+                "UPDATE order_timeout_msg SET claim_token = ?, claim_until_ms = ? WHERE id IN (\
+                 SELECT id FROM order_timeout_msg WHERE status = 'PENDING' AND due_ms <= ? \
+                 AND (claim_until_ms IS NULL OR claim_until_ms < ?) ORDER BY due_ms LIMIT ?)",
+            )
+            .bind(&token)
+            .bind(until)
+            .bind(now_ms)
+            .bind(now_ms)
+            .bind(i64::from(batch))
+            .execute(db.pool())
+            .await?;
+        }
+        Backend::MySql => {
+            let mut tx = db.pool().begin().await?;
+            let ids: Vec<i64> = sqlx::query(
+                "SELECT id FROM order_timeout_msg WHERE status = 'PENDING' AND due_ms <= ? \
+                 AND (claim_until_ms IS NULL OR claim_until_ms < ?) ORDER BY due_ms LIMIT ? \
+                 FOR UPDATE SKIP LOCKED",
+            )
+            .bind(now_ms)
+            .bind(now_ms)
+            .bind(i64::from(batch))
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(|r| r.try_get::<i64, _>(0))
+            .collect::<Result<_, _>>()?;
+            if ids.is_empty() {
+                tx.rollback().await?;
+                return Ok(Vec::new());
+            }
+            let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "UPDATE order_timeout_msg SET claim_token = ?, claim_until_ms = ? WHERE id IN ({list})"
+            )))
+            .bind(&token)
+            .bind(until)
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+        }
+    }
+    let rows = sqlx::query(
+        "SELECT id, order_id, phase, attempts, due_ms, source FROM order_timeout_msg \
+         WHERE claim_token = ? ORDER BY due_ms",
+    )
+    .bind(&token)
+    .fetch_all(db.pool())
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(DueRow {
+                id: r.try_get("id")?,
+                order_id: r.try_get("order_id")?,
+                phase: r.try_get::<i64, _>("phase")?.clamp(0, u32::MAX as i64) as u32,
+                attempts: r.try_get::<i64, _>("attempts")?.clamp(0, u32::MAX as i64) as u32,
+                due_ms: r.try_get("due_ms")?,
+                source: r.try_get("source")?,
+            })
+        })
+        .collect()
+}
+
+/// The earliest due time among PENDING rows nobody holds at `now_ms`.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn next_due_ms(db: &Db, now_ms: i64) -> Result<Option<i64>, DbError> {
+    let row = sqlx::query(
+        "SELECT MIN(due_ms) FROM order_timeout_msg WHERE status = 'PENDING' \
+         AND (claim_until_ms IS NULL OR claim_until_ms < ?)",
+    )
+    .bind(now_ms)
+    .fetch_one(db.pool())
+    .await?;
+    Ok(row.try_get::<Option<i64>, _>(0)?)
+}
+
+/// Marks a row processed (with an optional note, e.g. why it was a no-op) and drops its claim.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn finish(
+    conn: &mut AnyConnection,
+    id: i64,
+    now_ms: i64,
+    note: Option<&str>,
+) -> Result<(), DbError> {
+    sqlx::query(
+        "UPDATE order_timeout_msg SET status = 'PROCESSED', processed_at_ms = ?, last_error = ?, \
+         claim_token = NULL, claim_until_ms = NULL WHERE id = ?",
+    )
+    .bind(now_ms)
+    .bind(note)
+    .bind(id)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Moves a row's due time to `due_ms` (an early trigger waits for the deadline) and drops the
+/// claim; attempts are not counted.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn defer(db: &Db, id: i64, due_ms: i64) -> Result<(), DbError> {
+    sqlx::query(
+        "UPDATE order_timeout_msg SET due_ms = ?, claim_token = NULL, claim_until_ms = NULL WHERE id = ?",
+    )
+    .bind(due_ms)
+    .bind(id)
+    .execute(db.pool())
+    .await?;
+    Ok(())
+}
+
+/// Counts a failed attempt, records why, and makes the row due again at `due_ms`.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn retry_later(db: &Db, id: i64, due_ms: i64, error: &str) -> Result<(), DbError> {
+    sqlx::query(
+        "UPDATE order_timeout_msg SET attempts = attempts + 1, due_ms = ?, last_error = ?, \
+         claim_token = NULL, claim_until_ms = NULL WHERE id = ?",
+    )
+    .bind(due_ms)
+    .bind(error)
+    .bind(id)
+    .execute(db.pool())
+    .await?;
+    Ok(())
+}
+
+/// Schedules `phase` of `order_id` at `due_ms` (a `wait` decision). A row for that phase that
+/// already exists is left as it is, so a replayed decision schedules nothing twice.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn schedule_phase(
+    conn: &mut AnyConnection,
+    backend: Backend,
+    order_id: &str,
+    phase: u32,
+    due_ms: i64,
+) -> Result<(), DbError> {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "{} INTO order_timeout_msg (order_id, due_ms, phase, status, source) VALUES (?, ?, ?, 'PENDING', '{SOURCE_WAIT}')",
+        backend.insert_ignore()
+    )))
+    .bind(order_id)
+    .bind(due_ms)
+    .bind(i64::from(phase))
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// An overdue open order with no live trigger, found by the sweep.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Orphan {
+    /// Order id.
+    pub order_id: String,
+    /// Latest phase scheduled for it (0 when it has no outbox row at all).
+    pub phase: u32,
+}
+
+/// PENDING orders past `deadline + grace` that have no live trigger — no PENDING row due later
+/// than `now - grace`, none held under a lease — and no open dead letter (those wait for an
+/// operator), oldest deadline first.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn find_orphans(
+    db: &Db,
+    now_ms: i64,
+    grace_ms: i64,
+    batch: u32,
+) -> Result<Vec<Orphan>, DbError> {
+    let cutoff = now_ms - grace_ms;
+    let rows = sqlx::query(
+        "SELECT o.id, (SELECT MAX(m.phase) FROM order_timeout_msg m WHERE m.order_id = o.id) AS phase \
+         FROM orders o WHERE o.status = 'PENDING' AND o.deadline_ms <= ? \
+         AND NOT EXISTS (SELECT 1 FROM order_timeout_msg m WHERE m.order_id = o.id \
+             AND m.status IN ('PENDING', 'SENT') AND (m.due_ms > ? OR m.claim_until_ms >= ?)) \
+         AND NOT EXISTS (SELECT 1 FROM dead_letter d WHERE d.order_id = o.id AND d.status = 'OPEN') \
+         ORDER BY o.deadline_ms LIMIT ?",
+    )
+    .bind(cutoff)
+    .bind(cutoff)
+    .bind(now_ms)
+    .bind(i64::from(batch))
+    .fetch_all(db.pool())
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(Orphan {
+                order_id: r.try_get(0)?,
+                phase: r.try_get::<Option<i64>, _>(1)?.unwrap_or(0).clamp(0, u32::MAX as i64)
+                    as u32,
+            })
+        })
+        .collect()
+}
+
+/// Re-arms an orphan: its latest phase becomes a PENDING row due now with source `sweep`
+/// (inserted if the order has no row at all). A row held under a live lease is left alone.
+/// Several sweepers re-arming the same order converge on the one row.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn rearm(db: &Db, orphan: &Orphan, now_ms: i64) -> Result<(), DbError> {
+    let inserted = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "{} INTO order_timeout_msg (order_id, due_ms, phase, status, source) VALUES (?, ?, ?, 'PENDING', '{SOURCE_SWEEP}')",
+        db.backend().insert_ignore()
+    )))
+    .bind(&orphan.order_id)
+    .bind(now_ms)
+    .bind(i64::from(orphan.phase))
+    .execute(db.pool())
+    .await?;
+    if inserted.rows_affected() == 0 {
+        sqlx::query(
+            "UPDATE order_timeout_msg SET status = 'PENDING', due_ms = ?, source = ?, \
+             claim_token = NULL, claim_until_ms = NULL \
+             WHERE order_id = ? AND phase = ? AND (claim_until_ms IS NULL OR claim_until_ms < ?)",
+        )
+        .bind(now_ms)
+        .bind(SOURCE_SWEEP)
+        .bind(&orphan.order_id)
+        .bind(i64::from(orphan.phase))
+        .bind(now_ms)
+        .execute(db.pool())
+        .await?;
+    }
+    Ok(())
+}

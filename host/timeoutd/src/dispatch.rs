@@ -1,0 +1,279 @@
+//! From a trigger to a committed outcome: load the order (the database is the truth), ask the
+//! merchant's plugin, and carry out its decision in one transaction.
+//!
+//! The rules, each in one place:
+//! - a trigger carries only an order id, a phase and a hint; everything else is re-read;
+//! - not PENDING → the trigger is a no-op ([`Outcome::NoOp`]);
+//! - before the deadline (database clock) → deferred to the deadline, the plugin is not asked
+//!   ([`Outcome::Deferred`], F2);
+//! - `cancel` → [`close`]: one compare-and-set PENDING→CLOSED with stock, coupon and ledger rows
+//!   in the same transaction; losing the compare-and-set (paid in between, F12; a concurrent
+//!   duplicate, F9) changes nothing;
+//! - `wait` → [`wait`]: the next phase's outbox row and the reminder, in one transaction;
+//! - effects beyond the order are refused ([`guard`]) and the decision dead-lettered;
+//! - failures retry with backoff up to `dispatch.max_attempts`, then dead-letter ([`failure`]).
+
+mod close;
+mod failure;
+pub mod guard;
+mod wait;
+
+pub use wait::REMIND;
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use timeoutd_runtime::model::{Context, Decision, Order, OrderStatus, TriggerKind};
+
+use crate::clock::{Clock, Stopwatch};
+use crate::config::DispatchConfig;
+use crate::db::{Db, DbError, journal, orders, outbox};
+use crate::effects::EffectRunner;
+use crate::policies::{MerchantPolicy, Policies};
+
+/// One reason to look at one order.
+#[derive(Debug, Clone, Serialize)]
+pub struct Trigger {
+    /// Order id.
+    pub order_id: String,
+    /// What fired.
+    pub kind: TriggerKind,
+    /// Phase to decide.
+    pub phase: u32,
+    /// Earlier attempts of this trigger.
+    pub attempt: u32,
+    /// When it was due, epoch ms (for lateness); the deadline when absent.
+    pub due_ms: Option<i64>,
+    /// The `order_timeout_msg` row it came from, if any.
+    pub row_id: Option<i64>,
+}
+
+/// What handling a trigger came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// This trigger closed the order, `lateness_ms` after it was due.
+    Closed {
+        /// Close time − due time, ms.
+        lateness_ms: i64,
+    },
+    /// The plugin asked to wait; `next_phase` is scheduled at `due_ms`.
+    Waiting {
+        /// Next phase.
+        next_phase: u32,
+        /// When, epoch ms.
+        due_ms: i64,
+    },
+    /// The plugin chose to do nothing.
+    Ignored,
+    /// Nothing to do: the order is not PENDING (or stopped being so before the close).
+    NoOp {
+        /// Why.
+        reason: String,
+    },
+    /// Too early: moved to the order's deadline.
+    Deferred {
+        /// New due time, epoch ms.
+        until_ms: i64,
+    },
+    /// The decision exceeded the order and was refused (dead-lettered).
+    Refused {
+        /// Every violation.
+        reason: String,
+    },
+    /// Failed; will be tried again at `due_ms`.
+    Retry {
+        /// When, epoch ms.
+        due_ms: i64,
+        /// Why it failed.
+        error: String,
+    },
+    /// Can never succeed as it is; dead-lettered for an operator.
+    DeadLettered {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Handles triggers. Shared by every source; cheap to share behind an `Arc`.
+pub struct Dispatcher {
+    db: Db,
+    clock: Clock,
+    policies: Arc<Policies>,
+    retry: DispatchConfig,
+    effects: EffectRunner,
+}
+
+/// What a plugin said, with what is needed to log it.
+struct Decided<'a> {
+    policy: &'a MerchantPolicy,
+    order: &'a Order,
+    trigger: &'a Trigger,
+    now_ms: i64,
+    latency_us: i64,
+}
+
+impl Decided<'_> {
+    fn record<'s>(
+        &'s self,
+        decision: &'s str,
+        outcome: &'s str,
+        detail: String,
+    ) -> journal::DecisionRecord<'s> {
+        journal::DecisionRecord {
+            order_id: &self.order.id,
+            merchant_id: &self.order.merchant,
+            plugin: self.policy.plugin.name(),
+            plugin_digest: self.policy.plugin.digest(),
+            trigger_kind: self.trigger.kind.as_str(),
+            phase: self.trigger.phase,
+            attempt: self.trigger.attempt,
+            decision,
+            outcome,
+            detail,
+            latency_us: self.latency_us,
+            decided_at_ms: self.now_ms,
+        }
+    }
+}
+
+impl Dispatcher {
+    /// A dispatcher over `db`, reading time from `clock`.
+    pub fn new(
+        db: Db,
+        clock: Clock,
+        policies: Arc<Policies>,
+        retry: DispatchConfig,
+        effects: EffectRunner,
+    ) -> Self {
+        Dispatcher {
+            db,
+            clock,
+            policies,
+            retry,
+            effects,
+        }
+    }
+
+    /// The database.
+    pub fn db(&self) -> &Db {
+        &self.db
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// Handles one trigger to a committed outcome. Never panics on bad input: database failures
+    /// become [`Outcome::Retry`] (or a dead letter once attempts run out).
+    pub async fn handle(&self, trigger: &Trigger) -> Outcome {
+        let span = tracing::info_span!("trigger", order = %trigger.order_id, kind = trigger.kind.as_str(), phase = trigger.phase);
+        let _guard = span.enter();
+        let outcome = match self.try_handle(trigger).await {
+            Ok(outcome) => outcome,
+            Err(e) => self.failed(trigger, None, e.to_string(), true).await,
+        };
+        tracing::debug!(?outcome, "trigger handled");
+        outcome
+    }
+
+    async fn try_handle(&self, trigger: &Trigger) -> Result<Outcome, DbError> {
+        let now_ms = self.clock.now_ms(&self.db).await?;
+        let loaded = {
+            let mut conn = self.db.pool().acquire().await?;
+            orders::load(&mut conn, &trigger.order_id).await
+        };
+        let order = match loaded {
+            Ok(Some(order)) => order,
+            Ok(None) => {
+                let reason = format!("order `{}` does not exist", trigger.order_id);
+                return self.dead_letter(trigger, now_ms, &reason).await;
+            }
+            Err(DbError::BadRow { detail, .. }) => {
+                return self.dead_letter(trigger, now_ms, &detail).await;
+            }
+            Err(e) => return Err(e),
+        };
+        if order.status != OrderStatus::Pending {
+            let reason = format!("order is {}", order.status.as_str());
+            self.finish_row(trigger, now_ms, &reason).await?;
+            return Ok(Outcome::NoOp { reason });
+        }
+        if trigger.kind != TriggerKind::Manual && now_ms < order.deadline_ms {
+            if let Some(id) = trigger.row_id {
+                outbox::defer(&self.db, id, order.deadline_ms).await?;
+            }
+            tracing::info!(early_ms = order.deadline_ms - now_ms, "trigger before the deadline; deferred");
+            return Ok(Outcome::Deferred {
+                until_ms: order.deadline_ms,
+            });
+        }
+        let Some(policy) = self.policies.get(&order.merchant) else {
+            let reason = format!(
+                "merchant `{}` of order `{}` has no plugin configured",
+                order.merchant, order.id
+            );
+            return self.dead_letter(trigger, now_ms, &reason).await;
+        };
+        let ctx = Context {
+            now_ms,
+            trigger: trigger.kind,
+            phase: trigger.phase,
+            attempt: trigger.attempt,
+            settings: policy.settings.clone(),
+        };
+        let (answer, latency_us) = {
+            let (plugin, order) = (policy.plugin.clone(), order.clone());
+            tokio::task::spawn_blocking(move || {
+                let watch = Stopwatch::start();
+                let answer = plugin.decide(&order, &ctx);
+                (answer, watch.elapsed_us())
+            })
+            .await
+            .expect("plugin call thread panicked")
+        };
+        let decided = Decided {
+            policy: &policy,
+            order: &order,
+            trigger,
+            now_ms,
+            latency_us,
+        };
+        match answer {
+            Err(e) => {
+                let transient = e.is_transient();
+                Ok(self.failed(trigger, Some(&decided), e.to_string(), transient).await)
+            }
+            Ok(Decision::Ignore { reason }) => {
+                let mut tx = self.db.pool().begin().await?;
+                let detail = serde_json::json!({ "decision": "ignore", "reason": reason });
+                journal::log_decision(&mut tx, &decided.record("ignore", "ignored", detail.to_string())).await?;
+                if let Some(id) = trigger.row_id {
+                    outbox::finish(&mut tx, id, now_ms, Some(&format!("ignored: {reason}"))).await?;
+                }
+                tx.commit().await?;
+                Ok(Outcome::Ignored)
+            }
+            Ok(Decision::Wait {
+                after_ms,
+                next_phase,
+                reminder,
+            }) => self.wait(&decided, after_ms, next_phase, reminder).await,
+            Ok(Decision::Cancel { reason, effects }) => match guard::check(&order, &effects) {
+                Ok(()) => self.close(&decided, &reason, &effects).await,
+                Err(problems) => {
+                    let decision = Decision::Cancel { reason, effects };
+                    self.refuse(&decided, &decision, problems.join("; ")).await
+                }
+            },
+        }
+    }
+
+    async fn finish_row(&self, trigger: &Trigger, now_ms: i64, note: &str) -> Result<(), DbError> {
+        if let Some(id) = trigger.row_id {
+            let mut conn = self.db.pool().acquire().await?;
+            outbox::finish(&mut conn, id, now_ms, Some(note)).await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,132 @@
+//! Failed, refused and hopeless triggers: retry with backoff, or dead-letter with the reason.
+
+use std::time::Duration;
+
+use timeoutd_runtime::model::Decision;
+
+use super::{Decided, Dispatcher, Outcome, Trigger};
+use crate::db::{DbError, journal, outbox};
+
+impl Dispatcher {
+    /// Delay before attempt `attempt + 1`: `retry_initial · 2^attempt`, at most `retry_max`.
+    pub(crate) fn backoff(&self, attempt: u32) -> Duration {
+        let factor = 1u32.checked_shl(attempt.min(20)).unwrap_or(u32::MAX);
+        self.retry
+            .retry_initial
+            .saturating_mul(factor)
+            .min(self.retry.retry_max)
+    }
+
+    /// A failure: retried with backoff while attempts remain (and it may pass), else
+    /// dead-lettered. Never fails itself: if even that cannot be written, the row's lease
+    /// lapses and the trigger comes back.
+    pub(super) async fn failed(
+        &self,
+        trigger: &Trigger,
+        decided: Option<&Decided<'_>>,
+        error: String,
+        transient: bool,
+    ) -> Outcome {
+        let attempts = trigger.attempt + 1;
+        let exhausted = attempts >= self.retry.max_attempts;
+        let result = async {
+            let now_ms = match decided {
+                Some(d) => d.now_ms,
+                None => self.clock.now_ms(&self.db).await?,
+            };
+            if let Some(d) = decided {
+                let outcome = if exhausted { "dead-lettered" } else { "retry" };
+                let detail = serde_json::json!({ "error": error, "transient": transient });
+                let mut conn = self.db.pool().acquire().await?;
+                journal::log_decision(&mut conn, &d.record("error", outcome, detail.to_string()))
+                    .await?;
+            }
+            match (exhausted, trigger.row_id) {
+                (false, Some(id)) => {
+                    let due_ms = now_ms + self.backoff(trigger.attempt).as_millis() as i64;
+                    outbox::retry_later(&self.db, id, due_ms, &error).await?;
+                    tracing::warn!(%error, attempts, due_ms, "trigger failed; will retry");
+                    Ok::<_, DbError>(Outcome::Retry {
+                        due_ms,
+                        error: error.clone(),
+                    })
+                }
+                _ => {
+                    let reason = format!("gave up after {attempts} attempt(s): {error}");
+                    self.dead_letter(trigger, now_ms, &reason).await
+                }
+            }
+        }
+        .await;
+        result.unwrap_or_else(|e| {
+            tracing::error!(%error, db_error = %e, "trigger failed and the failure could not be recorded; its lease will lapse");
+            Outcome::Retry {
+                due_ms: i64::MAX,
+                error,
+            }
+        })
+    }
+
+    /// Dead-letters a trigger that cannot succeed as it is (missing order, unknown merchant,
+    /// attempts exhausted), and retires its outbox row.
+    pub(super) async fn dead_letter(
+        &self,
+        trigger: &Trigger,
+        now_ms: i64,
+        reason: &str,
+    ) -> Result<Outcome, DbError> {
+        let mut tx = self.db.pool().begin().await?;
+        journal::dead_letter(
+            &mut tx,
+            &journal::DeadLetter {
+                source: trigger.kind.as_str(),
+                order_id: Some(&trigger.order_id),
+                reason,
+                payload: serde_json::to_string(trigger).expect("trigger serialises"),
+                attempts: trigger.attempt + 1,
+            },
+            now_ms,
+        )
+        .await?;
+        if let Some(id) = trigger.row_id {
+            outbox::finish(&mut tx, id, now_ms, Some(&format!("dead-lettered: {reason}"))).await?;
+        }
+        tx.commit().await?;
+        tracing::error!(reason, "trigger dead-lettered");
+        Ok(Outcome::DeadLettered {
+            reason: reason.to_string(),
+        })
+    }
+
+    /// Refuses a decision whose effects exceed the order: nothing is applied, the decision is
+    /// dead-lettered with every violation, and the order stays open for an operator.
+    pub(super) async fn refuse(
+        &self,
+        d: &Decided<'_>,
+        decision: &Decision,
+        reason: String,
+    ) -> Result<Outcome, DbError> {
+        let mut tx = self.db.pool().begin().await?;
+        let detail = serde_json::json!({ "decision": decision, "refused": reason });
+        journal::log_decision(&mut tx, &d.record(decision.kind(), "refused", detail.to_string()))
+            .await?;
+        journal::dead_letter(
+            &mut tx,
+            &journal::DeadLetter {
+                source: "refused-decision",
+                order_id: Some(&d.order.id),
+                reason: &format!("plugin `{}` decision refused: {reason}", d.policy.plugin.name()),
+                payload: serde_json::to_string(decision).expect("decision serialises"),
+                attempts: d.trigger.attempt + 1,
+            },
+            d.now_ms,
+        )
+        .await?;
+        if let Some(id) = d.trigger.row_id {
+            outbox::finish(&mut tx, id, d.now_ms, Some("decision refused")).await?;
+        }
+        tx.commit().await?;
+        tracing::error!(%reason, plugin = d.policy.plugin.name(), "plugin decision refused");
+        Ok(Outcome::Refused { reason })
+    }
+}

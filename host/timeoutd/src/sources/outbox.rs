@@ -1,0 +1,107 @@
+//! The outbox timer: claims due `order_timeout_msg` rows in batches and dispatches them.
+//!
+//! It does not poll on a fixed period. After each round it asks for the next due time and
+//! sleeps until then, waking early when this process writes a row (the [`Waker`]) and at
+//! least every `outbox.idle_recheck` (rows written by other programs, lapsed leases).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use timeoutd_runtime::model::TriggerKind;
+use tokio::sync::{Notify, Semaphore, watch};
+use tokio::task::JoinSet;
+
+use crate::config::OutboxConfig;
+use crate::db::outbox::{self, DueRow, SOURCE_SWEEP};
+use crate::dispatch::{Dispatcher, Outcome, Trigger};
+
+/// Wakes the outbox timer when this process has written a row that may be due soon.
+pub type Waker = Arc<Notify>;
+
+/// The trigger a claimed row stands for.
+pub fn trigger_of(row: &DueRow) -> Trigger {
+    Trigger {
+        order_id: row.order_id.clone(),
+        kind: if row.source == SOURCE_SWEEP {
+            TriggerKind::Sweep
+        } else {
+            TriggerKind::Outbox
+        },
+        phase: row.phase,
+        attempt: row.attempts,
+        due_ms: Some(row.due_ms),
+        row_id: Some(row.id),
+    }
+}
+
+/// Runs the timer until `shutdown` turns true; a batch in flight is finished first.
+pub async fn run(
+    dispatcher: Arc<Dispatcher>,
+    config: OutboxConfig,
+    waker: Waker,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let db = dispatcher.db().clone();
+    let lease_ms = config.lease.as_millis() as i64;
+    let permits = Arc::new(Semaphore::new(config.concurrency as usize));
+    loop {
+        if *shutdown.borrow() {
+            break;
+        }
+        let now_ms = match dispatcher.clock().now_ms(&db).await {
+            Ok(now) => now,
+            Err(e) => {
+                tracing::warn!(error = %e, "outbox timer cannot read the clock");
+                if super::sleep_or_shutdown(config.idle_recheck, &mut shutdown).await {
+                    break;
+                }
+                continue;
+            }
+        };
+        match outbox::claim_due(&db, now_ms, config.batch, lease_ms).await {
+            Ok(rows) if !rows.is_empty() => {
+                dispatch_batch(&dispatcher, rows, &permits).await;
+                continue;
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "outbox claim failed"),
+        }
+        let sleep = match outbox::next_due_ms(&db, now_ms).await {
+            Ok(Some(due)) => Duration::from_millis((due - now_ms).max(0) as u64),
+            Ok(None) => config.idle_recheck,
+            Err(e) => {
+                tracing::warn!(error = %e, "outbox next-due query failed");
+                config.idle_recheck
+            }
+        }
+        .min(config.idle_recheck);
+        if sleep.is_zero() {
+            continue;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(sleep) => {}
+            _ = waker.notified() => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+    tracing::info!("outbox timer stopped");
+}
+
+async fn dispatch_batch(dispatcher: &Arc<Dispatcher>, rows: Vec<DueRow>, permits: &Arc<Semaphore>) {
+    let mut set = JoinSet::new();
+    for row in rows {
+        let permit = permits.clone().acquire_owned().await.expect("semaphore never closed");
+        let dispatcher = dispatcher.clone();
+        set.spawn(async move {
+            let trigger = trigger_of(&row);
+            let outcome = dispatcher.handle(&trigger).await;
+            drop(permit);
+            outcome
+        });
+    }
+    while let Some(done) = set.join_next().await {
+        if let Ok(Outcome::DeadLettered { reason }) = &done {
+            tracing::warn!(reason, "outbox row dead-lettered");
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! The sweep: every `sweep.interval`, PENDING orders past deadline + grace with no live trigger
+//! (their outbox row was lost, never written, or stuck) are re-armed as outbox rows due now with
+//! source `sweep`, so they go through the same claim and the same close as everything else.
+//! Several daemons sweeping at once converge on the same rows; the close's compare-and-set does
+//! the rest (F3, F11).
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use super::outbox::Waker;
+use crate::clock::{Clock, Stopwatch};
+use crate::config::SweepConfig;
+use crate::db::{Db, DbError, outbox};
+
+/// What one sweep did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SweepReport {
+    /// Orders re-armed.
+    pub rearmed: usize,
+    /// Time taken, ms.
+    pub duration_ms: i64,
+}
+
+/// One sweep.
+///
+/// # Errors
+/// [`DbError`] when the database fails; nothing is half-done (each re-arm is one statement).
+pub async fn sweep_once(db: &Db, clock: &Clock, config: &SweepConfig) -> Result<SweepReport, DbError> {
+    let watch = Stopwatch::start();
+    let now_ms = clock.now_ms(db).await?;
+    let orphans =
+        outbox::find_orphans(db, now_ms, config.grace.as_millis() as i64, config.batch).await?;
+    for orphan in &orphans {
+        outbox::rearm(db, orphan, now_ms).await?;
+        tracing::warn!(order = %orphan.order_id, phase = orphan.phase, "sweep re-armed an overdue order with no live trigger");
+    }
+    Ok(SweepReport {
+        rearmed: orphans.len(),
+        duration_ms: watch.elapsed_ms(),
+    })
+}
+
+/// Sweeps at start and then every interval until `shutdown` turns true.
+pub async fn run(
+    db: Db,
+    clock: Clock,
+    config: SweepConfig,
+    waker: Waker,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let waker: Waker = Arc::clone(&waker);
+    loop {
+        match sweep_once(&db, &clock, &config).await {
+            Ok(report) if report.rearmed > 0 => {
+                tracing::info!(rearmed = report.rearmed, duration_ms = report.duration_ms, "sweep");
+                waker.notify_one();
+            }
+            Ok(report) => tracing::debug!(duration_ms = report.duration_ms, "sweep found nothing"),
+            Err(e) => tracing::warn!(error = %e, "sweep failed"),
+        }
+        if super::sleep_or_shutdown(config.interval, &mut shutdown).await {
+            break;
+        }
+    }
+    tracing::info!("sweep stopped");
+}
