@@ -54,7 +54,8 @@ pub struct DatabaseConfig {
     /// `sqlite://PATH` (created if missing) or `mysql://USER[:PASS]@HOST:PORT/DB` (MySQL or
     /// MariaDB 10.6+, for `SKIP LOCKED`).
     pub url: String,
-    /// Pool size. SQLite is single-writer and always uses 1.
+    /// Pool size. (SQLite has one writer at a time whatever the pool size; extra connections
+    /// serve reads.)
     #[serde(default = "defaults::max_connections")]
     pub max_connections: u32,
     /// Apply the schema migrations at start-up.

@@ -90,8 +90,9 @@ pub struct Db {
 }
 
 impl Db {
-    /// Connects to `url` (creating a SQLite file if missing). SQLite gets one connection, WAL
-    /// and a 5 s busy timeout, so a second process on the same file waits instead of failing.
+    /// Connects to `url` (creating a SQLite file if missing). SQLite gets WAL and a 5 s busy
+    /// timeout, so writers queue instead of failing; every write transaction in timeoutd starts
+    /// with a write, so none has to upgrade a read lock (which SQLite cannot wait for).
     ///
     /// # Errors
     /// [`DbError`] when the URL is unsupported or the server refuses.
@@ -108,10 +109,7 @@ impl Db {
         };
         let options: AnyConnectOptions = url.parse()?;
         let pool = AnyPoolOptions::new()
-            .max_connections(match backend {
-                Backend::Sqlite => 1,
-                Backend::MySql => max_connections,
-            })
+            .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(10))
             .after_connect(move |conn, _| {
                 Box::pin(async move {
