@@ -1,1 +1,1 @@
-//! Test support lives in the integration binary.
+//! timeoutd's integration tests live in `integration/`; see `README.md` here.

@@ -1,1 +1,7 @@
-fn main(){}
+//! timeoutd's integration tests. See `tests/README.md` for what each module needs.
+
+mod config;
+mod e2e;
+mod pipeline;
+mod runtime;
+mod support;

@@ -27,7 +27,9 @@ pub(crate) fn compile(
         // `deserialize_file` still checks the header and refuses a mismatched artifact.
         match unsafe { Component::deserialize_file(engine.engine(), &path) } {
             Ok(component) => return Ok(component),
-            Err(e) => tracing::warn!(path = %path.display(), error = %e, "discarding unusable cached plugin artifact"),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "discarding unusable cached plugin artifact")
+            }
         }
     }
     let component = Component::new(engine.engine(), bytes).map_err(|e| format!("{e:?}"))?;
@@ -45,7 +47,10 @@ pub(crate) fn compile(
 fn cache_path(engine: &PolicyEngine, digest: &str) -> Option<PathBuf> {
     let dir = engine.cache_dir()?;
     let mut hasher = DefaultHasher::new();
-    engine.engine().precompile_compatibility_hash().hash(&mut hasher);
+    engine
+        .engine()
+        .precompile_compatibility_hash()
+        .hash(&mut hasher);
     Some(
         dir.join(format!("{:016x}", hasher.finish()))
             .join(format!("{digest}.cwasm")),
@@ -58,7 +63,9 @@ fn write_atomically(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> 
     let tmp = dir.join(format!(
         ".{}.{}.tmp",
         std::process::id(),
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("artifact")
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("artifact")
     ));
     std::fs::write(&tmp, data)?;
     std::fs::rename(&tmp, path)

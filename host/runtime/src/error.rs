@@ -16,7 +16,9 @@ pub enum LoadError {
         source: std::io::Error,
     },
     /// The bytes are not a WebAssembly component (a core module, or not wasm at all).
-    #[error("plugin `{plugin}`: not a WebAssembly component ({detail}); build it for wasm32-wasip2")]
+    #[error(
+        "plugin `{plugin}`: not a WebAssembly component ({detail}); build it for wasm32-wasip2"
+    )]
     NotAComponent {
         /// Plugin name.
         plugin: String,

@@ -47,8 +47,11 @@ pub struct Daemon {
 /// # Errors
 /// [`StartError::Engine`] or [`StartError::Plugins`].
 pub fn load_policies(config: &Config) -> Result<Arc<Policies>, StartError> {
-    let engine = PolicyEngine::new(policies::limits(config), config.runtime.cache_dir.as_deref())
-        .map_err(StartError::Engine)?;
+    let engine = PolicyEngine::new(
+        policies::limits(config),
+        config.runtime.cache_dir.as_deref(),
+    )
+    .map_err(StartError::Engine)?;
     Policies::load(config, &engine)
         .map(Arc::new)
         .map_err(StartError::Plugins)
@@ -97,7 +100,10 @@ impl Daemon {
         let mut backlog_rx = rx;
         tasks.spawn(async move {
             loop {
-                if let Err(e) = effects.run_backlog(LEDGER_BACKLOG_INTERVAL.as_millis() as i64).await {
+                if let Err(e) = effects
+                    .run_backlog(LEDGER_BACKLOG_INTERVAL.as_millis() as i64)
+                    .await
+                {
                     tracing::warn!(error = %e, "ledger backlog run failed");
                 }
                 if sources::sleep_or_shutdown(LEDGER_BACKLOG_INTERVAL, &mut backlog_rx).await {

@@ -138,6 +138,19 @@ impl Db {
         migrate::run(self).await
     }
 
+    /// Begins a write transaction. On SQLite it is `BEGIN IMMEDIATE`: the write lock is taken
+    /// (waiting up to the busy timeout) before anything is read, so the transaction never has
+    /// to upgrade a stale read snapshot, which SQLite refuses instead of waiting.
+    ///
+    /// # Errors
+    /// [`DbError::Sql`] when no connection or lock can be had.
+    pub async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>, DbError> {
+        Ok(match self.backend {
+            Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
+            Backend::MySql => self.pool.begin().await?,
+        })
+    }
+
     /// The pool.
     pub fn pool(&self) -> &AnyPool {
         &self.pool

@@ -42,7 +42,10 @@ pub async fn run(orders: u32, data_dir: Option<PathBuf>, json: bool) -> anyhow::
     let dir = dir.canonicalize()?;
     let db_path = dir.join("timeoutd.db");
     if db_path.exists() {
-        anyhow::bail!("{} already exists; give the demo a fresh --data-dir", db_path.display());
+        anyhow::bail!(
+            "{} already exists; give the demo a fresh --data-dir",
+            db_path.display()
+        );
     }
     let dir_text = dir.display().to_string();
     let config = Config::from_toml(DEMO_CONFIG, &dir, &|k| {
@@ -74,7 +77,10 @@ pub async fn run(orders: u32, data_dir: Option<PathBuf>, json: bool) -> anyhow::
         }
         if db.now_ms().await? > give_up_ms {
             let open = report::open_orders(&db).await?;
-            anyhow::bail!("{} order(s) still open long after their deadlines: {open:?}", open.len());
+            anyhow::bail!(
+                "{} order(s) still open long after their deadlines: {open:?}",
+                open.len()
+            );
         }
     }
     if progress {

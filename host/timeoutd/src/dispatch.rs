@@ -203,7 +203,10 @@ impl Dispatcher {
             if let Some(id) = trigger.row_id {
                 outbox::defer(&self.db, id, order.deadline_ms).await?;
             }
-            tracing::info!(early_ms = order.deadline_ms - now_ms, "trigger before the deadline; deferred");
+            tracing::info!(
+                early_ms = order.deadline_ms - now_ms,
+                "trigger before the deadline; deferred"
+            );
             return Ok(Outcome::Deferred {
                 until_ms: order.deadline_ms,
             });
@@ -242,14 +245,21 @@ impl Dispatcher {
         match answer {
             Err(e) => {
                 let transient = e.is_transient();
-                Ok(self.failed(trigger, Some(&decided), e.to_string(), transient).await)
+                Ok(self
+                    .failed(trigger, Some(&decided), e.to_string(), transient)
+                    .await)
             }
             Ok(Decision::Ignore { reason }) => {
-                let mut tx = self.db.pool().begin().await?;
+                let mut tx = self.db.begin().await?;
                 let detail = serde_json::json!({ "decision": "ignore", "reason": reason });
-                journal::log_decision(&mut tx, &decided.record("ignore", "ignored", detail.to_string())).await?;
+                journal::log_decision(
+                    &mut tx,
+                    &decided.record("ignore", "ignored", detail.to_string()),
+                )
+                .await?;
                 if let Some(id) = trigger.row_id {
-                    outbox::finish(&mut tx, id, now_ms, Some(&format!("ignored: {reason}"))).await?;
+                    outbox::finish(&mut tx, id, now_ms, Some(&format!("ignored: {reason}")))
+                        .await?;
                 }
                 tx.commit().await?;
                 Ok(Outcome::Ignored)

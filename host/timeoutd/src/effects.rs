@@ -75,7 +75,10 @@ impl EffectRunner {
             },
         };
         let Some(notice) = notice else {
-            return Ok((ledger::FAILED, Some(format!("unreadable {} payload", effect.kind))));
+            return Ok((
+                ledger::FAILED,
+                Some(format!("unreadable {} payload", effect.kind)),
+            ));
         };
         let (status, user) = order_status_and_user(&self.db, &effect.order_id).await?;
         if effect.kind == REMIND && status.as_deref() != Some("PENDING") {

@@ -10,7 +10,10 @@ use crate::config::{Config, PluginSource};
 /// The example plugins compiled into the binary by `build.rs` (`builtin:<name>` in the config).
 pub fn builtin(name: &str) -> Option<&'static [u8]> {
     match name {
-        "single-phase" => Some(include_bytes!(concat!(env!("OUT_DIR"), "/single_phase.wasm"))),
+        "single-phase" => Some(include_bytes!(concat!(
+            env!("OUT_DIR"),
+            "/single_phase.wasm"
+        ))),
         "two-phase" => Some(include_bytes!(concat!(env!("OUT_DIR"), "/two_phase.wasm"))),
         _ => None,
     }
@@ -108,7 +111,11 @@ impl Policies {
     }
 }
 
-fn load_source(engine: &PolicyEngine, name: &str, source: &PluginSource) -> Result<Plugin, LoadError> {
+fn load_source(
+    engine: &PolicyEngine,
+    name: &str,
+    source: &PluginSource,
+) -> Result<Plugin, LoadError> {
     match source {
         PluginSource::Builtin(builtin_name) => {
             let bytes = builtin(builtin_name).ok_or_else(|| LoadError::NotAComponent {

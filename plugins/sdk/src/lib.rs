@@ -25,9 +25,9 @@ pub mod bindings {
     });
 }
 
-pub use bindings::{Guest, export_policy};
 pub use bindings::timeout::policy::host::log;
 pub use bindings::timeout::policy::types::*;
+pub use bindings::{Guest, export_policy};
 
 mod settings;
 pub use settings::{Settings, parse_duration_ms};
@@ -47,7 +47,10 @@ pub fn release_everything(order: &Order, flash_sale: bool, notice: Option<Notice
     if flash_sale && let Some(activity) = &order.flash_activity {
         let units = order.items.iter().map(|i| i.quantity).sum();
         effects.push(Effect::RestoreFlashStock((activity.clone(), units)));
-        effects.push(Effect::ReleaseFlashSlot((activity.clone(), order.user.clone())));
+        effects.push(Effect::ReleaseFlashSlot((
+            activity.clone(),
+            order.user.clone(),
+        )));
     }
     if let Some(payment) = &order.payment_ref {
         effects.push(Effect::ClosePayment(payment.clone()));

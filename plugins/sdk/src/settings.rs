@@ -27,7 +27,8 @@ impl<'a> Settings<'a> {
         let raw = self.get(key).ok_or_else(|| {
             PolicyError::BadSetting((key.to_string(), "missing (e.g. \"5m\")".to_string()))
         })?;
-        parse_duration_ms(raw).map_err(|problem| PolicyError::BadSetting((key.to_string(), problem)))
+        parse_duration_ms(raw)
+            .map_err(|problem| PolicyError::BadSetting((key.to_string(), problem)))
     }
 
     /// A whole-number setting, or `default` when absent.
@@ -62,7 +63,11 @@ pub fn parse_duration_ms(raw: &str) -> Result<u64, String> {
         "h" => 3_600_000,
         "d" => 86_400_000,
         "" => return Err(format!("`{raw}` has no unit (ms, s, m, h, d)")),
-        other => return Err(format!("`{raw}` has an unknown unit `{other}` (ms, s, m, h, d)")),
+        other => {
+            return Err(format!(
+                "`{raw}` has an unknown unit `{other}` (ms, s, m, h, d)"
+            ));
+        }
     };
     n.checked_mul(scale)
         .ok_or_else(|| format!("`{raw}` is too long"))
@@ -79,6 +84,10 @@ mod tests {
         assert_eq!(parse_duration_ms(" 2h "), Ok(7_200_000));
         assert!(parse_duration_ms("10").unwrap_err().contains("no unit"));
         assert!(parse_duration_ms("ten").is_err());
-        assert!(parse_duration_ms("3w").unwrap_err().contains("unknown unit"));
+        assert!(
+            parse_duration_ms("3w")
+                .unwrap_err()
+                .contains("unknown unit")
+        );
     }
 }

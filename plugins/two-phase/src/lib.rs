@@ -11,8 +11,8 @@
 //! - `max_checks` — check-backs answered `unknown` before committing, default 3.
 
 use timeoutd_policy_sdk::{
-    Cancel, CheckVerdict, Context, Decision, Guest, Notice, Order, OrderStatus, PolicyError,
-    Settings, Wait, log, Level, release_everything, standard_check,
+    Cancel, CheckVerdict, Context, Decision, Guest, Level, Notice, Order, OrderStatus, PolicyError,
+    Settings, Wait, log, release_everything, standard_check,
 };
 
 struct TwoPhase;
@@ -41,14 +41,19 @@ impl Guest for TwoPhase {
         // Remind once: on the first phase that finds the window lapsed.
         let reminder = (ctx.phase == 0 && ctx.now_ms >= order.deadline_ms).then(|| Notice {
             channel,
-            template: settings.text("reminder_template", "order-closing-soon").to_string(),
+            template: settings
+                .text("reminder_template", "order-closing-soon")
+                .to_string(),
             params: vec![
                 ("closes_in".into(), human(remaining)),
                 ("closes_at_ms".into(), close_at.to_string()),
             ],
         });
         if reminder.is_some() {
-            log(Level::Debug, &format!("reminding; closing in {}", human(remaining)));
+            log(
+                Level::Debug,
+                &format!("reminding; closing in {}", human(remaining)),
+            );
         }
         Ok(Decision::Wait(Wait {
             after_ms: (close_at - ctx.now_ms) as u64,

@@ -3,7 +3,8 @@
 use super::ConfigProblems;
 
 /// Replaces every `${NAME}` with the value `env` gives, or `${NAME:-fallback}` with the fallback
-/// when `env` gives none. `$$` is a literal `$`.
+/// when `env` gives none. `$$` is a literal `$`. Comments (from a `#` outside a string to the end
+/// of the line) are left as they are.
 ///
 /// # Errors
 /// Every unset variable without a fallback, and every unterminated `${`, with its line.
@@ -15,7 +16,8 @@ pub fn interpolate(
     let mut problems = ConfigProblems::default();
     for (n, line) in raw.split_inclusive('\n').enumerate() {
         let at = format!("line {}", n + 1);
-        let mut rest = line;
+        let (code, comment) = line.split_at(comment_start(line));
+        let mut rest = code;
         while let Some(i) = rest.find('$') {
             out.push_str(&rest[..i]);
             let after = &rest[i + 1..];
@@ -48,8 +50,29 @@ pub fn interpolate(
             }
         }
         out.push_str(rest);
+        out.push_str(comment);
     }
     problems.into_result(out)
+}
+
+/// Byte offset of the line's comment (`#` outside a basic or literal string), or its length.
+fn comment_start(line: &str) -> usize {
+    let mut quote: Option<char> = None;
+    let mut escaped = false;
+    for (i, c) in line.char_indices() {
+        match (quote, c) {
+            (Some('"'), '\\') if !escaped => {
+                escaped = true;
+                continue;
+            }
+            (Some(q), c) if c == q && !escaped => quote = None,
+            (None, '"' | '\'') => quote = Some(c),
+            (None, '#') => return i,
+            _ => {}
+        }
+        escaped = false;
+    }
+    line.len()
 }
 
 #[cfg(test)]
@@ -66,10 +89,24 @@ mod tests {
             interpolate("url = \"sqlite://${HOME_DB}\"", &env).unwrap(),
             "url = \"sqlite://db.sqlite\""
         );
-        assert_eq!(interpolate("a = \"${NOPE:-x}$$\"", &env).unwrap(), "a = \"x$\"");
+        assert_eq!(
+            interpolate("a = \"${NOPE:-x}$$\"", &env).unwrap(),
+            "a = \"x$\""
+        );
         let err = interpolate("a = 1\nb = \"${NOPE}\"\nc = \"${ALSO_NOPE}\"", &env).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("line 2") && text.contains("`NOPE`"), "{text}");
-        assert!(text.contains("line 3") && text.contains("`ALSO_NOPE`"), "{text}");
+        assert!(
+            text.contains("line 3") && text.contains("`ALSO_NOPE`"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn comments_are_not_interpolated() {
+        assert_eq!(
+            interpolate("a = \"#${HOME_DB}\" # see ${UNSET}\n", &env).unwrap(),
+            "a = \"#db.sqlite\" # see ${UNSET}\n"
+        );
     }
 }

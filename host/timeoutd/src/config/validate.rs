@@ -39,7 +39,11 @@ impl ConfigProblems {
 
 impl fmt::Display for ConfigProblems {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "{} problem(s) in the configuration:", self.problems.len())?;
+        writeln!(
+            f,
+            "{} problem(s) in the configuration:",
+            self.problems.len()
+        )?;
         for (at, what) in &self.problems {
             writeln!(f, "  - {at}: {what}")?;
         }
@@ -59,7 +63,9 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
     {
         p.push(
             "database.url",
-            format!("`{url}` names no supported backend (sqlite://PATH or mysql://USER@HOST:PORT/DB)"),
+            format!(
+                "`{url}` names no supported backend (sqlite://PATH or mysql://USER@HOST:PORT/DB)"
+            ),
         );
     }
     if c.database.max_connections == 0 {
@@ -89,17 +95,32 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
         p.push("runtime.deadline", "must be longer than 0ms");
     }
     if c.dispatch.retry_initial > c.dispatch.retry_max {
-        p.push("dispatch.retry_initial", "is longer than dispatch.retry_max");
+        p.push(
+            "dispatch.retry_initial",
+            "is longer than dispatch.retry_max",
+        );
+    }
+    if c.sweep.enabled && !c.outbox.enabled {
+        p.push(
+            "sweep.enabled",
+            "the sweep re-arms orders as outbox rows, so it needs outbox.enabled = true",
+        );
     }
     if c.merchants.is_empty() {
-        p.push("merchants", "no merchant is configured; add a [merchants.<id>] table");
+        p.push(
+            "merchants",
+            "no merchant is configured; add a [merchants.<id>] table",
+        );
     }
     for (id, m) in &c.merchants {
         let at = format!("merchants.{id}.plugin");
         match c.plugin_source(m) {
             PluginSource::Builtin(name) if !BUILTIN_PLUGINS.contains(&name.as_str()) => p.push(
                 at,
-                format!("unknown built-in plugin `{name}` (have: {})", BUILTIN_PLUGINS.join(", ")),
+                format!(
+                    "unknown built-in plugin `{name}` (have: {})",
+                    BUILTIN_PLUGINS.join(", ")
+                ),
             ),
             PluginSource::File(path) if !path.is_file() => {
                 p.push(at, format!("no plugin file at {}", path.display()))
@@ -107,7 +128,10 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
             _ => {}
         }
         if m.payment_window.is_some_and(|w| w.is_zero()) {
-            p.push(format!("merchants.{id}.payment_window"), "must be longer than 0s");
+            p.push(
+                format!("merchants.{id}.payment_window"),
+                "must be longer than 0s",
+            );
         }
     }
     p.into_result(())

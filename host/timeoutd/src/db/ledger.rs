@@ -107,7 +107,11 @@ pub async fn pending(
     limit: u32,
 ) -> Result<Vec<PendingEffect>, DbError> {
     let marks = vec!["?"; kinds.len().max(1)].join(", ");
-    let order_filter = if order_id.is_some() { "AND order_id = ?" } else { "" };
+    let order_filter = if order_id.is_some() {
+        "AND order_id = ?"
+    } else {
+        ""
+    };
     let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT id, idempotency_key, order_id, merchant_id, kind, payload, attempts FROM effect_ledger \
          WHERE status = 'PENDING' AND kind IN ({marks}) {order_filter} AND updated_at_ms <= ? \

@@ -36,8 +36,6 @@ pub(super) async fn run(db: &Db) -> Result<(), DbError> {
             )
         })
         .collect();
-    Migrator::with_migrations(migrations)
-        .run(db.pool())
-        .await?;
+    Migrator::with_migrations(migrations).run(db.pool()).await?;
     Ok(())
 }

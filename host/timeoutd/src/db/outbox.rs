@@ -60,7 +60,7 @@ pub async fn claim_due(
             .await?;
         }
         Backend::MySql => {
-            let mut tx = db.pool().begin().await?;
+            let mut tx = db.begin().await?;
             let ids: Vec<i64> = sqlx::query(
                 "SELECT id FROM order_timeout_msg WHERE status = 'PENDING' AND due_ms <= ? \
                  AND (claim_until_ms IS NULL OR claim_until_ms < ?) ORDER BY due_ms LIMIT ? \
@@ -211,11 +211,13 @@ pub struct Orphan {
     pub order_id: String,
     /// Latest phase scheduled for it (0 when it has no outbox row at all).
     pub phase: u32,
+    /// Its deadline, epoch ms.
+    pub deadline_ms: i64,
 }
 
 /// PENDING orders past `deadline + grace` that have no live trigger — no PENDING row due later
-/// than `now - grace`, none held under a lease — and no open dead letter (those wait for an
-/// operator), oldest deadline first.
+/// than `now - grace`, none held under a lease, none already re-armed by a sweep — and no open
+/// dead letter (those wait for an operator), oldest deadline first.
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
@@ -227,16 +229,18 @@ pub async fn find_orphans(
 ) -> Result<Vec<Orphan>, DbError> {
     let cutoff = now_ms - grace_ms;
     let rows = sqlx::query(
-        "SELECT o.id, (SELECT MAX(m.phase) FROM order_timeout_msg m WHERE m.order_id = o.id) AS phase \
+        "SELECT o.id, (SELECT MAX(m.phase) FROM order_timeout_msg m WHERE m.order_id = o.id) AS phase, \
+         o.deadline_ms \
          FROM orders o WHERE o.status = 'PENDING' AND o.deadline_ms <= ? \
          AND NOT EXISTS (SELECT 1 FROM order_timeout_msg m WHERE m.order_id = o.id \
-             AND m.status IN ('PENDING', 'SENT') AND (m.due_ms > ? OR m.claim_until_ms >= ?)) \
+             AND m.status IN ('PENDING', 'SENT') AND (m.due_ms > ? OR m.claim_until_ms >= ? OR m.source = ?)) \
          AND NOT EXISTS (SELECT 1 FROM dead_letter d WHERE d.order_id = o.id AND d.status = 'OPEN') \
          ORDER BY o.deadline_ms LIMIT ?",
     )
     .bind(cutoff)
     .bind(cutoff)
     .bind(now_ms)
+    .bind(SOURCE_SWEEP)
     .bind(i64::from(batch))
     .fetch_all(db.pool())
     .await?;
@@ -244,16 +248,21 @@ pub async fn find_orphans(
         .map(|r| {
             Ok(Orphan {
                 order_id: r.try_get(0)?,
-                phase: r.try_get::<Option<i64>, _>(1)?.unwrap_or(0).clamp(0, u32::MAX as i64)
-                    as u32,
+                phase: r
+                    .try_get::<Option<i64>, _>(1)?
+                    .unwrap_or(0)
+                    .clamp(0, u32::MAX as i64) as u32,
+                deadline_ms: r.try_get(2)?,
             })
         })
         .collect()
 }
 
-/// Re-arms an orphan: its latest phase becomes a PENDING row due now with source `sweep`
-/// (inserted if the order has no row at all). A row held under a live lease is left alone.
-/// Several sweepers re-arming the same order converge on the one row.
+/// Re-arms an orphan: its latest phase becomes a claimable PENDING row with source `sweep`
+/// (inserted, due at the deadline, if the order has no row at all). The row keeps the due time
+/// it had when that is already past, so close lateness is still measured from when the close
+/// was really due. A row held under a live lease is left alone. Several sweepers re-arming the
+/// same order converge on the one row.
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
@@ -263,16 +272,18 @@ pub async fn rearm(db: &Db, orphan: &Orphan, now_ms: i64) -> Result<(), DbError>
         db.backend().insert_ignore()
     )))
     .bind(&orphan.order_id)
-    .bind(now_ms)
+    .bind(orphan.deadline_ms.min(now_ms))
     .bind(i64::from(orphan.phase))
     .execute(db.pool())
     .await?;
     if inserted.rows_affected() == 0 {
         sqlx::query(
-            "UPDATE order_timeout_msg SET status = 'PENDING', due_ms = ?, source = ?, \
+            "UPDATE order_timeout_msg SET status = 'PENDING', \
+             due_ms = CASE WHEN due_ms > ? THEN ? ELSE due_ms END, source = ?, \
              claim_token = NULL, claim_until_ms = NULL \
              WHERE order_id = ? AND phase = ? AND (claim_until_ms IS NULL OR claim_until_ms < ?)",
         )
+        .bind(now_ms)
         .bind(now_ms)
         .bind(SOURCE_SWEEP)
         .bind(&orphan.order_id)

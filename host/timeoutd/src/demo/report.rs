@@ -121,7 +121,11 @@ impl DemoReport {
             let i = ((q * lateness.len() as f64).ceil() as usize).clamp(1, lateness.len()) - 1;
             lateness[i]
         };
-        let restores = scalar(db, "SELECT COUNT(*) FROM effect_ledger WHERE kind = 'restore-stock'").await?;
+        let restores = scalar(
+            db,
+            "SELECT COUNT(*) FROM effect_ledger WHERE kind = 'restore-stock'",
+        )
+        .await?;
         let closed_lines = scalar(
             db,
             "SELECT COUNT(*) FROM order_items i JOIN orders o ON o.id = i.order_id WHERE o.status = 'CLOSED'",

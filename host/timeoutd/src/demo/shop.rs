@@ -40,7 +40,7 @@ impl Shop {
     /// Seeds `sku_stock` and returns the shop. Merchants come from the config, each with its
     /// payment window and, for the two-phase plugin, its `grace` setting.
     pub(super) async fn open(db: Db, config: &Config, orders: u32) -> anyhow::Result<Shop> {
-        let mut tx = db.pool().begin().await?;
+        let mut tx = db.begin().await?;
         for n in 0..SKUS {
             sqlx::query("INSERT INTO sku_stock (sku, available) VALUES (?, ?)")
                 .bind(format!("sku-{n:03}"))
@@ -53,7 +53,10 @@ impl Shop {
             .merchants
             .iter()
             .map(|(id, m)| {
-                let window = m.payment_window.unwrap_or(Duration::from_secs(3)).as_millis() as i64;
+                let window = m
+                    .payment_window
+                    .unwrap_or(Duration::from_secs(3))
+                    .as_millis() as i64;
                 let grace = m
                     .settings
                     .get("grace")
@@ -62,7 +65,11 @@ impl Shop {
                 (id.clone(), window, grace)
             })
             .collect();
-        Ok(Shop { db, merchants, orders })
+        Ok(Shop {
+            db,
+            merchants,
+            orders,
+        })
     }
 
     pub(super) fn initial_stock_units(&self) -> i64 {
@@ -71,7 +78,12 @@ impl Shop {
 
     /// Longest time from the first order's creation to the last possible close, ms.
     pub(super) fn longest_close_ms(&self) -> i64 {
-        let longest = self.merchants.iter().map(|(_, w, g)| w + g).max().unwrap_or(0);
+        let longest = self
+            .merchants
+            .iter()
+            .map(|(_, w, g)| w + g)
+            .max()
+            .unwrap_or(0);
         CREATION_SPREAD_MS as i64 + longest
     }
 
@@ -85,10 +97,12 @@ impl Shop {
             next += gap;
             let now = self.db.now_ms().await?;
             let (merchant, window, grace) = &self.merchants[n as usize % self.merchants.len()];
-            let order = self.new_order(n, merchant, now, now + window, *grace > 0).await?;
-            let mut conn = self.db.pool().acquire().await?;
-            orders::create(&mut conn, &order).await?;
-            drop(conn);
+            let order = self
+                .new_order(n, merchant, now, now + window, *grace > 0)
+                .await?;
+            let mut tx = self.db.begin().await?;
+            orders::create(&mut tx, &order).await?;
+            tx.commit().await?;
             waker.notify_one();
             let pay_at = match fate() {
                 Fate::Abandon => continue,
@@ -100,8 +114,9 @@ impl Shop {
                 let wait = (pay_at - now).max(0) as u64;
                 tokio::time::sleep(Duration::from_millis(wait)).await;
                 let paid_at = db.now_ms().await?;
-                let mut conn = db.pool().acquire().await?;
-                orders::pay(&mut conn, &order.id, paid_at).await?;
+                let mut tx = db.begin().await?;
+                orders::pay(&mut tx, &order.id, paid_at).await?;
+                tx.commit().await?;
                 anyhow::Ok(())
             });
         }

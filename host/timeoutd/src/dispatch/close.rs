@@ -4,7 +4,7 @@
 use timeoutd_runtime::model::Effect;
 
 use super::{Decided, Dispatcher, Outcome};
-use crate::db::{journal, ledger, orders, outbox, DbError};
+use crate::db::{DbError, journal, ledger, orders, outbox};
 
 impl Dispatcher {
     /// Closes the order with `effects` (already checked against it). Effects inside the
@@ -17,7 +17,11 @@ impl Dispatcher {
         effects: &[Effect],
     ) -> Result<Outcome, DbError> {
         let order = d.order;
-        let due_ms = d.trigger.due_ms.unwrap_or(order.deadline_ms).max(order.deadline_ms);
+        let due_ms = d
+            .trigger
+            .due_ms
+            .unwrap_or(order.deadline_ms)
+            .max(order.deadline_ms);
         let stamp = orders::CloseStamp {
             now_ms: d.now_ms,
             due_ms,
@@ -25,13 +29,15 @@ impl Dispatcher {
             reason,
         };
         let backend = self.db.backend();
-        let mut tx = self.db.pool().begin().await?;
+        let mut tx = self.db.begin().await?;
         if !orders::compare_and_close(&mut tx, &order.id, &stamp).await? {
             tx.rollback().await?;
-            let reason = "compare-and-set lost: the order left PENDING before the close".to_string();
+            let reason =
+                "compare-and-set lost: the order left PENDING before the close".to_string();
             let mut conn = self.db.pool().acquire().await?;
             let detail = serde_json::json!({ "decision": "cancel", "noop": reason });
-            journal::log_decision(&mut conn, &d.record("cancel", "noop", detail.to_string())).await?;
+            journal::log_decision(&mut conn, &d.record("cancel", "noop", detail.to_string()))
+                .await?;
             if let Some(id) = d.trigger.row_id {
                 outbox::finish(&mut conn, id, d.now_ms, Some(&reason)).await?;
             }
@@ -44,14 +50,18 @@ impl Dispatcher {
                     if orders::restore_stock(&mut tx, sku, *quantity).await? {
                         (ledger::DONE, None)
                     } else {
-                        (ledger::FAILED, Some(format!("no sku_stock row for `{sku}`")))
+                        (
+                            ledger::FAILED,
+                            Some(format!("no sku_stock row for `{sku}`")),
+                        )
                     }
                 }
                 Effect::ReleaseCoupon { coupon } => {
                     if orders::release_coupon(&mut tx, coupon, &order.id).await? {
                         (ledger::DONE, None)
                     } else {
-                        let note = format!("coupon `{coupon}` was not locked by this order; left alone");
+                        let note =
+                            format!("coupon `{coupon}` was not locked by this order; left alone");
                         (ledger::DONE, Some(note))
                     }
                 }
@@ -72,7 +82,8 @@ impl Dispatcher {
             };
             ledger::record(&mut tx, backend, &entry, d.now_ms).await?;
         }
-        let detail = serde_json::json!({ "decision": "cancel", "reason": reason, "effects": effects });
+        let detail =
+            serde_json::json!({ "decision": "cancel", "reason": reason, "effects": effects });
         journal::log_decision(&mut tx, &d.record("cancel", "closed", detail.to_string())).await?;
         if let Some(id) = d.trigger.row_id {
             outbox::finish(&mut tx, id, d.now_ms, None).await?;

@@ -75,7 +75,7 @@ impl Dispatcher {
         now_ms: i64,
         reason: &str,
     ) -> Result<Outcome, DbError> {
-        let mut tx = self.db.pool().begin().await?;
+        let mut tx = self.db.begin().await?;
         journal::dead_letter(
             &mut tx,
             &journal::DeadLetter {
@@ -89,7 +89,13 @@ impl Dispatcher {
         )
         .await?;
         if let Some(id) = trigger.row_id {
-            outbox::finish(&mut tx, id, now_ms, Some(&format!("dead-lettered: {reason}"))).await?;
+            outbox::finish(
+                &mut tx,
+                id,
+                now_ms,
+                Some(&format!("dead-lettered: {reason}")),
+            )
+            .await?;
         }
         tx.commit().await?;
         tracing::error!(reason, "trigger dead-lettered");
@@ -106,16 +112,22 @@ impl Dispatcher {
         decision: &Decision,
         reason: String,
     ) -> Result<Outcome, DbError> {
-        let mut tx = self.db.pool().begin().await?;
+        let mut tx = self.db.begin().await?;
         let detail = serde_json::json!({ "decision": decision, "refused": reason });
-        journal::log_decision(&mut tx, &d.record(decision.kind(), "refused", detail.to_string()))
-            .await?;
+        journal::log_decision(
+            &mut tx,
+            &d.record(decision.kind(), "refused", detail.to_string()),
+        )
+        .await?;
         journal::dead_letter(
             &mut tx,
             &journal::DeadLetter {
                 source: "refused-decision",
                 order_id: Some(&d.order.id),
-                reason: &format!("plugin `{}` decision refused: {reason}", d.policy.plugin.name()),
+                reason: &format!(
+                    "plugin `{}` decision refused: {reason}",
+                    d.policy.plugin.name()
+                ),
                 payload: serde_json::to_string(decision).expect("decision serialises"),
                 attempts: d.trigger.attempt + 1,
             },

@@ -23,7 +23,8 @@ pub fn check(order: &Order, effects: &[Effect]) -> Result<(), Vec<String>> {
     let mut flash_left: u64 = order.items.iter().map(|i| u64::from(i.quantity)).sum();
     let (mut slot_released, mut coupon_released, mut payment_closed) = (false, false, false);
     for (i, effect) in effects.iter().enumerate() {
-        let mut fail = |what: String| problems.push(format!("effects[{i}] {}: {what}", describe(effect)));
+        let mut fail =
+            |what: String| problems.push(format!("effects[{i}] {}: {what}", describe(effect)));
         match effect {
             Effect::RestoreStock { sku, quantity } => match stock_left.get_mut(sku.as_str()) {
                 None => fail(format!("sku `{sku}` is not in order `{}`", order.id)),
@@ -34,7 +35,10 @@ pub fn check(order: &Order, effects: &[Effect]) -> Result<(), Vec<String>> {
             },
             Effect::RestoreFlashStock { activity, quantity } => {
                 if order.flash_activity.as_deref() != Some(activity) {
-                    fail(format!("order `{}` is not in activity `{activity}`", order.id));
+                    fail(format!(
+                        "order `{}` is not in activity `{activity}`",
+                        order.id
+                    ));
                 } else if u64::from(*quantity) > flash_left {
                     fail(format!(
                         "restores {quantity} but the order holds only {flash_left} more units"
@@ -45,23 +49,35 @@ pub fn check(order: &Order, effects: &[Effect]) -> Result<(), Vec<String>> {
             }
             Effect::ReleaseFlashSlot { activity, user } => {
                 if order.flash_activity.as_deref() != Some(activity) {
-                    fail(format!("order `{}` is not in activity `{activity}`", order.id));
+                    fail(format!(
+                        "order `{}` is not in activity `{activity}`",
+                        order.id
+                    ));
                 } else if *user != order.user {
-                    fail(format!("the order's buyer is `{}`, not `{user}`", order.user));
+                    fail(format!(
+                        "the order's buyer is `{}`, not `{user}`",
+                        order.user
+                    ));
                 } else if std::mem::replace(&mut slot_released, true) {
                     fail("the slot is already released by an earlier effect".into());
                 }
             }
             Effect::ReleaseCoupon { coupon } => {
                 if order.coupon.as_deref() != Some(coupon) {
-                    fail(format!("coupon `{coupon}` is not held by order `{}`", order.id));
+                    fail(format!(
+                        "coupon `{coupon}` is not held by order `{}`",
+                        order.id
+                    ));
                 } else if std::mem::replace(&mut coupon_released, true) {
                     fail("the coupon is already released by an earlier effect".into());
                 }
             }
             Effect::ClosePayment { payment_ref } => {
                 if order.payment_ref.as_deref() != Some(payment_ref) {
-                    fail(format!("payment `{payment_ref}` is not order `{}`'s", order.id));
+                    fail(format!(
+                        "payment `{payment_ref}` is not order `{}`'s",
+                        order.id
+                    ));
                 } else if std::mem::replace(&mut payment_closed, true) {
                     fail("the payment is already closed by an earlier effect".into());
                 }
@@ -82,7 +98,9 @@ fn describe(effect: &Effect) -> String {
         Effect::RestoreFlashStock { activity, quantity } => {
             format!("restore-flash-stock({activity}, {quantity})")
         }
-        Effect::ReleaseFlashSlot { activity, user } => format!("release-flash-slot({activity}, {user})"),
+        Effect::ReleaseFlashSlot { activity, user } => {
+            format!("release-flash-slot({activity}, {user})")
+        }
         Effect::ReleaseCoupon { coupon } => format!("release-coupon({coupon})"),
         Effect::ClosePayment { payment_ref } => format!("close-payment({payment_ref})"),
         Effect::Notify(n) => format!("notify({}, {})", n.channel, n.template),
@@ -104,8 +122,16 @@ mod tests {
             deadline_ms: 10,
             total_cents: 300,
             items: vec![
-                OrderItem { sku: "a".into(), quantity: 2, unit_price_cents: 100 },
-                OrderItem { sku: "b".into(), quantity: 1, unit_price_cents: 100 },
+                OrderItem {
+                    sku: "a".into(),
+                    quantity: 2,
+                    unit_price_cents: 100,
+                },
+                OrderItem {
+                    sku: "b".into(),
+                    quantity: 1,
+                    unit_price_cents: 100,
+                },
             ],
             coupon: Some("c1".into()),
             flash_activity: Some("fs".into()),
@@ -116,13 +142,32 @@ mod tests {
     #[test]
     fn effects_within_the_order_pass() {
         let effects = vec![
-            Effect::RestoreStock { sku: "a".into(), quantity: 1 },
-            Effect::RestoreStock { sku: "a".into(), quantity: 1 },
-            Effect::RestoreStock { sku: "b".into(), quantity: 1 },
-            Effect::RestoreFlashStock { activity: "fs".into(), quantity: 3 },
-            Effect::ReleaseFlashSlot { activity: "fs".into(), user: "u1".into() },
-            Effect::ReleaseCoupon { coupon: "c1".into() },
-            Effect::ClosePayment { payment_ref: "p1".into() },
+            Effect::RestoreStock {
+                sku: "a".into(),
+                quantity: 1,
+            },
+            Effect::RestoreStock {
+                sku: "a".into(),
+                quantity: 1,
+            },
+            Effect::RestoreStock {
+                sku: "b".into(),
+                quantity: 1,
+            },
+            Effect::RestoreFlashStock {
+                activity: "fs".into(),
+                quantity: 3,
+            },
+            Effect::ReleaseFlashSlot {
+                activity: "fs".into(),
+                user: "u1".into(),
+            },
+            Effect::ReleaseCoupon {
+                coupon: "c1".into(),
+            },
+            Effect::ClosePayment {
+                payment_ref: "p1".into(),
+            },
         ];
         assert_eq!(check(&order(), &effects), Ok(()));
     }
@@ -130,13 +175,31 @@ mod tests {
     #[test]
     fn every_excess_is_named_by_position() {
         let effects = vec![
-            Effect::RestoreStock { sku: "a".into(), quantity: 3 },
-            Effect::RestoreStock { sku: "zz".into(), quantity: 1 },
-            Effect::ReleaseCoupon { coupon: "someone-elses".into() },
-            Effect::ReleaseFlashSlot { activity: "fs".into(), user: "u2".into() },
-            Effect::RestoreFlashStock { activity: "fs".into(), quantity: 4 },
-            Effect::ClosePayment { payment_ref: "p1".into() },
-            Effect::ClosePayment { payment_ref: "p1".into() },
+            Effect::RestoreStock {
+                sku: "a".into(),
+                quantity: 3,
+            },
+            Effect::RestoreStock {
+                sku: "zz".into(),
+                quantity: 1,
+            },
+            Effect::ReleaseCoupon {
+                coupon: "someone-elses".into(),
+            },
+            Effect::ReleaseFlashSlot {
+                activity: "fs".into(),
+                user: "u2".into(),
+            },
+            Effect::RestoreFlashStock {
+                activity: "fs".into(),
+                quantity: 4,
+            },
+            Effect::ClosePayment {
+                payment_ref: "p1".into(),
+            },
+            Effect::ClosePayment {
+                payment_ref: "p1".into(),
+            },
         ];
         let problems = check(&order(), &effects).unwrap_err();
         assert_eq!(problems.len(), 6, "{problems:#?}");

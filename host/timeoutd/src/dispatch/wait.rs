@@ -4,7 +4,7 @@ use sqlx::Row;
 use timeoutd_runtime::model::Notice;
 
 use super::{Decided, Dispatcher, Outcome};
-use crate::db::{journal, ledger, outbox, DbError};
+use crate::db::{DbError, journal, ledger, outbox};
 
 /// Ledger kind of a reminder sent with a `wait` (a closed notice is a `notify` effect).
 pub const REMIND: &str = "remind";
@@ -25,12 +25,17 @@ impl Dispatcher {
                 "wait must name a later phase and a positive delay (phase {} → {next_phase}, after {after_ms} ms)",
                 d.trigger.phase
             );
-            let refused = timeoutd_runtime::model::Decision::Wait { after_ms, next_phase, reminder };
+            let refused = timeoutd_runtime::model::Decision::Wait {
+                after_ms,
+                next_phase,
+                reminder,
+            };
             return self.refuse(d, &refused, reason).await;
         }
-        let due_ms = d.now_ms.saturating_add(i64::try_from(after_ms).unwrap_or(i64::MAX));
-        let mut tx = self.db.pool().begin().await?;
-        // A write first: on SQLite it takes the write lock before anything is read.
+        let due_ms = d
+            .now_ms
+            .saturating_add(i64::try_from(after_ms).unwrap_or(i64::MAX));
+        let mut tx = self.db.begin().await?;
         outbox::schedule_phase(&mut tx, self.db.backend(), &d.order.id, next_phase, due_ms).await?;
         let status: Option<String> = sqlx::query("SELECT status FROM orders WHERE id = ?")
             .bind(&d.order.id)

@@ -90,7 +90,11 @@ pub async fn run(
 async fn dispatch_batch(dispatcher: &Arc<Dispatcher>, rows: Vec<DueRow>, permits: &Arc<Semaphore>) {
     let mut set = JoinSet::new();
     for row in rows {
-        let permit = permits.clone().acquire_owned().await.expect("semaphore never closed");
+        let permit = permits
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("semaphore never closed");
         let dispatcher = dispatcher.clone();
         set.spawn(async move {
             let trigger = trigger_of(&row);

@@ -26,7 +26,11 @@ pub struct SweepReport {
 ///
 /// # Errors
 /// [`DbError`] when the database fails; nothing is half-done (each re-arm is one statement).
-pub async fn sweep_once(db: &Db, clock: &Clock, config: &SweepConfig) -> Result<SweepReport, DbError> {
+pub async fn sweep_once(
+    db: &Db,
+    clock: &Clock,
+    config: &SweepConfig,
+) -> Result<SweepReport, DbError> {
     let watch = Stopwatch::start();
     let now_ms = clock.now_ms(db).await?;
     let orphans =
@@ -53,7 +57,11 @@ pub async fn run(
     loop {
         match sweep_once(&db, &clock, &config).await {
             Ok(report) if report.rearmed > 0 => {
-                tracing::info!(rearmed = report.rearmed, duration_ms = report.duration_ms, "sweep");
+                tracing::info!(
+                    rearmed = report.rearmed,
+                    duration_ms = report.duration_ms,
+                    "sweep"
+                );
                 waker.notify_one();
             }
             Ok(report) => tracing::debug!(duration_ms = report.duration_ms, "sweep found nothing"),

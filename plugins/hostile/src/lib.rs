@@ -1,0 +1,82 @@
+//! `hostile`: a policy plugin that misbehaves on request, for the sandbox and guard tests.
+//! The `mode` setting picks the misbehaviour:
+//! - `spin` — loops forever (the epoch deadline must trap it);
+//! - `grow` — allocates far past any sane memory cap;
+//! - `panic` — panics (a trap);
+//! - `error` — returns `policy-error::internal`;
+//! - `exceed` — cancels restoring 1000 units of its first SKU and another order's coupon;
+//! - `flood` — cancels with 10 000 effects;
+//! - `stall` — waits with `next-phase` equal to the current phase;
+//! - `clock` — ignores, giving the WASI wall clock's reading (epoch ms) as the reason;
+//! - `snoop` — ignores, reporting what it could reach: environment variables, the filesystem
+//!   root, a TCP socket;
+//! - anything else — a well-behaved single-phase close.
+
+use timeoutd_policy_sdk::{
+    Cancel, CheckVerdict, Context, Decision, Effect, Guest, Order, PolicyError, Settings, Wait,
+    release_everything,
+};
+
+struct Hostile;
+
+impl Guest for Hostile {
+    fn decide(order: Order, ctx: Context) -> Result<Decision, PolicyError> {
+        let cancel = |effects| {
+            Ok(Decision::Cancel(Cancel {
+                reason: "hostile".into(),
+                effects,
+            }))
+        };
+        match Settings(&ctx.settings).text("mode", "ok") {
+            "spin" => {
+                let mut n: u64 = 0;
+                loop {
+                    n = std::hint::black_box(n.wrapping_add(1));
+                }
+            }
+            "grow" => {
+                let mut hoard: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    hoard.push(vec![1u8; 16 << 20]);
+                    std::hint::black_box(&hoard);
+                }
+            }
+            "panic" => panic!("hostile plugin panics on order {}", order.id),
+            "error" => Err(PolicyError::Internal("hostile plugin refuses".into())),
+            "exceed" => cancel(vec![
+                Effect::RestoreStock((order.items[0].sku.clone(), 1000)),
+                Effect::ReleaseCoupon("someone-elses-coupon".into()),
+            ]),
+            "flood" => cancel(
+                (0..10_000)
+                    .map(|_| Effect::RestoreStock((order.items[0].sku.clone(), 0)))
+                    .collect(),
+            ),
+            "clock" => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis())
+                    .unwrap_or(0);
+                Ok(Decision::Ignore(now.to_string()))
+            }
+            "snoop" => Ok(Decision::Ignore(format!(
+                "env={} fs={} tcp={}",
+                std::env::vars().count(),
+                std::fs::read_dir("/").is_ok(),
+                std::net::TcpStream::connect("127.0.0.1:5432").is_ok()
+            ))),
+            "stall" => Ok(Decision::Wait(Wait {
+                after_ms: 1000,
+                next_phase: ctx.phase,
+                reminder: None,
+            })),
+            _ => cancel(release_everything(&order, true, None)),
+        }
+    }
+
+    fn check(_order: Order, _ctx: Context) -> CheckVerdict {
+        CheckVerdict::Unknown
+    }
+}
+
+timeoutd_policy_sdk::export_policy!(Hostile with_types_in timeoutd_policy_sdk::bindings);

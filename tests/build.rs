@@ -1,0 +1,5 @@
+//! Compiles the misbehaving test plugin (`plugins/hostile`) for the sandbox tests.
+
+fn main() {
+    timeoutd_plugin_build::build(&["hostile"]);
+}

@@ -1,0 +1,78 @@
+//! Configuration goldens: the shipped files validate; a bad file lists every problem.
+
+use timeoutd::config::Config;
+
+use crate::support::repo_root;
+
+#[test]
+fn every_shipped_config_validates() {
+    let dir = repo_root().join("config");
+    for name in ["timeoutd.toml", "mariadb.toml", "demo.toml"] {
+        let raw = std::fs::read_to_string(dir.join(name)).unwrap();
+        let config = Config::from_toml(&raw, &dir, &|k| {
+            (k == "TIMEOUTD_DATA_DIR").then(|| "/tmp".into())
+        })
+        .unwrap_or_else(|p| panic!("config/{name}: {p}"));
+        assert!(!config.merchants.is_empty(), "{name}");
+    }
+}
+
+#[test]
+fn a_bad_config_lists_every_problem_with_its_key_path() {
+    let raw = r#"
+[database]
+url = "postgres://x"
+max_connections = 0
+[outbox]
+batch = 0
+[sweep]
+interval = "0s"
+[merchants.a]
+plugin = "builtin:three-phase"
+[merchants.b]
+plugin = "missing/plugin.wasm"
+"#;
+    let problems =
+        Config::from_toml(raw, std::path::Path::new("/nonexistent"), &|_| None).unwrap_err();
+    let keys: Vec<&str> = problems.problems.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "database.url",
+            "database.max_connections",
+            "outbox.batch",
+            "sweep.interval",
+            "merchants.a.plugin",
+            "merchants.b.plugin"
+        ],
+        "{problems}"
+    );
+    assert!(
+        problems
+            .to_string()
+            .contains("unknown built-in plugin `three-phase`")
+    );
+}
+
+#[test]
+fn unknown_keys_and_unitless_durations_are_refused() {
+    let unknown = Config::from_toml(
+        "[database]\nurl = \"sqlite://x\"\nurll = 1\n[merchants]\n",
+        std::path::Path::new("."),
+        &|_| None,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        unknown.contains("unknown field `urll`") && unknown.contains("line 3"),
+        "{unknown}"
+    );
+    let unitless = Config::from_toml(
+        "[database]\nurl = \"sqlite://x\"\n[sweep]\ninterval = \"30\"\n[merchants]\n",
+        std::path::Path::new("."),
+        &|_| None,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(unitless.contains("`30` is not a duration"), "{unitless}");
+}

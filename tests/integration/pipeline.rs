@@ -1,0 +1,283 @@
+//! Trigger → decision → transaction, asserted on rows, on SQLite and on MariaDB alike.
+
+use std::time::Duration;
+
+use timeoutd::clock::Clock;
+use timeoutd::dispatch::Outcome;
+use timeoutd::sources::sweep;
+
+use crate::support::{T0, each_backend, order};
+
+const SINGLE: &[(&str, &str, &[(&str, &str)])] = &[("acme", "builtin:single-phase", &[])];
+
+each_backend! {
+    async fn paid_order_is_never_closed(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        let o = order("o-paid", "acme", T0);
+        env.create(&o).await;
+        assert!(env.pay("o-paid", T0 - 1).await);
+        let (clock, _) = Clock::manual(T0 + 60_000);
+        let d = env.dispatcher(&env.config(SINGLE, ""), clock).await;
+        let outcomes = env.process(&d, T0 + 60_000).await;
+        assert!(matches!(&outcomes[..], [Outcome::NoOp { .. }]), "{outcomes:?}");
+        assert_eq!(env.status("o-paid").await, "PAID");
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (8, 9));
+        assert_eq!(env.coupon("cpn-o-paid").await, "USED");
+        assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE order_id = ?", "o-paid").await, 0);
+        assert_eq!(env.text("SELECT status FROM order_timeout_msg WHERE order_id = ?", "o-paid").await, "PROCESSED");
+    }
+}
+
+each_backend! {
+    async fn unpaid_order_closes_once_at_or_after_its_deadline(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&order("o1", "acme", T0)).await;
+        assert_eq!((env.stock("sku-a").await, env.coupon("cpn-o1").await.as_str()), (8, "LOCKED"));
+        let (clock, now) = Clock::manual(T0);
+        let d = env.dispatcher(&env.config(SINGLE, ""), clock).await;
+        let outcomes = env.process(&d, T0).await;
+        assert_eq!(outcomes, vec![Outcome::Closed { lateness_ms: 0 }]);
+        assert_eq!(env.status("o1").await, "CLOSED");
+        assert!(env.int("SELECT closed_at_ms FROM orders WHERE id = ?", "o1").await >= T0);
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (10, 10));
+        assert_eq!(env.coupon("cpn-o1").await, "AVAILABLE");
+        // restore ×2, coupon, payment, notice — each one ledger row with its idempotency key.
+        assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE order_id = ?", "o1").await, 5);
+        assert_eq!(env.text("SELECT status FROM effect_ledger WHERE kind = 'notify' AND order_id = ?", "o1").await, "DONE");
+        assert_eq!(env.text("SELECT status FROM effect_ledger WHERE kind = 'close-payment' AND order_id = ?", "o1").await, "PENDING");
+        assert_eq!(env.text("SELECT idempotency_key FROM effect_ledger WHERE effect_index = 0 AND order_id = ?", "o1").await, "acme/o1/0/0");
+        // The same trigger again (a redelivery) is a no-op.
+        now.store(T0 + 5_000, std::sync::atomic::Ordering::SeqCst);
+        sqlx::query("UPDATE order_timeout_msg SET status = 'PENDING' WHERE order_id = 'o1'").execute(env.db.pool()).await.unwrap();
+        let again = env.process(&d, T0 + 5_000).await;
+        assert!(matches!(&again[..], [Outcome::NoOp { .. }]), "{again:?}");
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (10, 10));
+        assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE order_id = ?", "o1").await, 5);
+    }
+}
+
+each_backend! {
+    /// F9: the same trigger handled by two daemons at once.
+    async fn duplicate_trigger_processed_concurrently_restores_stock_once(env) {
+        env.stock_up(&[("sku-a", 1_000), ("sku-b", 1_000)]).await;
+        let orders = 20;
+        for n in 0..orders {
+            env.create(&order(&format!("dup-{n}"), "acme", T0)).await;
+        }
+        let config = env.config(SINGLE, "");
+        let (clock, _) = Clock::manual(T0 + 1);
+        let (a, b) = (env.dispatcher(&config, clock.clone()).await, env.dispatcher(&config, clock).await);
+        let triggers = env.claim(T0 + 1).await;
+        assert_eq!(triggers.len(), orders);
+        let mut tasks = Vec::new();
+        for t in triggers {
+            for d in [a.clone(), b.clone()] {
+                let t = t.clone();
+                tasks.push(tokio::spawn(async move { d.handle(&t).await }));
+            }
+        }
+        let mut closed = 0;
+        for task in tasks {
+            match task.await.unwrap() {
+                Outcome::Closed { .. } => closed += 1,
+                Outcome::NoOp { .. } => {}
+                other => panic!("unexpected outcome {other:?}"),
+            }
+        }
+        assert_eq!(closed, orders);
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (1_000, 1_000));
+        assert_eq!(env.int("SELECT COUNT(*) FROM coupons WHERE status = ?", "AVAILABLE").await, orders as i64);
+        assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE kind = ?", "restore-stock").await, 2 * orders as i64);
+        assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE kind = ? AND status = 'DONE'", "notify").await, orders as i64);
+        assert_eq!(env.int("SELECT COUNT(*) FROM decision_log WHERE outcome = ?", "closed").await, orders as i64);
+    }
+}
+
+each_backend! {
+    /// F12: a payment commits between the host's read and its compare-and-set.
+    async fn payment_committed_between_read_and_close_leaves_no_effect(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&order("race", "acme", T0)).await;
+        let (clock, _) = Clock::manual(T0 + 10);
+        let d = env.dispatcher(&env.config(SINGLE, ""), clock).await;
+        let trigger = env.claim(T0 + 10).await.remove(0);
+        // The payment is under way (row locked, not committed) while the host reads and decides.
+        let mut payment = env.db.begin().await.unwrap();
+        sqlx::query("UPDATE orders SET status = 'PAID', paid_at_ms = ? WHERE id = 'race' AND status = 'PENDING'")
+            .bind(T0 + 5)
+            .execute(&mut *payment)
+            .await
+            .unwrap();
+        let handling = tokio::spawn(async move { d.handle(&trigger).await });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        payment.commit().await.unwrap();
+        let outcome = handling.await.unwrap();
+        assert!(matches!(outcome, Outcome::NoOp { .. }), "{outcome:?}");
+        // The plugin did decide to cancel; the compare-and-set refused it.
+        assert_eq!(env.int("SELECT COUNT(*) FROM decision_log WHERE decision = 'cancel' AND outcome = 'noop' AND order_id = ?", "race").await, 1);
+        assert_eq!(env.status("race").await, "PAID");
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (8, 9));
+        assert_eq!(env.coupon("cpn-race").await, "LOCKED");
+        assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE order_id = ?", "race").await, 0);
+    }
+}
+
+each_backend! {
+    /// F2: a trigger one second early is deferred to the deadline, then closes on time.
+    async fn trigger_one_second_early_is_deferred(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&order("early", "acme", T0)).await;
+        sqlx::query("UPDATE order_timeout_msg SET due_ms = ? WHERE order_id = 'early'")
+            .bind(T0 - 1_000)
+            .execute(env.db.pool())
+            .await
+            .unwrap();
+        let (clock, now) = Clock::manual(T0 - 1_000);
+        let d = env.dispatcher(&env.config(SINGLE, ""), clock).await;
+        assert_eq!(env.process(&d, T0 - 1_000).await, vec![Outcome::Deferred { until_ms: T0 }]);
+        assert_eq!(env.status("early").await, "PENDING");
+        assert_eq!(env.int("SELECT due_ms FROM order_timeout_msg WHERE order_id = ? AND status = 'PENDING'", "early").await, T0);
+        assert_eq!(env.int("SELECT COUNT(*) FROM decision_log WHERE order_id = ?", "early").await, 0);
+        assert!(env.claim(T0 - 1).await.is_empty(), "not claimable before the deadline");
+        now.store(T0, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(env.process(&d, T0).await, vec![Outcome::Closed { lateness_ms: 0 }]);
+        assert_eq!(env.stock("sku-a").await, 10);
+    }
+}
+
+each_backend! {
+    /// F3: the order's outbox row never arrived; the sweep re-arms it and it closes once.
+    async fn lost_outbox_row_is_caught_by_the_sweep(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&order("lost", "acme", T0)).await;
+        env.create(&order("fresh", "acme", T0 + 60_000)).await;
+        sqlx::query("DELETE FROM order_timeout_msg").execute(env.db.pool()).await.unwrap();
+        let config = env.config(SINGLE, "[sweep]\ngrace = \"10s\"\n");
+        let (clock, _) = Clock::manual(T0 + 5_000);
+        assert_eq!(sweep::sweep_once(&env.db, &clock, &config.sweep).await.unwrap().rearmed, 0, "within grace");
+        let (clock, _) = Clock::manual(T0 + 11_000);
+        assert_eq!(sweep::sweep_once(&env.db, &clock, &config.sweep).await.unwrap().rearmed, 1);
+        assert_eq!(sweep::sweep_once(&env.db, &clock, &config.sweep).await.unwrap().rearmed, 0, "a live re-armed row is not re-armed again");
+        let d = env.dispatcher(&config, clock).await;
+        assert_eq!(env.process(&d, T0 + 11_000).await, vec![Outcome::Closed { lateness_ms: 11_000 }]);
+        assert_eq!(env.text("SELECT closed_by FROM orders WHERE id = ?", "lost").await, "sweep");
+        assert_eq!(env.status("fresh").await, "PENDING");
+        assert_eq!(env.stock("sku-a").await, 8, "only the lost order's 2 units came back");
+    }
+}
+
+each_backend! {
+    async fn decision_restoring_more_than_the_order_held_is_refused(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&order("greedy", "evil", T0)).await;
+        let config = env.config(&[("evil", "hostile", &[("mode", "exceed")])], "");
+        let (clock, _) = Clock::manual(T0 + 1);
+        let d = env.dispatcher(&config, clock).await;
+        let outcomes = env.process(&d, T0 + 1).await;
+        let [Outcome::Refused { reason }] = &outcomes[..] else { panic!("{outcomes:?}") };
+        assert!(reason.contains("effects[0] restore-stock(sku-a, 1000)"), "{reason}");
+        assert!(reason.contains("coupon `someone-elses-coupon`"), "{reason}");
+        assert_eq!(env.status("greedy").await, "PENDING");
+        assert_eq!(env.stock("sku-a").await, 8);
+        assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE order_id = ?", "greedy").await, 0);
+        assert!(env.text("SELECT reason FROM dead_letter WHERE order_id = ?", "greedy").await.contains("restore-stock"));
+        assert_eq!(env.text("SELECT outcome FROM decision_log WHERE order_id = ?", "greedy").await, "refused");
+        let (late, _) = Clock::manual(T0 + 3_600_000);
+        assert_eq!(sweep::sweep_once(&env.db, &late, &config.sweep).await.unwrap().rearmed, 0, "left to an operator");
+    }
+}
+
+each_backend! {
+    async fn two_phase_reminds_then_closes_releasing_the_flash_sale(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        let mut o = order("fs1", "flashy", T0);
+        o.flash_activity = Some("act-1".into());
+        env.create(&o).await;
+        let config = env.config(&[("flashy", "builtin:two-phase", &[("grace", "5m")])], "");
+        let (clock, now) = Clock::manual(T0 + 200);
+        let d = env.dispatcher(&config, clock).await;
+        let five_min = 5 * 60_000;
+        assert_eq!(env.process(&d, T0 + 200).await, vec![Outcome::Waiting { next_phase: 1, due_ms: T0 + five_min }]);
+        assert_eq!(env.text("SELECT status FROM effect_ledger WHERE kind = 'remind' AND order_id = ?", "fs1").await, "DONE");
+        assert!(env.text("SELECT payload FROM effect_ledger WHERE kind = 'remind' AND order_id = ?", "fs1").await.contains("order-closing-soon"));
+        assert_eq!(env.int("SELECT due_ms FROM order_timeout_msg WHERE phase = 1 AND order_id = ?", "fs1").await, T0 + five_min);
+        now.store(T0 + five_min + 30, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(env.process(&d, T0 + five_min + 30).await, vec![Outcome::Closed { lateness_ms: 30 }]);
+        assert_eq!(env.stock("sku-a").await, 10);
+        assert_eq!(env.text("SELECT payload FROM effect_ledger WHERE kind = 'restore-flash-stock' AND order_id = ?", "fs1").await, r#"{"kind":"restore-flash-stock","activity":"act-1","quantity":3}"#);
+        assert_eq!(env.text("SELECT status FROM effect_ledger WHERE kind = 'release-flash-slot' AND order_id = ?", "fs1").await, "PENDING");
+        assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE kind = 'remind' AND order_id = ?", "fs1").await, 1, "one reminder");
+    }
+}
+
+each_backend! {
+    async fn trapping_plugin_is_retried_with_backoff_then_dead_lettered(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&order("boom", "evil", T0)).await;
+        let config = env.config(&[("evil", "hostile", &[("mode", "panic")])], "[dispatch]\nmax_attempts = 2\nretry_initial = \"1s\"\n");
+        let (clock, now) = Clock::manual(T0);
+        let d = env.dispatcher(&config, clock).await;
+        let first = env.process(&d, T0).await;
+        let [Outcome::Retry { due_ms, error }] = &first[..] else { panic!("{first:?}") };
+        assert_eq!(*due_ms, T0 + 1_000);
+        assert!(error.contains("trapped (fault)"), "{error}");
+        assert_eq!(env.int("SELECT attempts FROM order_timeout_msg WHERE order_id = ?", "boom").await, 1);
+        assert!(env.claim(T0 + 999).await.is_empty(), "backing off");
+        now.store(T0 + 1_000, std::sync::atomic::Ordering::SeqCst);
+        let second = env.process(&d, T0 + 1_000).await;
+        assert!(matches!(&second[..], [Outcome::DeadLettered { .. }]), "{second:?}");
+        assert_eq!(env.status("boom").await, "PENDING");
+        assert!(env.text("SELECT reason FROM dead_letter WHERE order_id = ?", "boom").await.contains("gave up after 2 attempt(s)"));
+        assert_eq!(env.text("SELECT status FROM order_timeout_msg WHERE order_id = ?", "boom").await, "PROCESSED");
+    }
+}
+
+each_backend! {
+    async fn trigger_for_a_missing_order_or_unknown_merchant_is_dead_lettered(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&order("stranger", "nobody", T0)).await;
+        sqlx::query("INSERT INTO order_timeout_msg (order_id, due_ms, phase, status) VALUES ('ghost', ?, 0, 'PENDING')")
+            .bind(T0)
+            .execute(env.db.pool())
+            .await
+            .unwrap();
+        let (clock, _) = Clock::manual(T0);
+        let d = env.dispatcher(&env.config(SINGLE, ""), clock).await;
+        let outcomes = env.process(&d, T0).await;
+        assert_eq!(outcomes.len(), 2);
+        assert!(outcomes.iter().all(|o| matches!(o, Outcome::DeadLettered { .. })), "{outcomes:?}");
+        assert!(env.text("SELECT reason FROM dead_letter WHERE order_id = ?", "ghost").await.contains("does not exist"));
+        assert!(env.text("SELECT reason FROM dead_letter WHERE order_id = ?", "stranger").await.contains("merchant `nobody`"));
+    }
+}
+
+each_backend! {
+    /// The real daemon on the database clock: an order written by plain SQL is closed by the
+    /// outbox timer well under a second after its deadline.
+    async fn daemon_closes_an_order_written_by_plain_sql_on_time(env) {
+        env.stock_up(&[("sku-a", 10)]).await;
+        let config = env.config(SINGLE, "");
+        let daemon = timeoutd::daemon::Daemon::start(&config, Clock::Database).await.unwrap();
+        let deadline = env.db.now_ms().await.unwrap() + 700;
+        let pool = env.db.pool();
+        sqlx::query("INSERT INTO orders (id, merchant_id, user_id, status, created_at_ms, deadline_ms, total_cents) VALUES ('plain', 'acme', 'u', 'PENDING', ?, ?, 500)")
+            .bind(deadline - 60_000).bind(deadline).execute(pool).await.unwrap();
+        sqlx::query("INSERT INTO order_items (order_id, line_no, sku, quantity, unit_price_cents) VALUES ('plain', 0, 'sku-a', 1, 500)")
+            .execute(pool).await.unwrap();
+        sqlx::query("UPDATE sku_stock SET available = available - 1 WHERE sku = 'sku-a'").execute(pool).await.unwrap();
+        sqlx::query("INSERT INTO order_timeout_msg (order_id, due_ms, phase, status) VALUES ('plain', ?, 0, 'PENDING')")
+            .bind(deadline).execute(pool).await.unwrap();
+        let mut closed_at = 0;
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if env.status("plain").await == "CLOSED" {
+                closed_at = env.int("SELECT closed_at_ms FROM orders WHERE id = ?", "plain").await;
+                break;
+            }
+        }
+        daemon.stop().await;
+        assert!(closed_at >= deadline, "closed at {closed_at}, deadline {deadline}");
+        assert!(closed_at - deadline < 1_000, "closed {} ms late", closed_at - deadline);
+        assert_eq!(env.stock("sku-a").await, 10);
+    }
+}

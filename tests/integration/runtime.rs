@@ -1,0 +1,235 @@
+//! Plugins through the production engine and limits: decisions, the three failure tiers, and
+//! the locked-down sandbox.
+
+use std::time::Duration;
+
+use timeoutd::policies::builtin;
+use timeoutd_runtime::model::{Context, Decision, Effect, PolicyError, TriggerKind};
+use timeoutd_runtime::{DecideError, LoadError, Plugin, PolicyEngine, RuntimeLimits, TrapKind};
+
+use crate::support::{HOSTILE_WASM, T0, order};
+
+fn engine() -> PolicyEngine {
+    let limits = RuntimeLimits {
+        deadline: Duration::from_millis(200),
+        max_memory_bytes: 32 << 20,
+        ..RuntimeLimits::default()
+    };
+    PolicyEngine::new(limits, None).unwrap()
+}
+
+fn ctx(now_ms: i64, phase: u32, settings: &[(&str, &str)]) -> Context {
+    Context {
+        now_ms,
+        trigger: TriggerKind::Outbox,
+        phase,
+        attempt: 0,
+        settings: settings
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    }
+}
+
+fn hostile(engine: &PolicyEngine) -> Plugin {
+    engine.load("hostile", HOSTILE_WASM).unwrap()
+}
+
+#[test]
+fn single_phase_cancels_releasing_everything_the_order_locked() {
+    let engine = engine();
+    let plugin = engine
+        .load("single-phase", builtin("single-phase").unwrap())
+        .unwrap();
+    assert_eq!(plugin.api_version(), "0.1.0");
+    let o = order("o1", "acme", T0);
+    let Decision::Cancel { effects, .. } = plugin
+        .decide(&o, &ctx(T0, 0, &[("closed_template", "bye")]))
+        .unwrap()
+    else {
+        panic!("expected a cancel")
+    };
+    assert_eq!(
+        &effects[..4],
+        &[
+            Effect::RestoreStock {
+                sku: "sku-a".into(),
+                quantity: 2
+            },
+            Effect::RestoreStock {
+                sku: "sku-b".into(),
+                quantity: 1
+            },
+            Effect::ReleaseCoupon {
+                coupon: "cpn-o1".into()
+            },
+            Effect::ClosePayment {
+                payment_ref: "pay-o1".into()
+            },
+        ]
+    );
+    let Effect::Notify(notice) = &effects[4] else {
+        panic!("{effects:?}")
+    };
+    assert_eq!(notice.template, "bye");
+}
+
+#[test]
+fn two_phase_waits_and_reminds_then_cancels_with_the_flash_sale() {
+    let engine = engine();
+    let plugin = engine
+        .load("two-phase", builtin("two-phase").unwrap())
+        .unwrap();
+    let mut o = order("o2", "flashy", T0);
+    o.flash_activity = Some("act".into());
+    let settings = [("grace", "5m")];
+    let Decision::Wait {
+        after_ms,
+        next_phase,
+        reminder,
+    } = plugin.decide(&o, &ctx(T0, 0, &settings)).unwrap()
+    else {
+        panic!("expected a wait")
+    };
+    assert_eq!((after_ms, next_phase), (300_000, 1));
+    let reminder = reminder.expect("a reminder");
+    assert!(
+        reminder
+            .params
+            .contains(&("closes_in".into(), "5 minutes".into())),
+        "{reminder:?}"
+    );
+    let Decision::Cancel { effects, .. } =
+        plugin.decide(&o, &ctx(T0 + 300_000, 1, &settings)).unwrap()
+    else {
+        panic!("expected a cancel")
+    };
+    assert!(effects.contains(&Effect::RestoreFlashStock {
+        activity: "act".into(),
+        quantity: 3
+    }));
+    assert!(effects.contains(&Effect::ReleaseFlashSlot {
+        activity: "act".into(),
+        user: "user-of-o2".into()
+    }));
+}
+
+#[test]
+fn a_missing_setting_is_a_policy_error_naming_the_key() {
+    let engine = engine();
+    let plugin = engine
+        .load("two-phase", builtin("two-phase").unwrap())
+        .unwrap();
+    match plugin.decide(&order("o3", "flashy", T0), &ctx(T0, 0, &[])) {
+        Err(DecideError::Policy {
+            plugin,
+            error: PolicyError::BadSetting { key, .. },
+        }) => {
+            assert_eq!((plugin.as_str(), key.as_str()), ("two-phase", "grace"));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn traps_are_classified_and_discard_only_their_store() {
+    let engine = engine();
+    let plugin = hostile(&engine);
+    let o = order("o4", "evil", T0);
+    for (mode, want) in [
+        ("spin", TrapKind::Deadline),
+        ("grow", TrapKind::Memory),
+        ("panic", TrapKind::Fault),
+    ] {
+        match plugin.decide(&o, &ctx(T0, 0, &[("mode", mode)])) {
+            Err(DecideError::Trap { kind, plugin, .. }) => {
+                assert_eq!(kind, want, "mode {mode}");
+                assert_eq!(plugin, "hostile");
+            }
+            other => panic!("mode {mode}: {other:?}"),
+        }
+        // The same plugin keeps serving.
+        let ok = plugin.decide(&o, &ctx(T0, 0, &[("mode", "ok")])).unwrap();
+        assert_eq!(ok.kind(), "cancel");
+    }
+}
+
+#[test]
+fn oversized_answers_are_refused() {
+    let engine = engine();
+    match hostile(&engine).decide(&order("o5", "evil", T0), &ctx(T0, 0, &[("mode", "flood")])) {
+        Err(DecideError::Oversized { reason, .. }) => {
+            assert!(reason.contains("10000 effects"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn wasi_is_locked_down_and_its_clock_reads_the_decision_time() {
+    let engine = engine();
+    let plugin = hostile(&engine);
+    let o = order("o6", "evil", T0);
+    let Decision::Ignore { reason } = plugin
+        .decide(&o, &ctx(T0 + 42, 0, &[("mode", "clock")]))
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(reason, (T0 + 42).to_string());
+    let Decision::Ignore { reason } = plugin
+        .decide(&o, &ctx(T0, 0, &[("mode", "snoop")]))
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(reason, "env=0 fs=false tcp=false");
+}
+
+#[test]
+fn non_components_are_refused_with_the_reason() {
+    let engine = engine();
+    let core_module = b"\0asm\x01\0\0\0";
+    assert!(
+        matches!(engine.load("core", core_module), Err(LoadError::NotAComponent { detail, .. }) if detail == "a core module")
+    );
+    assert!(matches!(
+        engine.load("text", b"hello world"),
+        Err(LoadError::NotAComponent { .. })
+    ));
+}
+
+#[test]
+fn compiled_components_are_cached_on_disk_by_engine_hash_and_digest() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = PolicyEngine::new(RuntimeLimits::default(), Some(dir.path())).unwrap();
+    let first = engine
+        .load("single-phase", builtin("single-phase").unwrap())
+        .unwrap();
+    let artifacts: Vec<_> = walk(dir.path());
+    assert_eq!(artifacts.len(), 1, "{artifacts:?}");
+    assert!(artifacts[0].ends_with(&format!("{}.cwasm", first.digest())));
+    // A second engine loads from the cache and decides the same.
+    let again = PolicyEngine::new(RuntimeLimits::default(), Some(dir.path())).unwrap();
+    let second = again
+        .load("single-phase", builtin("single-phase").unwrap())
+        .unwrap();
+    let o = order("o7", "acme", T0);
+    assert_eq!(
+        first.decide(&o, &ctx(T0, 0, &[])).unwrap(),
+        second.decide(&o, &ctx(T0, 0, &[])).unwrap()
+    );
+}
+
+fn walk(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path.display().to_string());
+        }
+    }
+    out
+}

@@ -1,0 +1,287 @@
+//! Shared fixtures: a migrated database per test (SQLite file or a fresh MariaDB database),
+//! dispatchers configured like a daemon, orders, and row readers.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use sqlx::Row;
+use timeoutd::clock::Clock;
+use timeoutd::config::Config;
+use timeoutd::db::{Backend, Db, outbox};
+use timeoutd::dispatch::{Dispatcher, Outcome, Trigger};
+use timeoutd::effects::EffectRunner;
+use timeoutd_runtime::model::{Order, OrderItem, OrderStatus};
+
+/// The misbehaving test plugin, built by `build.rs`.
+pub const HOSTILE_WASM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hostile.wasm"));
+
+/// Runs `$body` once per backend: `mod $name { sqlite, mariadb }`.
+macro_rules! each_backend {
+    ($(#[$m:meta])* async fn $name:ident($env:ident) $body:block) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            async fn run($env: &crate::support::Env) $body
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite() {
+                let env = crate::support::Env::new(timeoutd::db::Backend::Sqlite).await;
+                run(&env).await;
+                env.cleanup().await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn mariadb() {
+                let env = crate::support::Env::new(timeoutd::db::Backend::MySql).await;
+                run(&env).await;
+                env.cleanup().await;
+            }
+        }
+    };
+}
+pub(crate) use each_backend;
+
+/// The MariaDB server the tests use.
+pub fn mysql_server_url() -> String {
+    std::env::var("TIMEOUTD_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_string())
+}
+
+/// A migrated database of one backend, private to one test.
+pub struct Env {
+    /// The database.
+    pub db: Db,
+    /// Its URL.
+    pub url: String,
+    /// Scratch directory (SQLite file, plugin files).
+    pub dir: tempfile::TempDir,
+    mysql_database: Option<String>,
+}
+
+impl Env {
+    /// A fresh, migrated database.
+    pub async fn new(backend: Backend) -> Env {
+        let dir = tempfile::tempdir().unwrap();
+        let (url, mysql_database) = match backend {
+            Backend::Sqlite => (format!("sqlite://{}/t.db", dir.path().display()), None),
+            Backend::MySql => {
+                let name = format!("timeoutd_t_{:016x}", fastrand::u64(..));
+                let admin = Db::connect(&mysql_server_url(), 1)
+                    .await
+                    .expect("MariaDB on 127.0.0.1:3306 (root, no password) must be running");
+                sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                    .execute(admin.pool())
+                    .await
+                    .unwrap();
+                admin.close().await;
+                let server = mysql_server_url();
+                let base = server.rsplit_once('/').map_or(server.as_str(), |(b, _)| b);
+                (format!("{base}/{name}"), Some(name))
+            }
+        };
+        let db = Db::connect(&url, 8).await.unwrap();
+        db.migrate().await.unwrap();
+        Env {
+            db,
+            url,
+            dir,
+            mysql_database,
+        }
+    }
+
+    /// Drops a MariaDB test database.
+    pub async fn cleanup(self) {
+        self.db.close().await;
+        if let Some(name) = self.mysql_database {
+            let admin = Db::connect(&mysql_server_url(), 1).await.unwrap();
+            sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {name}")))
+                .execute(admin.pool())
+                .await
+                .unwrap();
+            admin.close().await;
+        }
+    }
+
+    /// A config over this database. `merchants` are `(id, plugin, settings)`; plugin `hostile`
+    /// means the test plugin.
+    pub fn config(&self, merchants: &[(&str, &str, &[(&str, &str)])], extra: &str) -> Config {
+        let hostile = self.dir.path().join("hostile.wasm");
+        std::fs::write(&hostile, HOSTILE_WASM).unwrap();
+        let mut toml = format!("{extra}\n[database]\nurl = \"{}\"\n", self.url);
+        for (id, plugin, settings) in merchants {
+            let plugin = if *plugin == "hostile" {
+                hostile.display().to_string()
+            } else {
+                plugin.to_string()
+            };
+            toml +=
+                &format!("[merchants.{id}]\nplugin = \"{plugin}\"\n[merchants.{id}.settings]\n");
+            for (k, v) in *settings {
+                toml += &format!("{k} = \"{v}\"\n");
+            }
+        }
+        Config::from_toml(&toml, self.dir.path(), &|_| None).unwrap()
+    }
+
+    /// A dispatcher like a daemon's, over its own pool (a second one is a second daemon).
+    pub async fn dispatcher(&self, config: &Config, clock: Clock) -> Arc<Dispatcher> {
+        let policies = timeoutd::daemon::load_policies(config).unwrap();
+        let db = Db::connect(&self.url, 8).await.unwrap();
+        let effects = EffectRunner::new(db.clone(), clock.clone());
+        Arc::new(Dispatcher::new(
+            db,
+            clock,
+            policies,
+            config.dispatch.clone(),
+            effects,
+        ))
+    }
+
+    /// Inserts stock rows.
+    pub async fn stock_up(&self, skus: &[(&str, i64)]) {
+        for (sku, n) in skus {
+            sqlx::query("INSERT INTO sku_stock (sku, available) VALUES (?, ?)")
+                .bind(*sku)
+                .bind(*n)
+                .execute(self.db.pool())
+                .await
+                .unwrap();
+        }
+    }
+
+    /// Creates an order through the reference order service (stock and coupon locked, phase-0
+    /// outbox row due at the deadline), creating its coupon first.
+    pub async fn create(&self, order: &Order) {
+        if let Some(c) = &order.coupon {
+            sqlx::query("INSERT INTO coupons (id, user_id, status) VALUES (?, ?, 'AVAILABLE')")
+                .bind(c)
+                .bind(&order.user)
+                .execute(self.db.pool())
+                .await
+                .unwrap();
+        }
+        let mut tx = self.db.begin().await.unwrap();
+        timeoutd::db::orders::create(&mut tx, order).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+
+    /// Pays an order (reference order service).
+    pub async fn pay(&self, id: &str, at_ms: i64) -> bool {
+        let mut tx = self.db.begin().await.unwrap();
+        let paid = timeoutd::db::orders::pay(&mut tx, id, at_ms).await.unwrap();
+        tx.commit().await.unwrap();
+        paid
+    }
+
+    /// One integer from `sql` (with `?` bound to `arg`).
+    pub async fn int(&self, sql: &'static str, arg: &str) -> i64 {
+        let row = sqlx::query(sql)
+            .bind(arg)
+            .fetch_one(self.db.pool())
+            .await
+            .unwrap();
+        row.try_get::<Option<i64>, _>(0).unwrap().unwrap_or(0)
+    }
+
+    /// One text from `sql` (with `?` bound to `arg`).
+    pub async fn text(&self, sql: &'static str, arg: &str) -> String {
+        let row = sqlx::query(sql)
+            .bind(arg)
+            .fetch_one(self.db.pool())
+            .await
+            .unwrap();
+        row.try_get::<Option<String>, _>(0)
+            .unwrap()
+            .unwrap_or_default()
+    }
+
+    /// Available units of `sku`.
+    pub async fn stock(&self, sku: &str) -> i64 {
+        self.int("SELECT available FROM sku_stock WHERE sku = ?", sku)
+            .await
+    }
+
+    /// Status of order `id`.
+    pub async fn status(&self, id: &str) -> String {
+        self.text("SELECT status FROM orders WHERE id = ?", id)
+            .await
+    }
+
+    /// Status of coupon `id`.
+    pub async fn coupon(&self, id: &str) -> String {
+        self.text("SELECT status FROM coupons WHERE id = ?", id)
+            .await
+    }
+
+    /// Claims every row due at `now_ms` and returns their triggers.
+    pub async fn claim(&self, now_ms: i64) -> Vec<Trigger> {
+        outbox::claim_due(&self.db, now_ms, 1000, 30_000)
+            .await
+            .unwrap()
+            .iter()
+            .map(timeoutd::sources::outbox::trigger_of)
+            .collect()
+    }
+
+    /// Claims and handles every row due at `now_ms`, one after another.
+    pub async fn process(&self, d: &Dispatcher, now_ms: i64) -> Vec<Outcome> {
+        let mut outcomes = Vec::new();
+        for t in self.claim(now_ms).await {
+            outcomes.push(d.handle(&t).await);
+        }
+        outcomes
+    }
+}
+
+/// An order of `merchant` due at `deadline_ms`: 2 × `sku-a`, 1 × `sku-b`, coupon `cpn-<id>`,
+/// payment `pay-<id>`, no flash sale.
+pub fn order(id: &str, merchant: &str, deadline_ms: i64) -> Order {
+    Order {
+        id: id.to_string(),
+        merchant: merchant.to_string(),
+        user: format!("user-of-{id}"),
+        status: OrderStatus::Pending,
+        created_at_ms: deadline_ms - 15 * 60_000,
+        deadline_ms,
+        total_cents: 2 * 1_250 + 990,
+        items: vec![
+            OrderItem {
+                sku: "sku-a".into(),
+                quantity: 2,
+                unit_price_cents: 1_250,
+            },
+            OrderItem {
+                sku: "sku-b".into(),
+                quantity: 1,
+                unit_price_cents: 990,
+            },
+        ],
+        coupon: Some(format!("cpn-{id}")),
+        flash_activity: None,
+        payment_ref: Some(format!("pay-{id}")),
+    }
+}
+
+/// Fixed epoch ms the manual-clock tests start from (2026-11-29T10:00:00Z).
+pub const T0: i64 = 1_795_946_400_000;
+
+/// The `timeoutd` binary: `$TIMEOUTD_BIN`, or next to this test binary's `deps/` directory.
+pub fn timeoutd_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("TIMEOUTD_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().unwrap().parent().unwrap().join("timeoutd");
+    assert!(
+        bin.is_file(),
+        "{} is missing: build it first with `cargo build --bin timeoutd` (scripts/test does)",
+        bin.display()
+    );
+    bin
+}
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
