@@ -10,7 +10,11 @@ mod migrate;
 pub mod orders;
 pub mod outbox;
 
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyConnection, AnyPool, Executor, Row};
@@ -87,6 +91,47 @@ pub enum DbError {
 pub struct Db {
     pool: AnyPool,
     backend: Backend,
+    /// SQLite only: writers of this process queue here, in order, instead of in SQLite's busy
+    /// handler (which sleeps 1, 2, 5 … 100 ms between tries and made lateness grow with load).
+    write_gate: Arc<Mutex<()>>,
+}
+
+/// A write transaction; on SQLite it also holds the process's write gate until it ends.
+/// Dereferences to the connection, so `&mut tx` is what the query functions take.
+pub struct WriteTx {
+    tx: sqlx::Transaction<'static, sqlx::Any>,
+    _gate: Option<OwnedMutexGuard<()>>,
+}
+
+impl WriteTx {
+    /// Commits.
+    ///
+    /// # Errors
+    /// [`DbError::Sql`] when the commit fails (nothing was written).
+    pub async fn commit(self) -> Result<(), DbError> {
+        Ok(self.tx.commit().await?)
+    }
+
+    /// Rolls back.
+    ///
+    /// # Errors
+    /// [`DbError::Sql`] when the connection fails (the server rolls back anyway).
+    pub async fn rollback(self) -> Result<(), DbError> {
+        Ok(self.tx.rollback().await?)
+    }
+}
+
+impl Deref for WriteTx {
+    type Target = AnyConnection;
+    fn deref(&self) -> &AnyConnection {
+        &self.tx
+    }
+}
+
+impl DerefMut for WriteTx {
+    fn deref_mut(&mut self) -> &mut AnyConnection {
+        &mut self.tx
+    }
 }
 
 impl Db {
@@ -127,7 +172,11 @@ impl Db {
             })
             .connect_with(options)
             .await?;
-        Ok(Db { pool, backend })
+        Ok(Db {
+            pool,
+            backend,
+            write_gate: Arc::new(Mutex::new(())),
+        })
     }
 
     /// Applies the schema migrations of this backend (`migrations/<backend>/`).
@@ -144,11 +193,23 @@ impl Db {
     ///
     /// # Errors
     /// [`DbError::Sql`] when no connection or lock can be had.
-    pub async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>, DbError> {
-        Ok(match self.backend {
+    pub async fn begin(&self) -> Result<WriteTx, DbError> {
+        let gate = self.write_gate().await;
+        let tx = match self.backend {
             Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
             Backend::MySql => self.pool.begin().await?,
-        })
+        };
+        Ok(WriteTx { tx, _gate: gate })
+    }
+
+    /// On SQLite, waits for this process's turn to write and holds it until the guard drops;
+    /// `None` (no wait) on MySQL/MariaDB, which lock rows. Every write outside [`Db::begin`]
+    /// takes it.
+    pub async fn write_gate(&self) -> Option<OwnedMutexGuard<()>> {
+        match self.backend {
+            Backend::Sqlite => Some(self.write_gate.clone().lock_owned().await),
+            Backend::MySql => None,
+        }
     }
 
     /// The pool.

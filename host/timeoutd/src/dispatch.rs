@@ -281,8 +281,9 @@ impl Dispatcher {
 
     async fn finish_row(&self, trigger: &Trigger, now_ms: i64, note: &str) -> Result<(), DbError> {
         if let Some(id) = trigger.row_id {
-            let mut conn = self.db.pool().acquire().await?;
-            outbox::finish(&mut conn, id, now_ms, Some(note)).await?;
+            let mut tx = self.db.begin().await?;
+            outbox::finish(&mut tx, id, now_ms, Some(note)).await?;
+            tx.commit().await?;
         }
         Ok(())
     }

@@ -158,6 +158,7 @@ pub async fn settle(
     note: Option<&str>,
     now_ms: i64,
 ) -> Result<bool, DbError> {
+    let _gate = db.write_gate().await;
     let done = sqlx::query(
         "UPDATE effect_ledger SET status = ?, last_error = ?, attempts = attempts + 1, updated_at_ms = ? \
          WHERE id = ? AND status = 'PENDING'",

@@ -46,6 +46,7 @@ pub async fn claim_due(
     let until = now_ms + lease_ms;
     match db.backend() {
         Backend::Sqlite => {
+            let _gate = db.write_gate().await;
             sqlx::query(
                 "UPDATE order_timeout_msg SET claim_token = ?, claim_until_ms = ? WHERE id IN (\
                  SELECT id FROM order_timeout_msg WHERE status = 'PENDING' AND due_ms <= ? \
@@ -153,6 +154,7 @@ pub async fn finish(
 /// # Errors
 /// [`DbError::Sql`] on query failure.
 pub async fn defer(db: &Db, id: i64, due_ms: i64) -> Result<(), DbError> {
+    let _gate = db.write_gate().await;
     sqlx::query(
         "UPDATE order_timeout_msg SET due_ms = ?, claim_token = NULL, claim_until_ms = NULL WHERE id = ?",
     )
@@ -168,6 +170,7 @@ pub async fn defer(db: &Db, id: i64, due_ms: i64) -> Result<(), DbError> {
 /// # Errors
 /// [`DbError::Sql`] on query failure.
 pub async fn retry_later(db: &Db, id: i64, due_ms: i64, error: &str) -> Result<(), DbError> {
+    let _gate = db.write_gate().await;
     sqlx::query(
         "UPDATE order_timeout_msg SET attempts = attempts + 1, due_ms = ?, last_error = ?, \
          claim_token = NULL, claim_until_ms = NULL WHERE id = ?",
@@ -267,6 +270,7 @@ pub async fn find_orphans(
 /// # Errors
 /// [`DbError::Sql`] on query failure.
 pub async fn rearm(db: &Db, orphan: &Orphan, now_ms: i64) -> Result<(), DbError> {
+    let _gate = db.write_gate().await;
     let inserted = sqlx::query(sqlx::AssertSqlSafe(format!(
         "{} INTO order_timeout_msg (order_id, due_ms, phase, status, source) VALUES (?, ?, ?, 'PENDING', '{SOURCE_SWEEP}')",
         db.backend().insert_ignore()

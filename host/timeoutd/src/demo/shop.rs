@@ -145,6 +145,7 @@ impl Shop {
             .collect();
         let coupon = if fastrand::u8(0..10) < 3 {
             let coupon = format!("cpn-{n:06}");
+            let _gate = self.db.write_gate().await;
             sqlx::query("INSERT INTO coupons (id, user_id, status) VALUES (?, ?, 'AVAILABLE')")
                 .bind(&coupon)
                 .bind(&user)

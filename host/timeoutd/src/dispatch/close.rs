@@ -34,13 +34,13 @@ impl Dispatcher {
             tx.rollback().await?;
             let reason =
                 "compare-and-set lost: the order left PENDING before the close".to_string();
-            let mut conn = self.db.pool().acquire().await?;
+            let mut tx = self.db.begin().await?;
             let detail = serde_json::json!({ "decision": "cancel", "noop": reason });
-            journal::log_decision(&mut conn, &d.record("cancel", "noop", detail.to_string()))
-                .await?;
+            journal::log_decision(&mut tx, &d.record("cancel", "noop", detail.to_string())).await?;
             if let Some(id) = d.trigger.row_id {
-                outbox::finish(&mut conn, id, d.now_ms, Some(&reason)).await?;
+                outbox::finish(&mut tx, id, d.now_ms, Some(&reason)).await?;
             }
+            tx.commit().await?;
             tracing::info!("close lost the compare-and-set; no effect applied");
             return Ok(Outcome::NoOp { reason });
         }

@@ -37,9 +37,10 @@ impl Dispatcher {
             if let Some(d) = decided {
                 let outcome = if exhausted { "dead-lettered" } else { "retry" };
                 let detail = serde_json::json!({ "error": error, "transient": transient });
-                let mut conn = self.db.pool().acquire().await?;
-                journal::log_decision(&mut conn, &d.record("error", outcome, detail.to_string()))
+                let mut tx = self.db.begin().await?;
+                journal::log_decision(&mut tx, &d.record("error", outcome, detail.to_string()))
                     .await?;
+                tx.commit().await?;
             }
             match (exhausted, trigger.row_id) {
                 (false, Some(id)) => {
