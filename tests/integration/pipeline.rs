@@ -6,9 +6,9 @@ use timeoutd::clock::Clock;
 use timeoutd::dispatch::Outcome;
 use timeoutd::sources::sweep;
 
-use crate::support::{T0, each_backend, order};
+use crate::support::{MerchantSpec, T0, each_backend, order};
 
-const SINGLE: &[(&str, &str, &[(&str, &str)])] = &[("acme", "builtin:single-phase", &[])];
+const SINGLE: &[MerchantSpec<'static>] = &[("acme", "builtin:single-phase", &[])];
 
 each_backend! {
     async fn paid_order_is_never_closed(env) {

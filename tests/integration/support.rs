@@ -39,6 +39,9 @@ macro_rules! each_backend {
 }
 pub(crate) use each_backend;
 
+/// A merchant for [`Env::config`]: `(id, plugin, settings)`; plugin `hostile` is the test plugin.
+pub type MerchantSpec<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
+
 /// The MariaDB server the tests use.
 pub fn mysql_server_url() -> String {
     std::env::var("TIMEOUTD_TEST_MYSQL_URL")
@@ -100,9 +103,8 @@ impl Env {
         }
     }
 
-    /// A config over this database. `merchants` are `(id, plugin, settings)`; plugin `hostile`
-    /// means the test plugin.
-    pub fn config(&self, merchants: &[(&str, &str, &[(&str, &str)])], extra: &str) -> Config {
+    /// A config over this database with `merchants`, `extra` TOML prepended.
+    pub fn config(&self, merchants: &[MerchantSpec<'_>], extra: &str) -> Config {
         let hostile = self.dir.path().join("hostile.wasm");
         std::fs::write(&hostile, HOSTILE_WASM).unwrap();
         let mut toml = format!("{extra}\n[database]\nurl = \"{}\"\n", self.url);
