@@ -281,3 +281,73 @@ each_backend! {
         assert_eq!(env.stock("sku-a").await, 10);
     }
 }
+
+each_backend! {
+    /// A daemon that claimed rows and died holds them only until its lease lapses; then another
+    /// daemon closes the order (F10, killed before the commit).
+    async fn rows_claimed_by_a_dead_daemon_are_reclaimed_after_the_lease(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&order("orphaned", "acme", T0)).await;
+        let claimed = timeoutd::db::outbox::claim_due(&env.db, T0, 10, 30_000).await.unwrap();
+        assert_eq!(claimed.len(), 1, "the first daemon claims the row, then dies");
+        assert!(env.claim(T0 + 29_000).await.is_empty(), "held while the lease lasts");
+        let (clock, _) = Clock::manual(T0 + 30_001);
+        let d = env.dispatcher(&env.config(SINGLE, ""), clock).await;
+        assert_eq!(env.process(&d, T0 + 30_001).await, vec![Outcome::Closed { lateness_ms: 30_001 }]);
+        assert_eq!((env.stock("sku-a").await, env.coupon("cpn-orphaned").await.as_str()), (10, "AVAILABLE"));
+    }
+}
+
+each_backend! {
+    /// A notice recorded by a close whose daemon died before sending it is sent once by the
+    /// ledger backlog after restart.
+    async fn notice_left_pending_by_a_crash_is_sent_once_after_restart(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&order("crashed", "acme", T0)).await;
+        let (clock, now) = Clock::manual(T0);
+        let d = env.dispatcher(&env.config(SINGLE, ""), clock.clone()).await;
+        assert_eq!(env.process(&d, T0).await, vec![Outcome::Closed { lateness_ms: 0 }]);
+        // Put the notice back as the crash would have left it: recorded, not sent.
+        sqlx::query("UPDATE effect_ledger SET status = 'PENDING', attempts = 0 WHERE kind = 'notify'")
+            .execute(env.db.pool())
+            .await
+            .unwrap();
+        let runner = timeoutd::effects::EffectRunner::new(env.db.clone(), clock);
+        now.store(T0 + 1_000, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(runner.run_backlog(5_000).await.unwrap(), 0, "too fresh: its own daemon may still send it");
+        now.store(T0 + 10_000, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(runner.run_backlog(5_000).await.unwrap(), 1);
+        assert_eq!(runner.run_backlog(5_000).await.unwrap(), 0, "settled once");
+        assert_eq!(env.int("SELECT attempts FROM effect_ledger WHERE kind = 'notify' AND order_id = ?", "crashed").await, 1);
+        assert_eq!(env.text("SELECT status FROM effect_ledger WHERE kind = 'notify' AND order_id = ?", "crashed").await, "DONE");
+    }
+}
+
+each_backend! {
+    /// F11: two daemons sweep the same overdue orders (none has an outbox row) at once; each
+    /// order is closed once and exactly its units come back.
+    async fn two_daemons_sweeping_the_same_orders_close_each_once(env) {
+        let n = 120;
+        env.stock_up(&[("sku-a", 10_000), ("sku-b", 10_000)]).await;
+        let past = env.db.now_ms().await.unwrap() - 60_000;
+        for i in 0..n {
+            env.create(&order(&format!("sw-{i}"), "acme", past)).await;
+        }
+        sqlx::query("DELETE FROM order_timeout_msg").execute(env.db.pool()).await.unwrap();
+        let config = env.config(SINGLE, "[sweep]\ninterval = \"100ms\"\ngrace = \"1s\"\n");
+        let a = timeoutd::daemon::Daemon::start(&config, Clock::Database).await.unwrap();
+        let b = timeoutd::daemon::Daemon::start(&config, Clock::Database).await.unwrap();
+        for _ in 0..150 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if env.int("SELECT COUNT(*) FROM orders WHERE status = ?", "CLOSED").await == n {
+                break;
+            }
+        }
+        a.stop().await;
+        b.stop().await;
+        assert_eq!(env.int("SELECT COUNT(*) FROM orders WHERE status = ?", "CLOSED").await, n);
+        assert_eq!(env.int("SELECT COUNT(*) FROM decision_log WHERE outcome = ?", "closed").await, n);
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (10_000, 10_000));
+        assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE kind = ?", "restore-stock").await, 2 * n);
+    }
+}

@@ -130,7 +130,8 @@ pub struct RuntimeConfig {
     /// Largest memory a plugin may use, MiB.
     #[serde(default = "defaults::max_memory_mib")]
     pub max_memory_mib: u32,
-    /// Directory for precompiled plugins; empty disables the cache.
+    /// Directory for precompiled plugins, created if missing (a relative path is relative to the
+    /// working directory, like a SQLite path); without it every start compiles every plugin.
     #[serde(default)]
     pub cache_dir: Option<PathBuf>,
 }
