@@ -7,7 +7,12 @@ use crate::support::repo_root;
 #[test]
 fn every_shipped_config_validates() {
     let dir = repo_root().join("config");
-    for name in ["timeoutd.toml", "mariadb.toml", "demo.toml"] {
+    for name in [
+        "timeoutd.toml",
+        "mariadb.toml",
+        "postgres.toml",
+        "demo.toml",
+    ] {
         let raw = std::fs::read_to_string(dir.join(name)).unwrap();
         let config = Config::from_toml(&raw, &dir, &|k| {
             (k == "TIMEOUTD_DATA_DIR").then(|| "/tmp".into())
@@ -21,7 +26,7 @@ fn every_shipped_config_validates() {
 fn a_bad_config_lists_every_problem_with_its_key_path() {
     let raw = r#"
 [database]
-url = "postgres://x"
+url = "oracle://x"
 max_connections = 0
 [outbox]
 batch = 0

@@ -48,7 +48,7 @@ each_backend! {
         assert_eq!(env.text("SELECT idempotency_key FROM effect_ledger WHERE effect_index = 0 AND order_id = ?", "o1").await, "acme/o1/0/0");
         // The same trigger again (a redelivery) is a no-op.
         now.store(T0 + 5_000, std::sync::atomic::Ordering::SeqCst);
-        sqlx::query("UPDATE order_timeout_msg SET status = 'PENDING' WHERE order_id = 'o1'").execute(env.db.pool()).await.unwrap();
+        env.db.backend().query("UPDATE order_timeout_msg SET status = 'PENDING' WHERE order_id = 'o1'").execute(env.db.pool()).await.unwrap();
         let again = env.process(&d, T0 + 5_000).await;
         assert!(matches!(&again[..], [Outcome::NoOp { .. }]), "{again:?}");
         assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (10, 10));
@@ -103,7 +103,7 @@ each_backend! {
         let trigger = env.claim(T0 + 10).await.remove(0);
         // The payment is under way (row locked, not committed) while the host reads and decides.
         let mut payment = env.db.begin().await.unwrap();
-        sqlx::query("UPDATE orders SET status = 'PAID', paid_at_ms = ? WHERE id = 'race' AND status = 'PENDING'")
+        env.db.backend().query("UPDATE orders SET status = 'PAID', paid_at_ms = ? WHERE id = 'race' AND status = 'PENDING'")
             .bind(T0 + 5)
             .execute(&mut *payment)
             .await
@@ -127,7 +127,7 @@ each_backend! {
     async fn trigger_one_second_early_is_deferred(env) {
         env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
         env.create(&order("early", "acme", T0)).await;
-        sqlx::query("UPDATE order_timeout_msg SET due_ms = ? WHERE order_id = 'early'")
+        env.db.backend().query("UPDATE order_timeout_msg SET due_ms = ? WHERE order_id = 'early'")
             .bind(T0 - 1_000)
             .execute(env.db.pool())
             .await
@@ -151,7 +151,7 @@ each_backend! {
         env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
         env.create(&order("lost", "acme", T0)).await;
         env.create(&order("fresh", "acme", T0 + 60_000)).await;
-        sqlx::query("DELETE FROM order_timeout_msg").execute(env.db.pool()).await.unwrap();
+        env.db.backend().query("DELETE FROM order_timeout_msg").execute(env.db.pool()).await.unwrap();
         let config = env.config(SINGLE, "[sweep]\ngrace = \"10s\"\n");
         let (clock, _) = Clock::manual(T0 + 5_000);
         assert_eq!(sweep::sweep_once(&env.db, &clock, &config.sweep).await.unwrap().rearmed, 0, "within grace");
@@ -236,7 +236,7 @@ each_backend! {
     async fn trigger_for_a_missing_order_or_unknown_merchant_is_dead_lettered(env) {
         env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
         env.create(&order("stranger", "nobody", T0)).await;
-        sqlx::query("INSERT INTO order_timeout_msg (order_id, due_ms, phase, status) VALUES ('ghost', ?, 0, 'PENDING')")
+        env.db.backend().query("INSERT INTO order_timeout_msg (order_id, due_ms, phase, status) VALUES ('ghost', ?, 0, 'PENDING')")
             .bind(T0)
             .execute(env.db.pool())
             .await
@@ -260,12 +260,12 @@ each_backend! {
         let daemon = timeoutd::daemon::Daemon::start(&config, Clock::Database).await.unwrap();
         let deadline = env.db.now_ms().await.unwrap() + 700;
         let pool = env.db.pool();
-        sqlx::query("INSERT INTO orders (id, merchant_id, user_id, status, created_at_ms, deadline_ms, total_cents) VALUES ('plain', 'acme', 'u', 'PENDING', ?, ?, 500)")
+        env.db.backend().query("INSERT INTO orders (id, merchant_id, user_id, status, created_at_ms, deadline_ms, total_cents) VALUES ('plain', 'acme', 'u', 'PENDING', ?, ?, 500)")
             .bind(deadline - 60_000).bind(deadline).execute(pool).await.unwrap();
-        sqlx::query("INSERT INTO order_items (order_id, line_no, sku, quantity, unit_price_cents) VALUES ('plain', 0, 'sku-a', 1, 500)")
+        env.db.backend().query("INSERT INTO order_items (order_id, line_no, sku, quantity, unit_price_cents) VALUES ('plain', 0, 'sku-a', 1, 500)")
             .execute(pool).await.unwrap();
-        sqlx::query("UPDATE sku_stock SET available = available - 1 WHERE sku = 'sku-a'").execute(pool).await.unwrap();
-        sqlx::query("INSERT INTO order_timeout_msg (order_id, due_ms, phase, status) VALUES ('plain', ?, 0, 'PENDING')")
+        env.db.backend().query("UPDATE sku_stock SET available = available - 1 WHERE sku = 'sku-a'").execute(pool).await.unwrap();
+        env.db.backend().query("INSERT INTO order_timeout_msg (order_id, due_ms, phase, status) VALUES ('plain', ?, 0, 'PENDING')")
             .bind(deadline).execute(pool).await.unwrap();
         let mut closed_at = 0;
         for _ in 0..50 {
@@ -308,7 +308,7 @@ each_backend! {
         let d = env.dispatcher(&env.config(SINGLE, ""), clock.clone()).await;
         assert_eq!(env.process(&d, T0).await, vec![Outcome::Closed { lateness_ms: 0 }]);
         // Put the notice back as the crash would have left it: recorded, not sent.
-        sqlx::query("UPDATE effect_ledger SET status = 'PENDING', attempts = 0 WHERE kind = 'notify'")
+        env.db.backend().query("UPDATE effect_ledger SET status = 'PENDING', attempts = 0 WHERE kind = 'notify'")
             .execute(env.db.pool())
             .await
             .unwrap();
@@ -333,7 +333,7 @@ each_backend! {
         for i in 0..n {
             env.create(&order(&format!("sw-{i}"), "acme", past)).await;
         }
-        sqlx::query("DELETE FROM order_timeout_msg").execute(env.db.pool()).await.unwrap();
+        env.db.backend().query("DELETE FROM order_timeout_msg").execute(env.db.pool()).await.unwrap();
         let config = env.config(SINGLE, "[sweep]\ninterval = \"100ms\"\ngrace = \"1s\"\n");
         let a = timeoutd::daemon::Daemon::start(&config, Clock::Database).await.unwrap();
         let b = timeoutd::daemon::Daemon::start(&config, Clock::Database).await.unwrap();

@@ -15,7 +15,7 @@ use timeoutd_runtime::model::{Order, OrderItem, OrderStatus};
 /// The misbehaving test plugin, built by `build.rs`.
 pub const HOSTILE_WASM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hostile.wasm"));
 
-/// Runs `$body` once per backend: `mod $name { sqlite, mariadb }`.
+/// Runs `$body` once per backend: `mod $name { sqlite, mariadb, postgres }`.
 macro_rules! each_backend {
     ($(#[$m:meta])* async fn $name:ident($env:ident) $body:block) => {
         mod $name {
@@ -34,6 +34,12 @@ macro_rules! each_backend {
                 run(&env).await;
                 env.cleanup().await;
             }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                let env = crate::support::Env::new(timeoutd::db::Backend::Postgres).await;
+                run(&env).await;
+                env.cleanup().await;
+            }
         }
     };
 }
@@ -48,6 +54,21 @@ pub fn mysql_server_url() -> String {
         .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_string())
 }
 
+/// The PostgreSQL server the tests use (a database on it that the user may create databases
+/// from).
+pub fn postgres_server_url() -> String {
+    std::env::var("TIMEOUTD_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string())
+}
+
+/// The server URL of a backend with a database name to replace.
+fn server_url(backend: Backend) -> String {
+    match backend {
+        Backend::MySql => mysql_server_url(),
+        _ => postgres_server_url(),
+    }
+}
+
 /// A migrated database of one backend, private to one test.
 pub struct Env {
     /// The database.
@@ -56,28 +77,28 @@ pub struct Env {
     pub url: String,
     /// Scratch directory (SQLite file, plugin files).
     pub dir: tempfile::TempDir,
-    mysql_database: Option<String>,
+    server_database: Option<(Backend, String)>,
 }
 
 impl Env {
     /// A fresh, migrated database.
     pub async fn new(backend: Backend) -> Env {
         let dir = tempfile::tempdir().unwrap();
-        let (url, mysql_database) = match backend {
+        let (url, server_database) = match backend {
             Backend::Sqlite => (format!("sqlite://{}/t.db", dir.path().display()), None),
-            Backend::MySql => {
+            Backend::MySql | Backend::Postgres => {
                 let name = format!("timeoutd_t_{:016x}", fastrand::u64(..));
-                let admin = Db::connect(&mysql_server_url(), 1)
+                let server = server_url(backend);
+                let admin = Db::connect(&server, 1)
                     .await
-                    .expect("MariaDB on 127.0.0.1:3306 (root, no password) must be running");
+                    .unwrap_or_else(|e| panic!("{server} must be reachable: {e}"));
                 sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
                     .execute(admin.pool())
                     .await
                     .unwrap();
                 admin.close().await;
-                let server = mysql_server_url();
                 let base = server.rsplit_once('/').map_or(server.as_str(), |(b, _)| b);
-                (format!("{base}/{name}"), Some(name))
+                (format!("{base}/{name}"), Some((backend, name)))
             }
         };
         let db = Db::connect(&url, 8).await.unwrap();
@@ -86,15 +107,15 @@ impl Env {
             db,
             url,
             dir,
-            mysql_database,
+            server_database,
         }
     }
 
-    /// Drops a MariaDB test database.
+    /// Drops a server test database.
     pub async fn cleanup(self) {
         self.db.close().await;
-        if let Some(name) = self.mysql_database {
-            let admin = Db::connect(&mysql_server_url(), 1).await.unwrap();
+        if let Some((backend, name)) = self.server_database {
+            let admin = Db::connect(&server_url(backend), 1).await.unwrap();
             sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {name}")))
                 .execute(admin.pool())
                 .await
@@ -140,7 +161,9 @@ impl Env {
     /// Inserts stock rows.
     pub async fn stock_up(&self, skus: &[(&str, i64)]) {
         for (sku, n) in skus {
-            sqlx::query("INSERT INTO sku_stock (sku, available) VALUES (?, ?)")
+            self.db
+                .backend()
+                .query("INSERT INTO sku_stock (sku, available) VALUES (?, ?)")
                 .bind(*sku)
                 .bind(*n)
                 .execute(self.db.pool())
@@ -153,7 +176,9 @@ impl Env {
     /// outbox row due at the deadline), creating its coupon first.
     pub async fn create(&self, order: &Order) {
         if let Some(c) = &order.coupon {
-            sqlx::query("INSERT INTO coupons (id, user_id, status) VALUES (?, ?, 'AVAILABLE')")
+            self.db
+                .backend()
+                .query("INSERT INTO coupons (id, user_id, status) VALUES (?, ?, 'AVAILABLE')")
                 .bind(c)
                 .bind(&order.user)
                 .execute(self.db.pool())
@@ -175,7 +200,10 @@ impl Env {
 
     /// One integer from `sql` (with `?` bound to `arg`).
     pub async fn int(&self, sql: &'static str, arg: &str) -> i64 {
-        let row = sqlx::query(sql)
+        let row = self
+            .db
+            .backend()
+            .query(sql)
             .bind(arg)
             .fetch_one(self.db.pool())
             .await
@@ -185,7 +213,10 @@ impl Env {
 
     /// One text from `sql` (with `?` bound to `arg`).
     pub async fn text(&self, sql: &'static str, arg: &str) -> String {
-        let row = sqlx::query(sql)
+        let row = self
+            .db
+            .backend()
+            .query(sql)
             .bind(arg)
             .fetch_one(self.db.pool())
             .await

@@ -40,6 +40,21 @@ pub struct Config {
     /// The plugin sandbox.
     #[serde(default)]
     pub runtime: RuntimeConfig,
+    /// The effect ledger executor (external effects: notices, Redis, payments).
+    #[serde(default)]
+    pub effects: EffectsConfig,
+    /// Redis for the flash-sale effects; without it those effects wait in the ledger.
+    #[serde(default)]
+    pub redis: Option<RedisConfig>,
+    /// The payment provider; without it `close-payment` effects wait in the ledger.
+    #[serde(default)]
+    pub payment: Option<PaymentConfig>,
+    /// Notification channels by the name plugins use in `notice.channel`. `log` always exists.
+    #[serde(default)]
+    pub notify: NotifyConfig,
+    /// The daemon's HTTP endpoint (payment callbacks); off when absent.
+    #[serde(default)]
+    pub http: Option<HttpConfig>,
     /// Merchants by id: which plugin decides their orders and with which settings.
     pub merchants: BTreeMap<String, MerchantConfig>,
     /// Directory the file was read from; relative plugin paths resolve against it.
@@ -51,8 +66,8 @@ pub struct Config {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatabaseConfig {
-    /// `sqlite://PATH` (created if missing) or `mysql://USER[:PASS]@HOST:PORT/DB` (MySQL or
-    /// MariaDB 10.6+, for `SKIP LOCKED`).
+    /// `sqlite://PATH` (created if missing), `mysql://USER[:PASS]@HOST:PORT/DB` (MySQL 8 or
+    /// MariaDB 10.6+, for `SKIP LOCKED`) or `postgres://USER[:PASS]@HOST:PORT/DB`.
     pub url: String,
     /// Pool size. (SQLite has one writer at a time whatever the pool size; extra connections
     /// serve reads.)
@@ -136,6 +151,120 @@ pub struct RuntimeConfig {
     pub cache_dir: Option<PathBuf>,
 }
 
+/// `[effects]`: retries of external effects.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EffectsConfig {
+    /// Attempts of an effect that keeps failing transiently before it is marked FAILED.
+    #[serde(default = "defaults::effect_attempts")]
+    pub max_attempts: u32,
+    /// Delay after the first failure; doubles up to `retry_max`.
+    #[serde(default = "defaults::retry_initial", with = "duration")]
+    pub retry_initial: Duration,
+    /// Longest delay between attempts.
+    #[serde(default = "defaults::retry_max", with = "duration")]
+    pub retry_max: Duration,
+    /// How long an executor holds an effect it is carrying out.
+    #[serde(default = "defaults::lease", with = "duration")]
+    pub lease: Duration,
+}
+
+/// `[redis]`: where flash-sale stock and buyer sets live.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisConfig {
+    /// A single Redis, `redis://HOST:PORT[/DB]`.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Seed nodes of a Redis Cluster (instead of `url`), each `redis://HOST:PORT`.
+    #[serde(default)]
+    pub cluster: Vec<String>,
+    /// Lifetime of an effect's idempotency marker; must outlast any replay of the effect.
+    #[serde(default = "defaults::marker_ttl", with = "duration")]
+    pub marker_ttl: Duration,
+}
+
+/// `[payment]`: the provider's HTTP API (`POST {base_url}/v1/payments/{ref}/close` and
+/// `/refund`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PaymentConfig {
+    /// Base URL, e.g. `https://pay.example.com`.
+    pub base_url: String,
+    /// Value of the `Authorization` header, e.g. `Bearer ${PAY_TOKEN}`.
+    #[serde(default)]
+    pub authorization: Option<String>,
+    /// Header carrying the effect's idempotency key.
+    #[serde(default = "defaults::idempotency_header")]
+    pub idempotency_header: String,
+    /// Timeout of one request.
+    #[serde(default = "defaults::http_timeout", with = "duration")]
+    pub timeout: Duration,
+    /// Quick attempts within one execution before the ledger reschedules the effect.
+    #[serde(default = "defaults::http_attempts")]
+    pub attempts: u32,
+}
+
+/// `[notify]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NotifyConfig {
+    /// `[notify.channels.<name>]`: the sink behind each channel name.
+    #[serde(default)]
+    pub channels: BTreeMap<String, ChannelConfig>,
+}
+
+/// One notification channel.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, tag = "kind", rename_all = "kebab-case")]
+pub enum ChannelConfig {
+    /// One structured log line per notice (target `timeoutd::notice`).
+    Log,
+    /// `POST url` with the notice as JSON and its idempotency key in `Idempotency-Key`.
+    Webhook {
+        /// Endpoint.
+        url: String,
+        /// Value of the `Authorization` header.
+        #[serde(default)]
+        authorization: Option<String>,
+        /// Timeout of one request.
+        #[serde(default = "defaults::http_timeout", with = "duration")]
+        timeout: Duration,
+    },
+}
+
+/// `[http]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Address to listen on, e.g. `127.0.0.1:8080`.
+    pub listen: std::net::SocketAddr,
+    /// Bearer token payment callbacks must carry; none means no check (loopback only!).
+    #[serde(default)]
+    pub callback_token: Option<String>,
+}
+
+/// What to do when a closed order's payment turns out to have succeeded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PaidAfterClose {
+    /// Ask the provider to refund it (through the ledger, once).
+    #[default]
+    Refund,
+    /// Record it for an operator to decide.
+    ManualReview,
+}
+
+impl PaidAfterClose {
+    /// `refund` or `manual-review`, as stored in `paid_after_close.resolution`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PaidAfterClose::Refund => "refund",
+            PaidAfterClose::ManualReview => "manual-review",
+        }
+    }
+}
+
 /// `[merchants.<id>]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -151,6 +280,16 @@ pub struct MerchantConfig {
     /// Key/value settings handed to the plugin in every context, e.g. `grace = "5m"`.
     #[serde(default)]
     pub settings: BTreeMap<String, String>,
+    /// Redis key of a flash-sale activity's stock counter; `<activity>` is replaced by the
+    /// activity id. The braces make a Redis Cluster hash tag: one activity, one slot.
+    #[serde(default = "defaults::flash_stock_key")]
+    pub flash_stock_key: String,
+    /// Redis key of the set of an activity's buyers.
+    #[serde(default = "defaults::flash_users_key")]
+    pub flash_users_key: String,
+    /// A payment that succeeded after the close: `refund` (default) or `manual-review`.
+    #[serde(default)]
+    pub on_paid_after_close: PaidAfterClose,
 }
 
 impl Config {
@@ -255,6 +394,27 @@ mod defaults {
     pub fn max_memory_mib() -> u32 {
         64
     }
+    pub fn effect_attempts() -> u32 {
+        12
+    }
+    pub fn marker_ttl() -> Duration {
+        Duration::from_secs(7 * 24 * 3600)
+    }
+    pub fn idempotency_header() -> String {
+        "Idempotency-Key".into()
+    }
+    pub fn http_timeout() -> Duration {
+        Duration::from_secs(2)
+    }
+    pub fn http_attempts() -> u32 {
+        3
+    }
+    pub fn flash_stock_key() -> String {
+        "activity:{<activity>}:stock".into()
+    }
+    pub fn flash_users_key() -> String {
+        "activity:{<activity>}:users".into()
+    }
 }
 
 macro_rules! default_from_serde {
@@ -266,4 +426,10 @@ macro_rules! default_from_serde {
         }
     )*};
 }
-default_from_serde!(OutboxConfig, SweepConfig, DispatchConfig, RuntimeConfig);
+default_from_serde!(
+    OutboxConfig,
+    SweepConfig,
+    DispatchConfig,
+    RuntimeConfig,
+    EffectsConfig
+);

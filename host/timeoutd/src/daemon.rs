@@ -30,6 +30,12 @@ pub enum StartError {
     /// One or more plugins could not be loaded.
     #[error("plugins refused:\n  - {}", .0.join("\n  - "))]
     Plugins(Vec<String>),
+    /// An effect executor (Redis, payment provider, channels) could not be set up.
+    #[error("effects: {0}")]
+    Effects(String),
+    /// The HTTP endpoint could not listen.
+    #[error("http.listen {0}: {1}")]
+    Listen(std::net::SocketAddr, std::io::Error),
 }
 
 /// A running daemon.
@@ -39,6 +45,7 @@ pub struct Daemon {
     waker: Waker,
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<()>,
+    http_addr: Option<std::net::SocketAddr>,
 }
 
 /// Builds the engine and loads every merchant's plugin (no database needed): what `validate`
@@ -69,7 +76,9 @@ impl Daemon {
         if config.database.migrate {
             db.migrate().await?;
         }
-        let effects = EffectRunner::new(db.clone(), clock.clone());
+        let effects = EffectRunner::from_config(db.clone(), clock.clone(), config)
+            .await
+            .map_err(StartError::Effects)?;
         let dispatcher = Arc::new(Dispatcher::new(
             db.clone(),
             clock.clone(),
@@ -97,6 +106,15 @@ impl Daemon {
                 rx.clone(),
             ));
         }
+        let mut http_addr = None;
+        if let Some(http) = &config.http {
+            let listener = tokio::net::TcpListener::bind(http.listen)
+                .await
+                .map_err(|e| StartError::Listen(http.listen, e))?;
+            http_addr = listener.local_addr().ok();
+            let state = crate::http::HttpState::new(db.clone(), effects.clone(), config);
+            tasks.spawn(crate::http::serve(listener, state, rx.clone()));
+        }
         let mut backlog_rx = rx;
         tasks.spawn(async move {
             loop {
@@ -118,6 +136,7 @@ impl Daemon {
             waker,
             shutdown,
             tasks,
+            http_addr,
         })
     }
 
@@ -129,6 +148,11 @@ impl Daemon {
     /// The dispatcher (for triggers from outside the built-in sources).
     pub fn dispatcher(&self) -> &Arc<Dispatcher> {
         &self.dispatcher
+    }
+
+    /// Where the HTTP endpoint listens (with the port chosen when `http.listen` asked for 0).
+    pub fn http_addr(&self) -> Option<std::net::SocketAddr> {
+        self.http_addr
     }
 
     /// Wakes the outbox timer after writing a row in this process.

@@ -9,6 +9,7 @@ pub mod ledger;
 mod migrate;
 pub mod orders;
 pub mod outbox;
+pub mod payments;
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use std::time::Duration;
 
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
-use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
+use sqlx::any::{AnyArguments, AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyConnection, AnyPool, Executor, Row};
 
 /// Which SQL dialect a [`Db`] speaks.
@@ -26,6 +27,8 @@ pub enum Backend {
     Sqlite,
     /// MySQL 8 / MariaDB 10.6+.
     MySql,
+    /// PostgreSQL 12+.
+    Postgres,
 }
 
 impl Backend {
@@ -38,9 +41,37 @@ impl Backend {
         match scheme {
             "sqlite" => Ok(Backend::Sqlite),
             "mysql" | "mariadb" => Ok(Backend::MySql),
+            "postgres" | "postgresql" => Ok(Backend::Postgres),
             other => Err(DbError::Config(format!(
-                "unsupported database scheme `{other}:` (use sqlite: or mysql:)"
+                "unsupported database scheme `{other}:` (use sqlite:, mysql: or postgres:)"
             ))),
+        }
+    }
+
+    /// The backend a connection speaks.
+    pub fn of(conn: &AnyConnection) -> Backend {
+        match conn.backend_name() {
+            "PostgreSQL" => Backend::Postgres,
+            "MySQL" => Backend::MySql,
+            _ => Backend::Sqlite,
+        }
+    }
+
+    /// A statement written with `?` markers (all of timeoutd's SQL is), with the markers
+    /// rewritten to `$1`, `$2`, … for PostgreSQL, whose protocol numbers them.
+    pub fn query<'q>(self, sql: &'static str) -> sqlx::query::Query<'q, sqlx::Any, AnyArguments> {
+        match self {
+            Backend::Postgres => sqlx::query(sqlx::AssertSqlSafe(number_markers(sql))),
+            _ => sqlx::query(sql),
+        }
+    }
+
+    /// [`Backend::query`] for SQL assembled at run time (never from input: only from timeoutd's
+    /// own fragments and numbers).
+    pub fn query_owned<'q>(self, sql: String) -> sqlx::query::Query<'q, sqlx::Any, AnyArguments> {
+        match self {
+            Backend::Postgres => sqlx::query(sqlx::AssertSqlSafe(number_markers(&sql))),
+            _ => sqlx::query(sqlx::AssertSqlSafe(sql)),
         }
     }
 
@@ -52,14 +83,19 @@ impl Backend {
                 "SELECT CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)"
             }
             Backend::MySql => "SELECT CAST(UNIX_TIMESTAMP(CURRENT_TIMESTAMP(3)) * 1000 AS SIGNED)",
+            Backend::Postgres => {
+                "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"
+            }
         }
     }
 
-    /// `INSERT` that skips a row violating a unique key.
-    pub(crate) fn insert_ignore(self) -> &'static str {
+    /// `INSERT … INTO table (…) VALUES (…)` that skips a row violating a unique key:
+    /// `(prefix, suffix)` around `INTO … VALUES (…)`.
+    pub(crate) fn insert_ignore(self) -> (&'static str, &'static str) {
         match self {
-            Backend::Sqlite => "INSERT OR IGNORE",
-            Backend::MySql => "INSERT IGNORE",
+            Backend::Sqlite => ("INSERT OR IGNORE", ""),
+            Backend::MySql => ("INSERT IGNORE", ""),
+            Backend::Postgres => ("INSERT", " ON CONFLICT DO NOTHING"),
         }
     }
 }
@@ -150,6 +186,7 @@ impl Db {
                 format!("{url}{sep}mode=rwc")
             }
             Backend::MySql => url.replacen("mariadb://", "mysql://", 1),
+            Backend::Postgres => url.replacen("postgresql://", "postgres://", 1),
             _ => url.to_string(),
         };
         let options: AnyConnectOptions = url.parse()?;
@@ -158,14 +195,19 @@ impl Db {
             .acquire_timeout(Duration::from_secs(10))
             .after_connect(move |conn, _| {
                 Box::pin(async move {
-                    if backend == Backend::Sqlite {
-                        conn.execute(
-                            "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 5000;",
-                        )
-                        .await?;
-                    } else {
-                        conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                    match backend {
+                        Backend::Sqlite => {
+                            conn.execute(
+                                "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 5000;",
+                            )
                             .await?;
+                        }
+                        Backend::MySql => {
+                            conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                                .await?;
+                        }
+                        // READ COMMITTED is PostgreSQL's default.
+                        Backend::Postgres => {}
                     }
                     Ok(())
                 })
@@ -197,7 +239,7 @@ impl Db {
         let gate = self.write_gate().await;
         let tx = match self.backend {
             Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
-            Backend::MySql => self.pool.begin().await?,
+            Backend::MySql | Backend::Postgres => self.pool.begin().await?,
         };
         Ok(WriteTx { tx, _gate: gate })
     }
@@ -208,7 +250,7 @@ impl Db {
     pub async fn write_gate(&self) -> Option<OwnedMutexGuard<()>> {
         match self.backend {
             Backend::Sqlite => Some(self.write_gate.clone().lock_owned().await),
-            Backend::MySql => None,
+            Backend::MySql | Backend::Postgres => None,
         }
     }
 
@@ -247,5 +289,39 @@ impl Db {
     /// Closes the pool, waiting for connections in use.
     pub async fn close(&self) {
         self.pool.close().await;
+    }
+}
+
+/// Rewrites `?` markers (outside quoted strings) to `$1`, `$2`, … in order.
+fn number_markers(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 16);
+    let (mut n, mut quoted) = (0, false);
+    for c in sql.chars() {
+        match c {
+            '\'' => {
+                quoted = !quoted;
+                out.push(c);
+            }
+            '?' if !quoted => {
+                n += 1;
+                out.push('$');
+                out.push_str(&n.to_string());
+            }
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::number_markers;
+
+    #[test]
+    fn markers_are_numbered_outside_strings_only() {
+        assert_eq!(
+            number_markers("UPDATE t SET a = ?, b = 'why?' WHERE id = ? AND c IN (?, ?)"),
+            "UPDATE t SET a = $1, b = 'why?' WHERE id = $2 AND c IN ($3, $4)"
+        );
     }
 }

@@ -1,47 +1,157 @@
-//! Carrying out recorded effects that live outside the database, from the ledger.
+//! The ledger executor: carries out the recorded effects that live outside the database.
 //!
-//! The close transaction records every effect; this module runs the PENDING ones and settles
-//! each row exactly once (`PENDING → DONE` is itself a compare-and-set, so two runners cannot
-//! both settle it). In this release the notice sink is the log: a reminder or closed notice is
-//! one structured line on target `timeoutd::notice` carrying its idempotency key, so a
-//! downstream consumer can de-duplicate the rare line repeated by a crash between writing it
-//! and settling it. `close-payment` and the Redis flash-sale effects stay PENDING until their
-//! executors exist.
+//! The close transaction records every effect of a decision in `effect_ledger`; effects inside
+//! the database are applied there and then. This module runs the rest — notices, the Redis
+//! flash-sale effects, payment close and refunds — and settles each row once:
+//! - a row is taken under a lease (`claim_until_ms`), so two executors never run it at once;
+//! - every effect carries its idempotency key to where it lands (a Redis marker set in the same
+//!   Lua script, the provider's `Idempotency-Key`, the webhook's header), so a replay after a
+//!   crash between doing and settling changes nothing;
+//! - a transient failure (timeout, 5xx, Redis down) reschedules the row with backoff, across
+//!   restarts; a permanent one (4xx, unreadable payload) or too many attempts marks it FAILED
+//!   with the reason, logged at error level for the on-call.
 
-use serde_json::Value;
-use sqlx::Row;
+mod flash;
+mod notify;
+mod payment;
+
+use std::sync::Arc;
+
 use timeoutd_runtime::model::{Effect, Notice};
 
+pub use flash::FlashSale;
+pub use notify::Notifier;
+pub use payment::{CloseOutcome, HttpPaymentGateway, PaymentGateway};
+
 use crate::clock::Clock;
+use crate::config::{Config, EffectsConfig, PaidAfterClose};
+use crate::db::payments::{self, REFUND};
 use crate::db::{Db, DbError, ledger};
 use crate::dispatch::REMIND;
+use crate::retry::Backoff;
 
-/// Ledger kinds this runner carries out.
-pub const RUNNABLE: &[&str] = &["notify", REMIND];
+/// Ledger kinds the executor carries out.
+pub const RUNNABLE: &[&str] = &[
+    "notify",
+    REMIND,
+    "restore-flash-stock",
+    "release-flash-slot",
+    "close-payment",
+    REFUND,
+];
 
-/// Runs PENDING notice effects from the ledger.
-#[derive(Clone, Debug)]
+/// Why an effect did not happen this time.
+#[derive(Debug, thiserror::Error)]
+pub enum EffectError {
+    /// May pass: try again later (timeouts, 5xx, connection refused).
+    #[error("{0}")]
+    Transient(String),
+    /// Will not pass by retrying (4xx, bad payload, nothing configured to carry it out).
+    #[error("{0}")]
+    Permanent(String),
+}
+
+/// What a successful execution noted.
+type Done = Option<String>;
+
+/// Per-merchant facts the executor needs.
+#[derive(Debug, Clone)]
+struct MerchantEffects {
+    flash_stock_key: String,
+    flash_users_key: String,
+    on_paid_after_close: PaidAfterClose,
+}
+
+/// Runs PENDING ledger rows. Cheap to clone.
+#[derive(Clone)]
 pub struct EffectRunner {
     db: Db,
     clock: Clock,
+    notifier: Notifier,
+    flash: Option<FlashSale>,
+    payments: Option<Arc<dyn PaymentGateway>>,
+    merchants: Arc<std::collections::HashMap<String, MerchantEffects>>,
+    config: EffectsConfig,
+}
+
+impl std::fmt::Debug for EffectRunner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EffectRunner")
+            .field("redis", &self.flash.is_some())
+            .field("payments", &self.payments.is_some())
+            .finish()
+    }
 }
 
 impl EffectRunner {
-    /// A runner over `db`.
+    /// A runner with only the log channel and default retries (tests, the demo).
     pub fn new(db: Db, clock: Clock) -> Self {
-        EffectRunner { db, clock }
+        EffectRunner {
+            db,
+            clock,
+            notifier: Notifier::log_only(),
+            flash: None,
+            payments: None,
+            merchants: Arc::default(),
+            config: EffectsConfig::default(),
+        }
+    }
+
+    /// A runner as `config` describes: channels, Redis, payment provider, per-merchant keys.
+    ///
+    /// # Errors
+    /// A message naming what could not be set up (a Redis URL that does not parse, …).
+    pub async fn from_config(db: Db, clock: Clock, config: &Config) -> Result<Self, String> {
+        let flash = match &config.redis {
+            Some(r) => Some(FlashSale::connect(r).await?),
+            None => None,
+        };
+        let payments = match &config.payment {
+            Some(p) => Some(Arc::new(HttpPaymentGateway::new(p)?) as Arc<dyn PaymentGateway>),
+            None => None,
+        };
+        let merchants = config
+            .merchants
+            .iter()
+            .map(|(id, m)| {
+                (
+                    id.clone(),
+                    MerchantEffects {
+                        flash_stock_key: m.flash_stock_key.clone(),
+                        flash_users_key: m.flash_users_key.clone(),
+                        on_paid_after_close: m.on_paid_after_close,
+                    },
+                )
+            })
+            .collect();
+        Ok(EffectRunner {
+            db,
+            clock,
+            notifier: Notifier::from_config(&config.notify)?,
+            flash,
+            payments,
+            merchants: Arc::new(merchants),
+            config: config.effects.clone(),
+        })
+    }
+
+    /// Uses `gateway` for `close-payment` and refunds.
+    pub fn with_payments(mut self, gateway: Arc<dyn PaymentGateway>) -> Self {
+        self.payments = Some(gateway);
+        self
     }
 
     /// Runs the PENDING effects of one order (right after its transaction committed).
-    /// Failures are logged and left PENDING for [`EffectRunner::run_backlog`].
+    /// Failures are logged and left to the backlog.
     pub async fn run_for_order(&self, order_id: &str) {
         if let Err(e) = self.run(Some(order_id), i64::MAX).await {
             tracing::warn!(order = order_id, error = %e, "effects left pending");
         }
     }
 
-    /// Runs PENDING effects untouched for `min_age_ms` (those whose daemon died between commit
-    /// and execution). Returns how many were settled.
+    /// Runs every PENDING effect whose time has come: retries, and effects never attempted that
+    /// were recorded at least `min_age_ms` ago (their daemon died before running them). Returns
+    /// how many were settled (DONE or FAILED).
     ///
     /// # Errors
     /// [`DbError`] when the ledger cannot be read.
@@ -50,76 +160,240 @@ impl EffectRunner {
         self.run(None, now - min_age_ms).await
     }
 
-    async fn run(&self, order_id: Option<&str>, touched_before_ms: i64) -> Result<usize, DbError> {
-        let pending = ledger::pending(&self.db, RUNNABLE, order_id, touched_before_ms, 500).await?;
+    async fn run(&self, order_id: Option<&str>, fresh_before_ms: i64) -> Result<usize, DbError> {
+        let now = self.clock.now_ms(&self.db).await?;
+        let rows =
+            ledger::runnable(&self.db, RUNNABLE, order_id, now, fresh_before_ms, 500).await?;
+        let lease_ms = self.config.lease.as_millis() as i64;
         let mut settled = 0;
-        for effect in pending {
+        for row in rows {
             let now = self.clock.now_ms(&self.db).await?;
-            let (status, note) = self.execute(&effect).await?;
-            if ledger::settle(&self.db, effect.id, status, note.as_deref(), now).await? {
-                settled += 1;
+            if !ledger::claim(&self.db, row.id, now, now + lease_ms).await? {
+                continue;
             }
+            let result = self.execute(&row).await;
+            let now = self.clock.now_ms(&self.db).await?;
+            settled += usize::from(self.settle(&row, result, now).await?);
         }
         Ok(settled)
     }
 
-    async fn execute(
+    async fn settle(
         &self,
-        effect: &ledger::PendingEffect,
-    ) -> Result<(&'static str, Option<String>), DbError> {
-        let notice = match effect.kind.as_str() {
-            REMIND => serde_json::from_str::<Notice>(&effect.payload).ok(),
-            _ => match serde_json::from_str::<Effect>(&effect.payload) {
-                Ok(Effect::Notify(n)) => Some(n),
-                _ => None,
-            },
-        };
-        let Some(notice) = notice else {
-            return Ok((
-                ledger::FAILED,
-                Some(format!("unreadable {} payload", effect.kind)),
-            ));
-        };
-        let (status, user) = order_status_and_user(&self.db, &effect.order_id).await?;
-        if effect.kind == REMIND && status.as_deref() != Some("PENDING") {
-            return Ok((
-                ledger::DONE,
-                Some(format!("not sent: order is {}", status.unwrap_or_default())),
-            ));
+        row: &ledger::PendingEffect,
+        result: Result<Done, EffectError>,
+        now: i64,
+    ) -> Result<bool, DbError> {
+        let attempts = row.attempts + 1;
+        match result {
+            Ok(note) => ledger::settle(&self.db, row.id, ledger::DONE, note.as_deref(), now).await,
+            Err(EffectError::Transient(e)) if attempts < self.config.max_attempts => {
+                let backoff = Backoff {
+                    initial: self.config.retry_initial,
+                    max: self.config.retry_max,
+                };
+                let next = now + backoff.delay_ms(attempts);
+                tracing::warn!(key = %row.key, kind = %row.kind, attempts, error = %e, next_attempt_ms = next, "effect failed; will retry");
+                ledger::reschedule(&self.db, row.id, &e, now, next).await?;
+                Ok(false)
+            }
+            Err(e) => {
+                let reason = match e {
+                    EffectError::Transient(e) => format!("gave up after {attempts} attempts: {e}"),
+                    EffectError::Permanent(e) => e,
+                };
+                tracing::error!(key = %row.key, kind = %row.kind, order = %row.order_id, %reason, "effect FAILED; needs an operator");
+                ledger::settle(&self.db, row.id, ledger::FAILED, Some(&reason), now).await
+            }
         }
-        let params = Value::Object(
-            notice
-                .params
-                .iter()
-                .map(|(k, v)| (k.clone(), Value::String(v.clone())))
-                .collect(),
-        );
-        tracing::info!(
-            target: "timeoutd::notice",
-            idempotency_key = %effect.key,
-            kind = %effect.kind,
-            order = %effect.order_id,
-            merchant = %effect.merchant_id,
-            user = %user.unwrap_or_default(),
-            channel = %notice.channel,
-            template = %notice.template,
-            params = %params,
-            "notice"
-        );
-        Ok((ledger::DONE, None))
+    }
+
+    async fn execute(&self, row: &ledger::PendingEffect) -> Result<Done, EffectError> {
+        let bad = |what: &str| {
+            EffectError::Permanent(format!("unreadable {what} payload: {}", row.payload))
+        };
+        match row.kind.as_str() {
+            REMIND => {
+                let notice: Notice =
+                    serde_json::from_str(&row.payload).map_err(|_| bad("remind"))?;
+                if let Some(status) = self.order_status(&row.order_id).await?
+                    && status != "PENDING"
+                {
+                    return Ok(Some(format!("not sent: order is {status}")));
+                }
+                self.notify(row, &notice).await
+            }
+            REFUND => {
+                let payment_ref = serde_json::from_str::<serde_json::Value>(&row.payload)
+                    .ok()
+                    .and_then(|v| v["payment_ref"].as_str().map(str::to_string))
+                    .ok_or_else(|| bad("refund"))?;
+                let gateway = self.payments.as_ref().ok_or_else(|| {
+                    EffectError::Transient("no [payment] provider configured".into())
+                })?;
+                gateway.refund(&payment_ref, &row.key).await.map(|()| None)
+            }
+            _ => match serde_json::from_str::<Effect>(&row.payload).map_err(|_| bad(&row.kind))? {
+                Effect::Notify(notice) => self.notify(row, &notice).await,
+                Effect::RestoreFlashStock { activity, quantity } => {
+                    let (flash, keys) = self.flash_for(row)?;
+                    let key = keys.flash_stock_key.replace("<activity>", &activity);
+                    flash.restore_stock(&key, quantity, &row.key).await
+                }
+                Effect::ReleaseFlashSlot { activity, user } => {
+                    let (flash, keys) = self.flash_for(row)?;
+                    let key = keys.flash_users_key.replace("<activity>", &activity);
+                    flash.release_slot(&key, &user, &row.key).await
+                }
+                Effect::ClosePayment { payment_ref } => self.close_payment(row, &payment_ref).await,
+                other => Err(EffectError::Permanent(format!(
+                    "{} is applied inside the close transaction, not by the executor",
+                    other.kind()
+                ))),
+            },
+        }
+    }
+
+    fn flash_for(
+        &self,
+        row: &ledger::PendingEffect,
+    ) -> Result<(&FlashSale, &MerchantEffects), EffectError> {
+        let flash = self
+            .flash
+            .as_ref()
+            .ok_or_else(|| EffectError::Transient("no [redis] configured".into()))?;
+        let keys = self.merchants.get(&row.merchant_id).ok_or_else(|| {
+            EffectError::Permanent(format!("merchant `{}` is not configured", row.merchant_id))
+        })?;
+        Ok((flash, keys))
+    }
+
+    async fn notify(
+        &self,
+        row: &ledger::PendingEffect,
+        notice: &Notice,
+    ) -> Result<Done, EffectError> {
+        let user = self.order_user(&row.order_id).await?;
+        self.notifier
+            .send(
+                &row.key,
+                &row.kind,
+                &row.order_id,
+                &row.merchant_id,
+                &user,
+                notice,
+            )
+            .await
+            .map(|()| None)
+    }
+
+    /// Closes the payment; "already paid" records the order as paid-after-close and raises a
+    /// refund (or a manual review) in the same transaction as settling this effect's outcome.
+    async fn close_payment(
+        &self,
+        row: &ledger::PendingEffect,
+        payment_ref: &str,
+    ) -> Result<Done, EffectError> {
+        let gateway = self
+            .payments
+            .as_ref()
+            .ok_or_else(|| EffectError::Transient("no [payment] provider configured".into()))?;
+        match gateway.close(payment_ref, &row.key).await? {
+            CloseOutcome::Closed => Ok(None),
+            CloseOutcome::AlreadyPaid => {
+                let resolution = self
+                    .merchants
+                    .get(&row.merchant_id)
+                    .map(|m| m.on_paid_after_close)
+                    .unwrap_or_default();
+                self.paid_after_close(
+                    &row.order_id,
+                    &row.merchant_id,
+                    Some(payment_ref),
+                    "close-payment",
+                    resolution,
+                )
+                .await
+                .map_err(|e| EffectError::Transient(e.to_string()))?;
+                self.run_for_order_boxed(row.order_id.clone()).await;
+                Ok(Some(format!(
+                    "provider: already paid; {}",
+                    resolution.as_str()
+                )))
+            }
+        }
+    }
+
+    // The refund just recorded runs now; boxed because it recurses through `run`.
+    fn run_for_order_boxed(
+        &self,
+        order_id: String,
+    ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            // The close-payment row is still held by us; `run` skips it and takes the refund.
+            self.run_for_order(&order_id).await
+        })
+    }
+
+    /// Records a paid-after-close order (from the executor or a payment callback) and runs the
+    /// refund it raises. Returns false when it was already recorded.
+    ///
+    /// # Errors
+    /// [`DbError`] when the record cannot be written.
+    pub async fn paid_after_close(
+        &self,
+        order_id: &str,
+        merchant_id: &str,
+        payment_ref: Option<&str>,
+        source: &str,
+        resolution: PaidAfterClose,
+    ) -> Result<bool, DbError> {
+        let now = self.clock.now_ms(&self.db).await?;
+        let mut tx = self.db.begin().await?;
+        let new = payments::record_paid_after_close(
+            &mut tx,
+            order_id,
+            merchant_id,
+            payment_ref,
+            source,
+            resolution,
+            now,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(new)
+    }
+
+    async fn order_status(&self, order_id: &str) -> Result<Option<String>, EffectError> {
+        Ok(self.order_field(order_id, 0).await?)
+    }
+
+    async fn order_user(&self, order_id: &str) -> Result<String, EffectError> {
+        Ok(self.order_field(order_id, 1).await?.unwrap_or_default())
+    }
+
+    async fn order_field(
+        &self,
+        order_id: &str,
+        column: usize,
+    ) -> Result<Option<String>, EffectError> {
+        use sqlx::Row;
+        let row = self
+            .db
+            .backend()
+            .query("SELECT status, user_id FROM orders WHERE id = ?")
+            .bind(order_id)
+            .fetch_optional(self.db.pool())
+            .await
+            .map_err(|e| EffectError::Transient(e.to_string()))?;
+        row.map(|r| r.try_get::<String, _>(column))
+            .transpose()
+            .map_err(|e| EffectError::Transient(e.to_string()))
     }
 }
 
-async fn order_status_and_user(
-    db: &Db,
-    order_id: &str,
-) -> Result<(Option<String>, Option<String>), DbError> {
-    let row = sqlx::query("SELECT status, user_id FROM orders WHERE id = ?")
-        .bind(order_id)
-        .fetch_optional(db.pool())
-        .await?;
-    Ok(match row {
-        Some(r) => (Some(r.try_get(0)?), Some(r.try_get(1)?)),
-        None => (None, None),
-    })
+impl From<DbError> for EffectError {
+    fn from(e: DbError) -> Self {
+        EffectError::Transient(e.to_string())
+    }
 }

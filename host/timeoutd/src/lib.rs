@@ -8,7 +8,7 @@
 //! Parts, one module each: [`config`] (the file and its validation), [`db`] (schema and
 //! queries per table), [`clock`] (the only place time is read), [`policies`] (plugins per
 //! merchant), [`dispatch`] (trigger → decision → transaction), [`effects`] (carrying out ledger
-//! rows), [`sources`] (outbox timer, sweep), [`daemon`] (wiring), [`demo`] and [`cli`].
+//! rows: notices, Redis, payments), [`http`] (payment callbacks), [`sources`] (outbox timer, sweep), [`daemon`] (wiring), [`demo`] and [`cli`].
 
 pub mod cli;
 pub mod clock;
@@ -18,5 +18,7 @@ pub mod db;
 pub mod demo;
 pub mod dispatch;
 pub mod effects;
+pub mod http;
 pub mod policies;
+pub mod retry;
 pub mod sources;

@@ -58,15 +58,8 @@ pub const BUILTIN_PLUGINS: &[&str] = &["single-phase", "two-phase"];
 
 pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
     let mut p = ConfigProblems::default();
-    let url = c.database.url.as_str();
-    if !(url.starts_with("sqlite:") || url.starts_with("mysql://") || url.starts_with("mariadb://"))
-    {
-        p.push(
-            "database.url",
-            format!(
-                "`{url}` names no supported backend (sqlite://PATH or mysql://USER@HOST:PORT/DB)"
-            ),
-        );
+    if let Err(e) = crate::db::Backend::of_url(&c.database.url) {
+        p.push("database.url", e.to_string());
     }
     if c.database.max_connections == 0 {
         p.push("database.max_connections", "must be at least 1");
@@ -106,6 +99,42 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
             "the sweep re-arms orders as outbox rows, so it needs outbox.enabled = true",
         );
     }
+    if let Some(r) = &c.redis {
+        match (&r.url, r.cluster.is_empty()) {
+            (None, true) => p.push("redis", "give `url` (one Redis) or `cluster` (seed nodes)"),
+            (Some(_), false) => p.push("redis", "give `url` or `cluster`, not both"),
+            _ => {}
+        }
+        for (i, u) in r.url.iter().chain(&r.cluster).enumerate() {
+            if !u.starts_with("redis://") && !u.starts_with("rediss://") {
+                p.push(
+                    format!("redis.url[{i}]"),
+                    format!("`{u}` is not a redis:// URL"),
+                );
+            }
+        }
+    }
+    if let Some(pay) = &c.payment
+        && !(pay.base_url.starts_with("http://") || pay.base_url.starts_with("https://"))
+    {
+        p.push(
+            "payment.base_url",
+            format!("`{}` is not an http(s) URL", pay.base_url),
+        );
+    }
+    for (name, channel) in &c.notify.channels {
+        if let super::ChannelConfig::Webhook { url, .. } = channel
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            p.push(
+                format!("notify.channels.{name}.url"),
+                format!("`{url}` is not an http(s) URL"),
+            );
+        }
+    }
+    if c.effects.max_attempts == 0 {
+        p.push("effects.max_attempts", "must be at least 1");
+    }
     if c.merchants.is_empty() {
         p.push(
             "merchants",
@@ -126,6 +155,17 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
                 p.push(at, format!("no plugin file at {}", path.display()))
             }
             _ => {}
+        }
+        for (key, template) in [
+            ("flash_stock_key", &m.flash_stock_key),
+            ("flash_users_key", &m.flash_users_key),
+        ] {
+            if !template.contains("<activity>") {
+                p.push(
+                    format!("merchants.{id}.{key}"),
+                    format!("`{template}` has no `<activity>` placeholder"),
+                );
+            }
         }
         if m.payment_window.is_some_and(|w| w.is_zero()) {
             p.push(

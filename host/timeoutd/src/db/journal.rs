@@ -2,7 +2,7 @@
 
 use sqlx::AnyConnection;
 
-use super::DbError;
+use super::{Backend, DbError};
 
 /// One plugin decision and what the host made of it.
 #[derive(Debug, Clone)]
@@ -38,7 +38,7 @@ pub struct DecisionRecord<'a> {
 /// # Errors
 /// [`DbError::Sql`] on query failure.
 pub async fn log_decision(conn: &mut AnyConnection, r: &DecisionRecord<'_>) -> Result<(), DbError> {
-    sqlx::query(
+    Backend::of(conn).query(
         "INSERT INTO decision_log (order_id, merchant_id, plugin, plugin_digest, trigger_kind, phase, \
          attempt, decision, outcome, detail, latency_us, decided_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )
@@ -84,7 +84,7 @@ pub async fn dead_letter(
     d: &DeadLetter<'_>,
     now_ms: i64,
 ) -> Result<(), DbError> {
-    sqlx::query(
+    Backend::of(conn).query(
         "INSERT INTO dead_letter (source, order_id, reason, payload, attempts, status, created_at_ms) \
          VALUES (?, ?, ?, ?, ?, 'OPEN', ?)",
     )

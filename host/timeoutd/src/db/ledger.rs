@@ -30,16 +30,20 @@ pub struct NewEntry<'a> {
     pub status: &'a str,
     /// Why it failed, or a note.
     pub note: Option<String>,
+    /// An explicit idempotency key for effects that belong to no decision (a refund).
+    pub key: Option<String>,
 }
 
 impl NewEntry<'_> {
     /// The idempotency key: `merchant/order/phase/index`. It depends only on the trigger and the
     /// decision, never on time, so a replayed decision maps onto the same rows.
     pub fn idempotency_key(&self) -> String {
-        format!(
-            "{}/{}/{}/{}",
-            self.merchant_id, self.order_id, self.phase, self.index
-        )
+        self.key.clone().unwrap_or_else(|| {
+            format!(
+                "{}/{}/{}/{}",
+                self.merchant_id, self.order_id, self.phase, self.index
+            )
+        })
     }
 }
 
@@ -53,12 +57,13 @@ pub async fn record(
     e: &NewEntry<'_>,
     now_ms: i64,
 ) -> Result<bool, DbError> {
-    let done = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "{} INTO effect_ledger (idempotency_key, order_id, merchant_id, phase, effect_index, kind, \
-         payload, status, attempts, last_error, created_at_ms, updated_at_ms) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?)",
-        backend.insert_ignore()
-    )))
+    let done = backend.query_owned(format!(
+        "{insert} INTO effect_ledger (idempotency_key, order_id, merchant_id, phase, effect_index, \
+         kind, payload, status, attempts, last_error, created_at_ms, updated_at_ms) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?){on_conflict}",
+        insert = backend.insert_ignore().0,
+        on_conflict = backend.insert_ignore().1,
+    ))
     .bind(e.idempotency_key())
     .bind(e.order_id)
     .bind(e.merchant_id)
@@ -86,6 +91,8 @@ pub struct PendingEffect {
     pub order_id: String,
     /// Merchant.
     pub merchant_id: String,
+    /// Phase of the decision it belongs to.
+    pub phase: u32,
     /// Kind.
     pub kind: String,
     /// JSON payload.
@@ -94,16 +101,19 @@ pub struct PendingEffect {
     pub attempts: u32,
 }
 
-/// PENDING effects of the given kinds — of one order when `order_id` is given — last touched at
-/// or before `touched_before_ms`, oldest first.
+/// PENDING effects of the given kinds that may be attempted at `now_ms` (their retry time has
+/// come and no executor holds them) — of one order when `order_id` is given — oldest first.
+/// Effects never attempted are taken only when last touched at or before `fresh_before_ms`
+/// (the daemon that recorded them runs them itself right after its commit).
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
-pub async fn pending(
+pub async fn runnable(
     db: &Db,
     kinds: &[&str],
     order_id: Option<&str>,
-    touched_before_ms: i64,
+    now_ms: i64,
+    fresh_before_ms: i64,
     limit: u32,
 ) -> Result<Vec<PendingEffect>, DbError> {
     let marks = vec!["?"; kinds.len().max(1)].join(", ");
@@ -112,11 +122,12 @@ pub async fn pending(
     } else {
         ""
     };
-    let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SELECT id, idempotency_key, order_id, merchant_id, kind, payload, attempts FROM effect_ledger \
-         WHERE status = 'PENDING' AND kind IN ({marks}) {order_filter} AND updated_at_ms <= ? \
+    let mut q = db.backend().query_owned(format!(
+        "SELECT id, idempotency_key, order_id, merchant_id, phase, kind, payload, attempts FROM effect_ledger \
+         WHERE status = 'PENDING' AND kind IN ({marks}) {order_filter} AND next_attempt_ms <= ? \
+         AND (claim_until_ms IS NULL OR claim_until_ms < ?) AND (attempts > 0 OR updated_at_ms <= ?) \
          ORDER BY id LIMIT ?"
-    )));
+    ));
     for k in kinds {
         q = q.bind(*k);
     }
@@ -127,7 +138,9 @@ pub async fn pending(
         q = q.bind(order_id);
     }
     let rows = q
-        .bind(touched_before_ms)
+        .bind(now_ms)
+        .bind(now_ms)
+        .bind(fresh_before_ms)
         .bind(i64::from(limit))
         .fetch_all(db.pool())
         .await?;
@@ -138,12 +151,61 @@ pub async fn pending(
                 key: r.try_get("idempotency_key")?,
                 order_id: r.try_get("order_id")?,
                 merchant_id: r.try_get("merchant_id")?,
+                phase: r.try_get::<i64, _>("phase")?.clamp(0, u32::MAX as i64) as u32,
                 kind: r.try_get("kind")?,
                 payload: r.try_get("payload")?,
                 attempts: r.try_get::<i64, _>("attempts")?.clamp(0, u32::MAX as i64) as u32,
             })
         })
         .collect()
+}
+
+/// Takes a PENDING effect for `until_ms` unless another executor holds it. Returns whether it
+/// was taken.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn claim(db: &Db, id: i64, now_ms: i64, until_ms: i64) -> Result<bool, DbError> {
+    let _gate = db.write_gate().await;
+    let done = db
+        .backend()
+        .query(
+            "UPDATE effect_ledger SET claim_until_ms = ? WHERE id = ? AND status = 'PENDING' \
+             AND (claim_until_ms IS NULL OR claim_until_ms < ?)",
+        )
+        .bind(until_ms)
+        .bind(id)
+        .bind(now_ms)
+        .execute(db.pool())
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Counts a failed attempt of a PENDING effect, records why, releases it and makes it due again
+/// at `next_attempt_ms`.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn reschedule(
+    db: &Db,
+    id: i64,
+    error: &str,
+    now_ms: i64,
+    next_attempt_ms: i64,
+) -> Result<(), DbError> {
+    let _gate = db.write_gate().await;
+    db.backend()
+        .query(
+            "UPDATE effect_ledger SET attempts = attempts + 1, last_error = ?, next_attempt_ms = ?, \
+             claim_until_ms = NULL, updated_at_ms = ? WHERE id = ? AND status = 'PENDING'",
+        )
+        .bind(error)
+        .bind(next_attempt_ms)
+        .bind(now_ms)
+        .bind(id)
+        .execute(db.pool())
+        .await?;
+    Ok(())
 }
 
 /// Moves a PENDING effect to `status` (DONE or FAILED), counting the attempt. Returns false when
@@ -159,9 +221,9 @@ pub async fn settle(
     now_ms: i64,
 ) -> Result<bool, DbError> {
     let _gate = db.write_gate().await;
-    let done = sqlx::query(
-        "UPDATE effect_ledger SET status = ?, last_error = ?, attempts = attempts + 1, updated_at_ms = ? \
-         WHERE id = ? AND status = 'PENDING'",
+    let done = db.backend().query(
+        "UPDATE effect_ledger SET status = ?, last_error = ?, attempts = attempts + 1, updated_at_ms = ?, \
+         claim_until_ms = NULL WHERE id = ? AND status = 'PENDING'",
     )
     .bind(status)
     .bind(note)

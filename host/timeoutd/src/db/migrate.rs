@@ -8,21 +8,48 @@ use sqlx::migrate::{Migration, MigrationType, Migrator};
 use super::{Backend, Db, DbError};
 
 /// `(version, description, sql)` per backend, in order.
-const SQLITE: &[(i64, &str, &str)] = &[(
-    1,
-    "schema",
-    include_str!("../../migrations/sqlite/0001_schema.sql"),
-)];
-const MYSQL: &[(i64, &str, &str)] = &[(
-    1,
-    "schema",
-    include_str!("../../migrations/mysql/0001_schema.sql"),
-)];
+const SQLITE: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "schema",
+        include_str!("../../migrations/sqlite/0001_schema.sql"),
+    ),
+    (
+        2,
+        "external effects",
+        include_str!("../../migrations/sqlite/0002_external_effects.sql"),
+    ),
+];
+const MYSQL: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "schema",
+        include_str!("../../migrations/mysql/0001_schema.sql"),
+    ),
+    (
+        2,
+        "external effects",
+        include_str!("../../migrations/mysql/0002_external_effects.sql"),
+    ),
+];
+const POSTGRES: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "schema",
+        include_str!("../../migrations/postgres/0001_schema.sql"),
+    ),
+    (
+        2,
+        "external effects",
+        include_str!("../../migrations/postgres/0002_external_effects.sql"),
+    ),
+];
 
 pub(super) async fn run(db: &Db) -> Result<(), DbError> {
     let set = match db.backend() {
         Backend::Sqlite => SQLITE,
         Backend::MySql => MYSQL,
+        Backend::Postgres => POSTGRES,
     };
     let migrations = set
         .iter()

@@ -5,20 +5,21 @@
 use sqlx::{AnyConnection, Row};
 use timeoutd_runtime::model::{Order, OrderItem, OrderStatus};
 
-use super::DbError;
+use super::{Backend, DbError};
 
 /// Loads an order and its lines; `None` when there is no such order.
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure; [`DbError::BadRow`] when the row holds an unknown status.
 pub async fn load(conn: &mut AnyConnection, id: &str) -> Result<Option<Order>, DbError> {
-    let Some(row) = sqlx::query(
-        "SELECT id, merchant_id, user_id, status, created_at_ms, deadline_ms, total_cents, \
+    let Some(row) = Backend::of(conn)
+        .query(
+            "SELECT id, merchant_id, user_id, status, created_at_ms, deadline_ms, total_cents, \
          coupon_id, activity_id, payment_ref FROM orders WHERE id = ?",
-    )
-    .bind(id)
-    .fetch_optional(&mut *conn)
-    .await?
+        )
+        .bind(id)
+        .fetch_optional(&mut *conn)
+        .await?
     else {
         return Ok(None);
     };
@@ -27,7 +28,7 @@ pub async fn load(conn: &mut AnyConnection, id: &str) -> Result<Option<Order>, D
         table: "orders",
         detail: format!("order `{id}` has status `{status}` (want PENDING, PAID or CLOSED)"),
     })?;
-    let items = sqlx::query(
+    let items = Backend::of(conn).query(
         "SELECT sku, quantity, unit_price_cents FROM order_items WHERE order_id = ? ORDER BY line_no",
     )
     .bind(id)
@@ -85,7 +86,7 @@ pub async fn compare_and_close(
     id: &str,
     stamp: &CloseStamp<'_>,
 ) -> Result<bool, DbError> {
-    let done = sqlx::query(
+    let done = Backend::of(conn).query(
         "UPDATE orders SET status = 'CLOSED', closed_at_ms = ?, close_due_ms = ?, closed_by = ?, \
          close_reason = ? WHERE id = ? AND status = 'PENDING' AND deadline_ms <= ?",
     )
@@ -109,7 +110,8 @@ pub async fn restore_stock(
     sku: &str,
     quantity: u32,
 ) -> Result<bool, DbError> {
-    let done = sqlx::query("UPDATE sku_stock SET available = available + ? WHERE sku = ?")
+    let done = Backend::of(conn)
+        .query("UPDATE sku_stock SET available = available + ? WHERE sku = ?")
         .bind(i64::from(quantity))
         .bind(sku)
         .execute(&mut *conn)
@@ -127,14 +129,15 @@ pub async fn release_coupon(
     coupon: &str,
     order: &str,
 ) -> Result<bool, DbError> {
-    let done = sqlx::query(
-        "UPDATE coupons SET status = 'AVAILABLE', order_id = NULL \
+    let done = Backend::of(conn)
+        .query(
+            "UPDATE coupons SET status = 'AVAILABLE', order_id = NULL \
          WHERE id = ? AND order_id = ? AND status = 'LOCKED'",
-    )
-    .bind(coupon)
-    .bind(order)
-    .execute(&mut *conn)
-    .await?;
+        )
+        .bind(coupon)
+        .bind(order)
+        .execute(&mut *conn)
+        .await?;
     Ok(done.rows_affected() == 1)
 }
 
@@ -147,7 +150,7 @@ pub async fn release_coupon(
 /// [`DbError::Sql`] when any statement fails (the transaction is rolled back).
 /// The order's `status` is ignored: it is always created PENDING.
 pub async fn create(conn: &mut AnyConnection, o: &Order) -> Result<(), DbError> {
-    sqlx::query(
+    Backend::of(conn).query(
         "INSERT INTO orders (id, merchant_id, user_id, status, created_at_ms, deadline_ms, \
          total_cents, coupon_id, activity_id, payment_ref) VALUES (?, ?, ?, 'PENDING', ?, ?, ?, ?, ?, ?)",
     )
@@ -163,7 +166,7 @@ pub async fn create(conn: &mut AnyConnection, o: &Order) -> Result<(), DbError> 
     .execute(&mut *conn)
     .await?;
     for (line, item) in o.items.iter().enumerate() {
-        sqlx::query(
+        Backend::of(conn).query(
             "INSERT INTO order_items (order_id, line_no, sku, quantity, unit_price_cents) VALUES (?, ?, ?, ?, ?)",
         )
         .bind(&o.id)
@@ -173,20 +176,21 @@ pub async fn create(conn: &mut AnyConnection, o: &Order) -> Result<(), DbError> 
         .bind(item.unit_price_cents)
         .execute(&mut *conn)
         .await?;
-        sqlx::query("UPDATE sku_stock SET available = available - ? WHERE sku = ?")
+        Backend::of(conn)
+            .query("UPDATE sku_stock SET available = available - ? WHERE sku = ?")
             .bind(i64::from(item.quantity))
             .bind(&item.sku)
             .execute(&mut *conn)
             .await?;
     }
     if let Some(coupon) = &o.coupon {
-        sqlx::query("UPDATE coupons SET status = 'LOCKED', order_id = ? WHERE id = ? AND status = 'AVAILABLE'")
+        Backend::of(conn).query("UPDATE coupons SET status = 'LOCKED', order_id = ? WHERE id = ? AND status = 'AVAILABLE'")
             .bind(&o.id)
             .bind(coupon)
             .execute(&mut *conn)
             .await?;
     }
-    sqlx::query("INSERT INTO order_timeout_msg (order_id, due_ms, phase, status) VALUES (?, ?, 0, 'PENDING')")
+    Backend::of(conn).query("INSERT INTO order_timeout_msg (order_id, due_ms, phase, status) VALUES (?, ?, 0, 'PENDING')")
         .bind(&o.id)
         .bind(o.deadline_ms)
         .execute(&mut *conn)
@@ -200,17 +204,19 @@ pub async fn create(conn: &mut AnyConnection, o: &Order) -> Result<(), DbError> 
 /// # Errors
 /// [`DbError::Sql`] on query failure.
 pub async fn pay(conn: &mut AnyConnection, id: &str, now_ms: i64) -> Result<bool, DbError> {
-    let done = sqlx::query(
-        "UPDATE orders SET status = 'PAID', paid_at_ms = ? WHERE id = ? AND status = 'PENDING'",
-    )
-    .bind(now_ms)
-    .bind(id)
-    .execute(&mut *conn)
-    .await?;
+    let done = Backend::of(conn)
+        .query(
+            "UPDATE orders SET status = 'PAID', paid_at_ms = ? WHERE id = ? AND status = 'PENDING'",
+        )
+        .bind(now_ms)
+        .bind(id)
+        .execute(&mut *conn)
+        .await?;
     if done.rows_affected() != 1 {
         return Ok(false);
     }
-    sqlx::query("UPDATE coupons SET status = 'USED' WHERE order_id = ? AND status = 'LOCKED'")
+    Backend::of(conn)
+        .query("UPDATE coupons SET status = 'USED' WHERE order_id = ? AND status = 'LOCKED'")
         .bind(id)
         .execute(&mut *conn)
         .await?;

@@ -47,42 +47,45 @@ pub async fn claim_due(
     match db.backend() {
         Backend::Sqlite => {
             let _gate = db.write_gate().await;
-            sqlx::query(
-                "UPDATE order_timeout_msg SET claim_token = ?, claim_until_ms = ? WHERE id IN (\
+            db.backend()
+                .query(
+                    "UPDATE order_timeout_msg SET claim_token = ?, claim_until_ms = ? WHERE id IN (\
                  SELECT id FROM order_timeout_msg WHERE status = 'PENDING' AND due_ms <= ? \
                  AND (claim_until_ms IS NULL OR claim_until_ms < ?) ORDER BY due_ms LIMIT ?)",
-            )
-            .bind(&token)
-            .bind(until)
-            .bind(now_ms)
-            .bind(now_ms)
-            .bind(i64::from(batch))
-            .execute(db.pool())
-            .await?;
+                )
+                .bind(&token)
+                .bind(until)
+                .bind(now_ms)
+                .bind(now_ms)
+                .bind(i64::from(batch))
+                .execute(db.pool())
+                .await?;
         }
-        Backend::MySql => {
+        Backend::MySql | Backend::Postgres => {
             let mut tx = db.begin().await?;
-            let ids: Vec<i64> = sqlx::query(
-                "SELECT id FROM order_timeout_msg WHERE status = 'PENDING' AND due_ms <= ? \
+            let ids: Vec<i64> = db
+                .backend()
+                .query(
+                    "SELECT id FROM order_timeout_msg WHERE status = 'PENDING' AND due_ms <= ? \
                  AND (claim_until_ms IS NULL OR claim_until_ms < ?) ORDER BY due_ms LIMIT ? \
                  FOR UPDATE SKIP LOCKED",
-            )
-            .bind(now_ms)
-            .bind(now_ms)
-            .bind(i64::from(batch))
-            .fetch_all(&mut *tx)
-            .await?
-            .iter()
-            .map(|r| r.try_get::<i64, _>(0))
-            .collect::<Result<_, _>>()?;
+                )
+                .bind(now_ms)
+                .bind(now_ms)
+                .bind(i64::from(batch))
+                .fetch_all(&mut *tx)
+                .await?
+                .iter()
+                .map(|r| r.try_get::<i64, _>(0))
+                .collect::<Result<_, _>>()?;
             if ids.is_empty() {
                 tx.rollback().await?;
                 return Ok(Vec::new());
             }
             let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
-            sqlx::query(sqlx::AssertSqlSafe(format!(
+            db.backend().query_owned(format!(
                 "UPDATE order_timeout_msg SET claim_token = ?, claim_until_ms = ? WHERE id IN ({list})"
-            )))
+            ))
             .bind(&token)
             .bind(until)
             .execute(&mut *tx)
@@ -90,13 +93,15 @@ pub async fn claim_due(
             tx.commit().await?;
         }
     }
-    let rows = sqlx::query(
-        "SELECT id, order_id, phase, attempts, due_ms, source FROM order_timeout_msg \
+    let rows = db
+        .backend()
+        .query(
+            "SELECT id, order_id, phase, attempts, due_ms, source FROM order_timeout_msg \
          WHERE claim_token = ? ORDER BY due_ms",
-    )
-    .bind(&token)
-    .fetch_all(db.pool())
-    .await?;
+        )
+        .bind(&token)
+        .fetch_all(db.pool())
+        .await?;
     rows.iter()
         .map(|r| {
             Ok(DueRow {
@@ -116,13 +121,15 @@ pub async fn claim_due(
 /// # Errors
 /// [`DbError::Sql`] on query failure.
 pub async fn next_due_ms(db: &Db, now_ms: i64) -> Result<Option<i64>, DbError> {
-    let row = sqlx::query(
-        "SELECT MIN(due_ms) FROM order_timeout_msg WHERE status = 'PENDING' \
+    let row = db
+        .backend()
+        .query(
+            "SELECT MIN(due_ms) FROM order_timeout_msg WHERE status = 'PENDING' \
          AND (claim_until_ms IS NULL OR claim_until_ms < ?)",
-    )
-    .bind(now_ms)
-    .fetch_one(db.pool())
-    .await?;
+        )
+        .bind(now_ms)
+        .fetch_one(db.pool())
+        .await?;
     Ok(row.try_get::<Option<i64>, _>(0)?)
 }
 
@@ -136,7 +143,7 @@ pub async fn finish(
     now_ms: i64,
     note: Option<&str>,
 ) -> Result<(), DbError> {
-    sqlx::query(
+    Backend::of(conn).query(
         "UPDATE order_timeout_msg SET status = 'PROCESSED', processed_at_ms = ?, last_error = ?, \
          claim_token = NULL, claim_until_ms = NULL WHERE id = ?",
     )
@@ -155,7 +162,7 @@ pub async fn finish(
 /// [`DbError::Sql`] on query failure.
 pub async fn defer(db: &Db, id: i64, due_ms: i64) -> Result<(), DbError> {
     let _gate = db.write_gate().await;
-    sqlx::query(
+    db.backend().query(
         "UPDATE order_timeout_msg SET due_ms = ?, claim_token = NULL, claim_until_ms = NULL WHERE id = ?",
     )
     .bind(due_ms)
@@ -171,15 +178,16 @@ pub async fn defer(db: &Db, id: i64, due_ms: i64) -> Result<(), DbError> {
 /// [`DbError::Sql`] on query failure.
 pub async fn retry_later(db: &Db, id: i64, due_ms: i64, error: &str) -> Result<(), DbError> {
     let _gate = db.write_gate().await;
-    sqlx::query(
-        "UPDATE order_timeout_msg SET attempts = attempts + 1, due_ms = ?, last_error = ?, \
+    db.backend()
+        .query(
+            "UPDATE order_timeout_msg SET attempts = attempts + 1, due_ms = ?, last_error = ?, \
          claim_token = NULL, claim_until_ms = NULL WHERE id = ?",
-    )
-    .bind(due_ms)
-    .bind(error)
-    .bind(id)
-    .execute(db.pool())
-    .await?;
+        )
+        .bind(due_ms)
+        .bind(error)
+        .bind(id)
+        .execute(db.pool())
+        .await?;
     Ok(())
 }
 
@@ -195,15 +203,18 @@ pub async fn schedule_phase(
     phase: u32,
     due_ms: i64,
 ) -> Result<(), DbError> {
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "{} INTO order_timeout_msg (order_id, due_ms, phase, status, source) VALUES (?, ?, ?, 'PENDING', '{SOURCE_WAIT}')",
-        backend.insert_ignore()
-    )))
-    .bind(order_id)
-    .bind(due_ms)
-    .bind(i64::from(phase))
-    .execute(&mut *conn)
-    .await?;
+    backend
+        .query_owned(format!(
+            "{insert} INTO order_timeout_msg (order_id, due_ms, phase, status, source) \
+         VALUES (?, ?, ?, 'PENDING', '{SOURCE_WAIT}'){on_conflict}",
+            insert = backend.insert_ignore().0,
+            on_conflict = backend.insert_ignore().1,
+        ))
+        .bind(order_id)
+        .bind(due_ms)
+        .bind(i64::from(phase))
+        .execute(&mut *conn)
+        .await?;
     Ok(())
 }
 
@@ -231,7 +242,7 @@ pub async fn find_orphans(
     batch: u32,
 ) -> Result<Vec<Orphan>, DbError> {
     let cutoff = now_ms - grace_ms;
-    let rows = sqlx::query(
+    let rows = db.backend().query(
         "SELECT o.id, (SELECT MAX(m.phase) FROM order_timeout_msg m WHERE m.order_id = o.id) AS phase, \
          o.deadline_ms \
          FROM orders o WHERE o.status = 'PENDING' AND o.deadline_ms <= ? \
@@ -271,30 +282,35 @@ pub async fn find_orphans(
 /// [`DbError::Sql`] on query failure.
 pub async fn rearm(db: &Db, orphan: &Orphan, now_ms: i64) -> Result<(), DbError> {
     let _gate = db.write_gate().await;
-    let inserted = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "{} INTO order_timeout_msg (order_id, due_ms, phase, status, source) VALUES (?, ?, ?, 'PENDING', '{SOURCE_SWEEP}')",
-        db.backend().insert_ignore()
-    )))
-    .bind(&orphan.order_id)
-    .bind(orphan.deadline_ms.min(now_ms))
-    .bind(i64::from(orphan.phase))
-    .execute(db.pool())
-    .await?;
+    let inserted = db
+        .backend()
+        .query_owned(format!(
+            "{insert} INTO order_timeout_msg (order_id, due_ms, phase, status, source) \
+         VALUES (?, ?, ?, 'PENDING', '{SOURCE_SWEEP}'){on_conflict}",
+            insert = db.backend().insert_ignore().0,
+            on_conflict = db.backend().insert_ignore().1,
+        ))
+        .bind(&orphan.order_id)
+        .bind(orphan.deadline_ms.min(now_ms))
+        .bind(i64::from(orphan.phase))
+        .execute(db.pool())
+        .await?;
     if inserted.rows_affected() == 0 {
-        sqlx::query(
-            "UPDATE order_timeout_msg SET status = 'PENDING', \
+        db.backend()
+            .query(
+                "UPDATE order_timeout_msg SET status = 'PENDING', \
              due_ms = CASE WHEN due_ms > ? THEN ? ELSE due_ms END, source = ?, \
              claim_token = NULL, claim_until_ms = NULL \
              WHERE order_id = ? AND phase = ? AND (claim_until_ms IS NULL OR claim_until_ms < ?)",
-        )
-        .bind(now_ms)
-        .bind(now_ms)
-        .bind(SOURCE_SWEEP)
-        .bind(&orphan.order_id)
-        .bind(i64::from(orphan.phase))
-        .bind(now_ms)
-        .execute(db.pool())
-        .await?;
+            )
+            .bind(now_ms)
+            .bind(now_ms)
+            .bind(SOURCE_SWEEP)
+            .bind(&orphan.order_id)
+            .bind(i64::from(orphan.phase))
+            .bind(now_ms)
+            .execute(db.pool())
+            .await?;
     }
     Ok(())
 }

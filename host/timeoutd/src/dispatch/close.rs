@@ -79,6 +79,7 @@ impl Dispatcher {
                 payload: serde_json::to_string(effect).expect("effect serialises"),
                 status,
                 note,
+                key: None,
             };
             ledger::record(&mut tx, backend, &entry, d.now_ms).await?;
         }

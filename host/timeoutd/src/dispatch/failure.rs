@@ -1,20 +1,18 @@
 //! Failed, refused and hopeless triggers: retry with backoff, or dead-letter with the reason.
 
-use std::time::Duration;
-
 use timeoutd_runtime::model::Decision;
 
 use super::{Decided, Dispatcher, Outcome, Trigger};
 use crate::db::{DbError, journal, outbox};
+use crate::retry::Backoff;
 
 impl Dispatcher {
-    /// Delay before attempt `attempt + 1`: `retry_initial · 2^attempt`, at most `retry_max`.
-    pub(crate) fn backoff(&self, attempt: u32) -> Duration {
-        let factor = 1u32.checked_shl(attempt.min(20)).unwrap_or(u32::MAX);
-        self.retry
-            .retry_initial
-            .saturating_mul(factor)
-            .min(self.retry.retry_max)
+    /// Backoff between attempts of a trigger (`dispatch.retry_initial` doubling to `retry_max`).
+    pub(crate) fn backoff(&self) -> Backoff {
+        Backoff {
+            initial: self.retry.retry_initial,
+            max: self.retry.retry_max,
+        }
     }
 
     /// A failure: retried with backoff while attempts remain (and it may pass), else
@@ -44,7 +42,7 @@ impl Dispatcher {
             }
             match (exhausted, trigger.row_id) {
                 (false, Some(id)) => {
-                    let due_ms = now_ms + self.backoff(trigger.attempt).as_millis() as i64;
+                    let due_ms = now_ms + self.backoff().delay_ms(attempts);
                     outbox::retry_later(&self.db, id, due_ms, &error).await?;
                     tracing::warn!(%error, attempts, due_ms, "trigger failed; will retry");
                     Ok::<_, DbError>(Outcome::Retry {

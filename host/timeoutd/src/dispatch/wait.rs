@@ -37,7 +37,10 @@ impl Dispatcher {
             .saturating_add(i64::try_from(after_ms).unwrap_or(i64::MAX));
         let mut tx = self.db.begin().await?;
         outbox::schedule_phase(&mut tx, self.db.backend(), &d.order.id, next_phase, due_ms).await?;
-        let status: Option<String> = sqlx::query("SELECT status FROM orders WHERE id = ?")
+        let status: Option<String> = self
+            .db
+            .backend()
+            .query("SELECT status FROM orders WHERE id = ?")
             .bind(&d.order.id)
             .fetch_optional(&mut *tx)
             .await?
@@ -59,6 +62,7 @@ impl Dispatcher {
                 payload: serde_json::to_string(notice).expect("notice serialises"),
                 status: ledger::PENDING,
                 note: None,
+                key: None,
             };
             ledger::record(&mut tx, self.db.backend(), &entry, d.now_ms).await?;
         }

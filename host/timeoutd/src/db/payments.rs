@@ -1,0 +1,71 @@
+//! `paid_after_close`: payments that succeeded after timeoutd closed their order (F13).
+
+use sqlx::AnyConnection;
+
+use super::{Backend, DbError, ledger};
+use crate::config::PaidAfterClose;
+
+/// Ledger kind of a refund raised for a paid-after-close order.
+pub const REFUND: &str = "refund-payment";
+
+/// Records that a closed order's payment succeeded, once per order, and — when `resolution` is
+/// `refund` — raises one `refund-payment` effect in the ledger (key `merchant/order/refund`).
+/// Stock and coupons are not touched: the close already gave them back. Returns false when the
+/// order was already recorded (a second callback, a replayed close-payment).
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+#[allow(clippy::too_many_arguments)]
+pub async fn record_paid_after_close(
+    conn: &mut AnyConnection,
+    order_id: &str,
+    merchant_id: &str,
+    payment_ref: Option<&str>,
+    source: &str,
+    resolution: PaidAfterClose,
+    now_ms: i64,
+) -> Result<bool, DbError> {
+    let backend = Backend::of(conn);
+    let (insert, on_conflict) = backend.insert_ignore();
+    let done = backend
+        .query_owned(format!(
+            "{insert} INTO paid_after_close (order_id, merchant_id, payment_ref, source, resolution, \
+             detected_at_ms) VALUES (?, ?, ?, ?, ?, ?){on_conflict}"
+        ))
+        .bind(order_id)
+        .bind(merchant_id)
+        .bind(payment_ref)
+        .bind(source)
+        .bind(resolution.as_str())
+        .bind(now_ms)
+        .execute(&mut *conn)
+        .await?;
+    if done.rows_affected() == 0 {
+        return Ok(false);
+    }
+    if resolution == PaidAfterClose::Refund {
+        let payload = serde_json::json!({ "kind": REFUND, "payment_ref": payment_ref }).to_string();
+        let entry = ledger::NewEntry {
+            order_id,
+            merchant_id,
+            phase: 0,
+            index: REFUND_INDEX,
+            kind: REFUND,
+            payload,
+            status: ledger::PENDING,
+            note: None,
+            key: Some(format!("{merchant_id}/{order_id}/refund")),
+        };
+        ledger::record(conn, backend, &entry, now_ms).await?;
+    }
+    tracing::warn!(
+        order = order_id,
+        source,
+        resolution = resolution.as_str(),
+        "payment succeeded after the order was closed"
+    );
+    Ok(true)
+}
+
+/// Effect index of the refund row (outside any decision's effect list, which holds at most 64).
+pub const REFUND_INDEX: u32 = 10_000;

@@ -1,0 +1,172 @@
+//! Flash-sale effects in Redis: give units back to an activity's stock counter, free a buyer's
+//! slot in the activity's buyer set. Each runs as one Lua script together with its idempotency
+//! marker, so a replayed effect changes nothing.
+
+use std::sync::Arc;
+
+use redis::aio::MultiplexedConnection;
+use redis::cluster_async::ClusterConnection;
+
+use super::{Done, EffectError};
+use crate::config::RedisConfig;
+
+/// `KEYS[1]` the effect's idempotency marker, `KEYS[2]` the key it changes; `ARGV[1]` `incrby`
+/// or `srem`, `ARGV[2]` the amount or member, `ARGV[3]` the marker's TTL in seconds. The change
+/// is applied only when `SET NX` creates the marker, atomically with it (scripts run whole).
+/// Returns 1 when applied, 0 when the marker already existed (a replay).
+const APPLY_ONCE: &str = r"
+if redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[3]) then
+  if ARGV[1] == 'incrby' then
+    redis.call('INCRBY', KEYS[2], ARGV[2])
+  else
+    redis.call('SREM', KEYS[2], ARGV[2])
+  end
+  return 1
+end
+return 0
+";
+
+#[derive(Clone)]
+enum Connection {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+/// The Redis side of flash sales. Cheap to clone (connections are multiplexed).
+#[derive(Clone)]
+pub struct FlashSale {
+    conn: Connection,
+    marker_ttl_secs: u64,
+    script: Arc<redis::Script>,
+}
+
+impl FlashSale {
+    /// Connects to the single Redis or the cluster `config` names.
+    ///
+    /// # Errors
+    /// A message naming the URL when it does not parse or the server refuses.
+    pub async fn connect(config: &RedisConfig) -> Result<Self, String> {
+        let conn = match &config.url {
+            Some(url) => {
+                let client = redis::Client::open(url.as_str())
+                    .map_err(|e| format!("redis.url `{url}`: {e}"))?;
+                Connection::Single(
+                    client
+                        .get_multiplexed_async_connection()
+                        .await
+                        .map_err(|e| format!("redis `{url}`: {e}"))?,
+                )
+            }
+            None => {
+                let client =
+                    redis::cluster::ClusterClient::new(config.cluster.iter().map(String::as_str))
+                        .map_err(|e| format!("redis.cluster: {e}"))?;
+                Connection::Cluster(
+                    client
+                        .get_async_connection()
+                        .await
+                        .map_err(|e| format!("redis cluster: {e}"))?,
+                )
+            }
+        };
+        Ok(FlashSale {
+            conn,
+            marker_ttl_secs: config.marker_ttl.as_secs().max(1),
+            script: Arc::new(redis::Script::new(APPLY_ONCE)),
+        })
+    }
+
+    /// `INCRBY stock_key quantity`, once per `idempotency_key`.
+    ///
+    /// # Errors
+    /// [`EffectError::Transient`] when Redis is unreachable, else permanent.
+    pub async fn restore_stock(
+        &self,
+        stock_key: &str,
+        quantity: u32,
+        idempotency_key: &str,
+    ) -> Result<Done, EffectError> {
+        self.apply(stock_key, "incrby", &quantity.to_string(), idempotency_key)
+            .await
+    }
+
+    /// `SREM users_key user`, once per `idempotency_key`.
+    ///
+    /// # Errors
+    /// [`EffectError::Transient`] when Redis is unreachable, else permanent.
+    pub async fn release_slot(
+        &self,
+        users_key: &str,
+        user: &str,
+        idempotency_key: &str,
+    ) -> Result<Done, EffectError> {
+        self.apply(users_key, "srem", user, idempotency_key).await
+    }
+
+    async fn apply(
+        &self,
+        key: &str,
+        op: &str,
+        arg: &str,
+        idempotency_key: &str,
+    ) -> Result<Done, EffectError> {
+        let marker = marker_key(key, idempotency_key);
+        let mut invocation = self.script.prepare_invoke();
+        invocation
+            .key(&marker)
+            .key(key)
+            .arg(op)
+            .arg(arg)
+            .arg(self.marker_ttl_secs);
+        let applied: i64 = match &self.conn {
+            Connection::Single(c) => invocation.invoke_async(&mut c.clone()).await,
+            Connection::Cluster(c) => invocation.invoke_async(&mut c.clone()).await,
+        }
+        .map_err(classify)?;
+        Ok((applied == 0).then(|| format!("already applied (marker {marker})")))
+    }
+}
+
+/// The marker of an effect on `key`: it carries `key`'s hash tag (or `key` itself as one), so
+/// marker and key live on the same Redis Cluster slot and one script may touch both.
+fn marker_key(key: &str, idempotency_key: &str) -> String {
+    let tag = key
+        .find('{')
+        .and_then(|open| {
+            key[open + 1..]
+                .find('}')
+                .map(|len| &key[open + 1..open + 1 + len])
+        })
+        .filter(|tag| !tag.is_empty())
+        .unwrap_or(key);
+    format!("timeoutd:effect:{{{tag}}}:{idempotency_key}")
+}
+
+fn classify(e: redis::RedisError) -> EffectError {
+    if e.is_io_error() || e.is_timeout() || e.is_connection_refusal() || e.is_connection_dropped() {
+        EffectError::Transient(format!("redis: {e}"))
+    } else {
+        EffectError::Permanent(format!("redis: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::marker_key;
+
+    #[test]
+    fn markers_share_the_hash_slot_of_their_key() {
+        assert_eq!(
+            marker_key("activity:{a1}:stock", "m/o/0/3"),
+            "timeoutd:effect:{a1}:m/o/0/3"
+        );
+        assert_eq!(
+            marker_key("plain-key", "k"),
+            "timeoutd:effect:{plain-key}:k"
+        );
+        assert_eq!(
+            marker_key("odd:{}:key", "k"),
+            "timeoutd:effect:{odd:{}:key}:k"
+        );
+    }
+}

@@ -1,0 +1,142 @@
+//! Notice sinks: the log, and webhooks. A channel name in a plugin's notice picks the sink.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use timeoutd_runtime::model::Notice;
+
+use super::EffectError;
+use crate::config::{ChannelConfig, NotifyConfig};
+
+#[derive(Debug, Clone)]
+enum Sink {
+    Log,
+    Webhook {
+        url: String,
+        authorization: Option<String>,
+        timeout: Duration,
+    },
+}
+
+/// Sends notices. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Notifier {
+    channels: Arc<HashMap<String, Sink>>,
+    client: reqwest::Client,
+}
+
+impl Notifier {
+    /// Only the `log` channel.
+    pub fn log_only() -> Self {
+        Self::from_config(&NotifyConfig::default()).expect("log channel")
+    }
+
+    /// The channels of `[notify.channels]`, plus `log`.
+    ///
+    /// # Errors
+    /// When the HTTP client cannot be built.
+    pub fn from_config(config: &NotifyConfig) -> Result<Self, String> {
+        let mut channels: HashMap<String, Sink> = HashMap::from([("log".to_string(), Sink::Log)]);
+        for (name, channel) in &config.channels {
+            let sink = match channel {
+                ChannelConfig::Log => Sink::Log,
+                ChannelConfig::Webhook {
+                    url,
+                    authorization,
+                    timeout,
+                } => Sink::Webhook {
+                    url: url.clone(),
+                    authorization: authorization.clone(),
+                    timeout: *timeout,
+                },
+            };
+            channels.insert(name.clone(), sink);
+        }
+        let client = reqwest::Client::builder()
+            .build()
+            .map_err(|e| format!("http client: {e}"))?;
+        Ok(Notifier {
+            channels: Arc::new(channels),
+            client,
+        })
+    }
+
+    /// Sends `notice` (a `remind` or a `notify` effect) for `order`; the host adds the order id,
+    /// merchant and user. Webhooks get the idempotency key in `Idempotency-Key`, so a notice
+    /// re-sent after a crash can be recognised.
+    ///
+    /// # Errors
+    /// Transient for timeouts, connection errors, 408, 429 and 5xx; permanent for an unknown
+    /// channel and other 4xx answers.
+    pub async fn send(
+        &self,
+        idempotency_key: &str,
+        kind: &str,
+        order: &str,
+        merchant: &str,
+        user: &str,
+        notice: &Notice,
+    ) -> Result<(), EffectError> {
+        let sink = self.channels.get(&notice.channel).ok_or_else(|| {
+            EffectError::Permanent(format!(
+                "no notification channel `{}` is configured",
+                notice.channel
+            ))
+        })?;
+        let params: serde_json::Map<String, Value> = notice
+            .params
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect();
+        match sink {
+            Sink::Log => {
+                let params = Value::Object(params);
+                tracing::info!(
+                    target: "timeoutd::notice",
+                    idempotency_key, kind, order, merchant, user,
+                    channel = %notice.channel, template = %notice.template, %params,
+                    "notice"
+                );
+                Ok(())
+            }
+            Sink::Webhook {
+                url,
+                authorization,
+                timeout,
+            } => {
+                let body = json!({
+                    "idempotency_key": idempotency_key, "kind": kind, "order": order,
+                    "merchant": merchant, "user": user, "channel": notice.channel,
+                    "template": notice.template, "params": params,
+                });
+                let mut request = self
+                    .client
+                    .post(url)
+                    .timeout(*timeout)
+                    .header("Idempotency-Key", idempotency_key)
+                    .json(&body);
+                if let Some(auth) = authorization {
+                    request = request.header("Authorization", auth);
+                }
+                let response = request
+                    .send()
+                    .await
+                    .map_err(|e| EffectError::Transient(format!("webhook {url}: {e}")))?;
+                classify_status(url, response.status())
+            }
+        }
+    }
+}
+
+/// 2xx → done; 408, 429, 5xx → transient; other answers → permanent.
+pub(super) fn classify_status(what: &str, status: reqwest::StatusCode) -> Result<(), EffectError> {
+    if status.is_success() {
+        Ok(())
+    } else if status.is_server_error() || status.as_u16() == 408 || status.as_u16() == 429 {
+        Err(EffectError::Transient(format!("{what}: HTTP {status}")))
+    } else {
+        Err(EffectError::Permanent(format!("{what}: HTTP {status}")))
+    }
+}

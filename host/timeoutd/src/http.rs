@@ -1,0 +1,154 @@
+//! The daemon's HTTP endpoint: payment callbacks.
+//!
+//! `POST /v1/payments/{order}/paid` — the provider (or the order service) reports that the
+//! order's payment succeeded. For a CLOSED order that is a paid-after-close (F13): it is
+//! recorded once and a refund is raised (or a manual review queued, per merchant), and stock and
+//! coupons are not touched again. Answers: `202` recorded (`{"status":"paid_after_close",
+//! "resolution":…, "new":bool}`), `200` the order is PAID already, `409` the order is still
+//! PENDING (payments are the order service's to record), `404` no such order, `401` a missing
+//! or wrong bearer token when `http.callback_token` is set.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::{Json, Router};
+use serde_json::{Value, json};
+use sqlx::Row;
+use tokio::sync::watch;
+
+use crate::config::{Config, PaidAfterClose};
+use crate::db::Db;
+use crate::effects::EffectRunner;
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct HttpState {
+    db: Db,
+    effects: EffectRunner,
+    resolutions: Arc<HashMap<String, PaidAfterClose>>,
+    token: Option<String>,
+}
+
+impl HttpState {
+    /// State for `config`'s merchants.
+    pub fn new(db: Db, effects: EffectRunner, config: &Config) -> Self {
+        HttpState {
+            db,
+            effects,
+            resolutions: Arc::new(
+                config
+                    .merchants
+                    .iter()
+                    .map(|(id, m)| (id.clone(), m.on_paid_after_close))
+                    .collect(),
+            ),
+            token: config.http.as_ref().and_then(|h| h.callback_token.clone()),
+        }
+    }
+}
+
+/// The routes.
+pub fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/v1/payments/{order}/paid", post(paid_callback))
+        .with_state(state)
+}
+
+/// Serves `router` on `listener` until `shutdown` turns true.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: HttpState,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let served = axum::serve(listener, router(state))
+        .with_graceful_shutdown(async move {
+            let _ = shutdown.wait_for(|stop| *stop).await;
+        })
+        .await;
+    if let Err(e) = served {
+        tracing::error!(error = %e, "http endpoint failed");
+    }
+}
+
+async fn paid_callback(
+    State(state): State<HttpState>,
+    Path(order_id): Path<String>,
+    headers: HeaderMap,
+) -> (StatusCode, Json<Value>) {
+    if let Some(token) = &state.token {
+        let given = headers.get("authorization").and_then(|v| v.to_str().ok());
+        if given != Some(format!("Bearer {token}").as_str()) {
+            return (
+                StatusCode::UNAUTHORIZED,
+                Json(json!({ "error": "missing or wrong bearer token" })),
+            );
+        }
+    }
+    match handle_paid(&state, &order_id).await {
+        Ok(answer) => answer,
+        Err(e) => {
+            tracing::error!(order = %order_id, error = %e, "payment callback failed");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({ "error": e.to_string() })),
+            )
+        }
+    }
+}
+
+async fn handle_paid(
+    state: &HttpState,
+    order_id: &str,
+) -> Result<(StatusCode, Json<Value>), crate::db::DbError> {
+    let row = state
+        .db
+        .backend()
+        .query("SELECT status, merchant_id, payment_ref FROM orders WHERE id = ?")
+        .bind(order_id)
+        .fetch_optional(state.db.pool())
+        .await?;
+    let Some(row) = row else {
+        return Ok((
+            StatusCode::NOT_FOUND,
+            Json(json!({ "error": format!("order `{order_id}` does not exist") })),
+        ));
+    };
+    let (status, merchant, payment_ref): (String, String, Option<String>) =
+        (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+    match status.as_str() {
+        "PAID" => Ok((StatusCode::OK, Json(json!({ "status": "paid" })))),
+        "PENDING" => Ok((
+            StatusCode::CONFLICT,
+            Json(
+                json!({ "error": format!("order `{order_id}` is PENDING; the order service records payments") }),
+            ),
+        )),
+        _ => {
+            let resolution = state
+                .resolutions
+                .get(&merchant)
+                .copied()
+                .unwrap_or_default();
+            let new = state
+                .effects
+                .paid_after_close(
+                    order_id,
+                    &merchant,
+                    payment_ref.as_deref(),
+                    "callback",
+                    resolution,
+                )
+                .await?;
+            state.effects.run_for_order(order_id).await;
+            Ok((
+                StatusCode::ACCEPTED,
+                Json(
+                    json!({ "status": "paid_after_close", "resolution": resolution.as_str(), "new": new }),
+                ),
+            ))
+        }
+    }
+}
