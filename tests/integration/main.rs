@@ -2,6 +2,8 @@
 
 mod config;
 mod e2e;
+mod effects;
+mod fakes;
 mod pipeline;
 mod runtime;
 mod support;

@@ -144,11 +144,19 @@ impl Env {
         Config::from_toml(&toml, self.dir.path(), &|_| None).unwrap()
     }
 
+    /// An effect runner like a daemon's, over its own pool.
+    pub async fn runner(&self, config: &Config, clock: Clock) -> EffectRunner {
+        let db = Db::connect(&self.url, 8).await.unwrap();
+        EffectRunner::from_config(db, clock, config).await.unwrap()
+    }
+
     /// A dispatcher like a daemon's, over its own pool (a second one is a second daemon).
     pub async fn dispatcher(&self, config: &Config, clock: Clock) -> Arc<Dispatcher> {
         let policies = timeoutd::daemon::load_policies(config).unwrap();
         let db = Db::connect(&self.url, 8).await.unwrap();
-        let effects = EffectRunner::new(db.clone(), clock.clone());
+        let effects = EffectRunner::from_config(db.clone(), clock.clone(), config)
+            .await
+            .unwrap();
         Arc::new(Dispatcher::new(
             db,
             clock,

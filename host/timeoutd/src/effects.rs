@@ -365,7 +365,7 @@ impl EffectRunner {
     }
 
     async fn order_status(&self, order_id: &str) -> Result<Option<String>, EffectError> {
-        Ok(self.order_field(order_id, 0).await?)
+        self.order_field(order_id, 0).await
     }
 
     async fn order_user(&self, order_id: &str) -> Result<String, EffectError> {

@@ -1,0 +1,232 @@
+//! External effects from the ledger, against real Redis, a loopback payment provider and a
+//! webhook receiver — on SQLite, MariaDB and PostgreSQL.
+
+use std::sync::atomic::Ordering;
+
+use redis::AsyncCommands;
+use timeoutd::clock::Clock;
+use timeoutd::dispatch::Outcome;
+
+use crate::fakes::{Provider, Receiver};
+use crate::support::{Env, MerchantSpec, T0, each_backend, order};
+
+const REDIS: &str = "redis://127.0.0.1:6379";
+
+async fn redis() -> redis::aio::MultiplexedConnection {
+    redis::Client::open(REDIS)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis on 127.0.0.1:6379")
+}
+
+/// A flash-sale order of `merchant` in a fresh activity; returns the activity id.
+async fn flash_order(env: &Env, id: &str, merchant: &str) -> String {
+    let activity = format!("act-{:012x}", fastrand::u64(..) >> 16);
+    let mut o = order(id, merchant, T0);
+    o.flash_activity = Some(activity.clone());
+    env.create(&o).await;
+    let mut r = redis().await;
+    let _: () = r
+        .set(format!("activity:{{{activity}}}:stock"), 5)
+        .await
+        .unwrap();
+    let _: () = r
+        .sadd(
+            format!("activity:{{{activity}}}:users"),
+            &[o.user.as_str(), "someone-else"],
+        )
+        .await
+        .unwrap();
+    activity
+}
+
+async fn flash_state(activity: &str) -> (i64, Vec<String>) {
+    let mut r = redis().await;
+    let stock: i64 = r
+        .get(format!("activity:{{{activity}}}:stock"))
+        .await
+        .unwrap();
+    let mut users: Vec<String> = r
+        .smembers(format!("activity:{{{activity}}}:users"))
+        .await
+        .unwrap();
+    users.sort();
+    (stock, users)
+}
+
+/// Puts effects of `kinds` back as a crash between doing and settling them leaves them.
+async fn unsettle(env: &Env, kinds: &'static str) {
+    env.db
+        .backend()
+        .query_owned(format!(
+            "UPDATE effect_ledger SET status = 'PENDING', attempts = 0, updated_at_ms = 0, claim_until_ms = NULL WHERE kind IN ({kinds})"
+        ))
+        .execute(env.db.pool())
+        .await
+        .unwrap();
+}
+
+const FLASH: &[MerchantSpec<'static>] = &[("flashy", "builtin:two-phase", &[("grace", "1s")])];
+
+each_backend! {
+    /// A lapsed flash-sale order gives its units back to the activity and frees the buyer's slot
+    /// exactly once: not again when replayed after a crash, not twice when two executors race.
+    async fn flash_sale_close_restores_redis_stock_and_slot_once(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        let activity = flash_order(env, "fs", "flashy").await;
+        let config = env.config(FLASH, &format!("[redis]\nurl = \"{REDIS}\"\n"));
+        let (clock, now) = Clock::manual(T0);
+        let d = env.dispatcher(&config, clock.clone()).await;
+        assert!(matches!(env.process(&d, T0).await[..], [Outcome::Waiting { .. }]));
+        now.store(T0 + 1_000, Ordering::SeqCst);
+        assert_eq!(env.process(&d, T0 + 1_000).await, vec![Outcome::Closed { lateness_ms: 0 }]);
+        let buyer = "user-of-fs".to_string();
+        assert_eq!(flash_state(&activity).await, (8, vec!["someone-else".to_string()]));
+        assert_eq!(env.text("SELECT status FROM effect_ledger WHERE kind = 'release-flash-slot' AND order_id = ?", "fs").await, "DONE");
+        // Replay after a crash between the Redis change and settling the row.
+        unsettle(env, "'restore-flash-stock', 'release-flash-slot'").await;
+        let _: () = redis().await.sadd(format!("activity:{{{activity}}}:users"), &buyer).await.unwrap();
+        let runner = env.runner(&config, clock.clone()).await;
+        assert_eq!(runner.run_backlog(0).await.unwrap(), 2);
+        assert_eq!(flash_state(&activity).await.0, 8, "stock restored once");
+        assert!(flash_state(&activity).await.1.contains(&buyer), "a replay does not touch the set again");
+        assert!(env.text("SELECT last_error FROM effect_ledger WHERE kind = 'restore-flash-stock' AND order_id = ?", "fs").await.contains("already applied"));
+        // Two executors racing over the same rows.
+        unsettle(env, "'restore-flash-stock'").await;
+        let (a, b) = (env.runner(&config, clock.clone()).await, env.runner(&config, clock).await);
+        let (ra, rb) = tokio::join!(a.run_backlog(0), b.run_backlog(0));
+        assert_eq!(ra.unwrap() + rb.unwrap(), 1, "one settles it, the other finds it taken");
+        assert_eq!(flash_state(&activity).await.0, 8);
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (10, 10), "database stock once too");
+    }
+}
+
+fn pay_config(provider: &Provider, extra: &str) -> String {
+    format!(
+        "[payment]\nbase_url = \"{}\"\nauthorization = \"Bearer test\"\nattempts = 3\n[effects]\nretry_initial = \"10s\"\n{extra}",
+        provider.base_url
+    )
+}
+
+const SHOPS: &[MerchantSpec<'static>] = &[("acme", "builtin:single-phase", &[])];
+
+each_backend! {
+    /// F13: the provider answers "already paid" to close-payment → paid-after-close recorded,
+    /// one refund, stock not restored twice; a paid callback afterwards changes nothing more.
+    async fn already_paid_at_the_provider_records_paid_after_close_and_refunds_once(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&order("late-pay", "acme", T0)).await;
+        env.create(&order("callback", "acme", T0)).await;
+        let provider = Provider::start().await;
+        provider.books.lock().unwrap().paid.insert("pay-late-pay".into());
+        let config = env.config(SHOPS, &pay_config(&provider, "[http]\nlisten = \"127.0.0.1:0\"\n"));
+        let (clock, _) = Clock::manual(T0);
+        let d = env.dispatcher(&config, clock.clone()).await;
+        assert_eq!(env.process(&d, T0).await.len(), 2);
+        assert_eq!(env.text("SELECT resolution FROM paid_after_close WHERE order_id = ?", "late-pay").await, "refund");
+        assert_eq!(env.text("SELECT source FROM paid_after_close WHERE order_id = ?", "late-pay").await, "close-payment");
+        assert_eq!(env.text("SELECT status FROM effect_ledger WHERE kind = 'refund-payment' AND order_id = ?", "late-pay").await, "DONE");
+        assert_eq!(env.text("SELECT idempotency_key FROM effect_ledger WHERE kind = 'refund-payment' AND order_id = ?", "late-pay").await, "acme/late-pay/refund");
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (10, 10));
+        {
+            let books = provider.books.lock().unwrap();
+            assert_eq!(books.refunds, vec![("pay-late-pay".to_string(), "acme/late-pay/refund".to_string())]);
+            assert_eq!(books.closes.len(), 1, "only the other order's payment closed");
+        }
+        // Paid callbacks through the daemon's endpoint.
+        let runner = env.runner(&config, clock).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let state = timeoutd::http::HttpState::new(env.db.clone(), runner, &config);
+        let server = tokio::spawn(timeoutd::http::serve(listener, state, stopped));
+        let client = reqwest::Client::new();
+        let post = |order: &str| client.post(format!("http://{addr}/v1/payments/{order}/paid")).send();
+        let again = post("late-pay").await.unwrap();
+        assert_eq!(again.status(), 202);
+        assert_eq!(again.json::<serde_json::Value>().await.unwrap()["new"], false);
+        let fresh = post("callback").await.unwrap();
+        assert_eq!(fresh.status(), 202);
+        assert_eq!(post("nope").await.unwrap().status(), 404);
+        assert_eq!(env.text("SELECT source FROM paid_after_close WHERE order_id = ?", "callback").await, "callback");
+        assert_eq!(provider.books.lock().unwrap().refunds.len(), 2, "one refund per paid-after-close order");
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (10, 10), "stock never touched again");
+        stop.send(true).unwrap();
+        server.await.unwrap();
+    }
+}
+
+each_backend! {
+    async fn manual_review_merchants_get_no_refund(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&order("review", "careful", T0)).await;
+        let provider = Provider::start().await;
+        provider.books.lock().unwrap().paid.insert("pay-review".into());
+        let mut config = env.config(&[("careful", "builtin:single-phase", &[])], &pay_config(&provider, ""));
+        config.merchants.get_mut("careful").unwrap().on_paid_after_close = timeoutd::config::PaidAfterClose::ManualReview;
+        let (clock, _) = Clock::manual(T0);
+        let d = env.dispatcher(&config, clock).await;
+        env.process(&d, T0).await;
+        assert_eq!(env.text("SELECT resolution FROM paid_after_close WHERE order_id = ?", "review").await, "manual-review");
+        assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE kind = 'refund-payment' AND order_id = ?", "review").await, 0);
+        assert!(provider.books.lock().unwrap().refunds.is_empty());
+    }
+}
+
+each_backend! {
+    /// The provider is down for a while: close-payment stays PENDING, is retried with backoff,
+    /// and completes once when the provider returns.
+    async fn provider_down_for_a_while_completes_once_when_it_returns(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&order("outage", "acme", T0)).await;
+        let provider = Provider::start().await;
+        provider.books.lock().unwrap().down_for = 5;
+        let config = env.config(SHOPS, &pay_config(&provider, ""));
+        let (clock, now) = Clock::manual(T0);
+        let d = env.dispatcher(&config, clock.clone()).await;
+        assert_eq!(env.process(&d, T0).await, vec![Outcome::Closed { lateness_ms: 0 }]);
+        let status = "SELECT status FROM effect_ledger WHERE kind = 'close-payment' AND order_id = ?";
+        assert_eq!(env.text(status, "outage").await, "PENDING");
+        assert_eq!(env.int("SELECT next_attempt_ms FROM effect_ledger WHERE kind = 'close-payment' AND order_id = ?", "outage").await, T0 + 10_000);
+        assert!(env.text("SELECT last_error FROM effect_ledger WHERE kind = 'close-payment' AND order_id = ?", "outage").await.contains("503"));
+        let runner = env.runner(&config, clock).await;
+        now.store(T0 + 9_999, Ordering::SeqCst);
+        assert_eq!(runner.run_backlog(0).await.unwrap(), 0, "backing off");
+        now.store(T0 + 10_000, Ordering::SeqCst);
+        assert_eq!(runner.run_backlog(0).await.unwrap(), 1);
+        assert_eq!(env.text(status, "outage").await, "DONE");
+        assert_eq!(env.int("SELECT attempts FROM effect_ledger WHERE kind = 'close-payment' AND order_id = ?", "outage").await, 2);
+        let books = provider.books.lock().unwrap();
+        assert_eq!(books.closes, vec![("pay-outage".to_string(), "acme/outage/0/3".to_string())]);
+        assert_eq!(books.requests, 6, "5 answered 503, then one close");
+    }
+}
+
+each_backend! {
+    /// The webhook channel receives one reminder and one closed notice per order, each with its
+    /// stable idempotency key.
+    async fn webhook_gets_one_reminder_and_one_closed_notice_per_order(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&order("hooked", "flashy", T0)).await;
+        let receiver = Receiver::start().await;
+        let extra = format!("[notify.channels.sms]\nkind = \"webhook\"\nurl = \"{}\"\n", receiver.url);
+        let config = env.config(&[("flashy", "builtin:two-phase", &[("grace", "1s"), ("channel", "sms")])], &extra);
+        let (clock, now) = Clock::manual(T0);
+        let d = env.dispatcher(&config, clock).await;
+        env.process(&d, T0).await;
+        now.store(T0 + 1_000, Ordering::SeqCst);
+        env.process(&d, T0 + 1_000).await;
+        let received = receiver.received.lock().unwrap().clone();
+        let summary: Vec<(String, String, String)> = received
+            .iter()
+            .map(|(key, body)| (key.clone(), body["kind"].as_str().unwrap().to_string(), body["template"].as_str().unwrap().to_string()))
+            .collect();
+        assert_eq!(summary, vec![
+            ("flashy/hooked/0/0".to_string(), "remind".to_string(), "order-closing-soon".to_string()),
+            ("flashy/hooked/1/4".to_string(), "notify".to_string(), "order-closed".to_string()),
+        ]);
+        assert_eq!(received[1].1["user"], "user-of-hooked");
+        assert_eq!(received[1].1["idempotency_key"], "flashy/hooked/1/4");
+    }
+}

@@ -1,0 +1,142 @@
+//! Small real servers on loopback that behave like the services timeoutd talks to: a payment
+//! provider (idempotency keys honoured, "already paid" and 503s on demand) and a webhook
+//! receiver.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::{Json, Router};
+use serde_json::{Value, json};
+
+/// The provider's books.
+#[derive(Default)]
+pub struct Books {
+    /// Payment references whose buyer has paid.
+    pub paid: HashSet<String>,
+    /// The next this-many calls answer 503.
+    pub down_for: u32,
+    /// Answers already given, by idempotency key (a repeated key gets the same answer).
+    pub answers: HashMap<String, (u16, Value)>,
+    /// Distinct close requests (by idempotency key), in order: `(ref, key)`.
+    pub closes: Vec<(String, String)>,
+    /// Distinct refund requests.
+    pub refunds: Vec<(String, String)>,
+    /// Every request, including repeats and 503s.
+    pub requests: u32,
+}
+
+/// A running fake provider.
+#[derive(Clone)]
+pub struct Provider {
+    /// Its books.
+    pub books: Arc<Mutex<Books>>,
+    /// `http://127.0.0.1:PORT`.
+    pub base_url: String,
+}
+
+impl Provider {
+    /// Starts one on a free loopback port.
+    pub async fn start() -> Provider {
+        let books = Arc::new(Mutex::new(Books::default()));
+        let app = Router::new()
+            .route("/v1/payments/{reference}/{action}", post(pay_action))
+            .with_state(books.clone());
+        let addr = serve(app).await;
+        Provider {
+            books,
+            base_url: format!("http://{addr}"),
+        }
+    }
+}
+
+async fn pay_action(
+    State(books): State<Arc<Mutex<Books>>>,
+    Path((reference, action)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> (StatusCode, Json<Value>) {
+    let mut b = books.lock().unwrap();
+    b.requests += 1;
+    if b.down_for > 0 {
+        b.down_for -= 1;
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({ "error": "maintenance" })),
+        );
+    }
+    let Some(key) = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+    else {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({ "error": "Idempotency-Key required" })),
+        );
+    };
+    if let Some((status, body)) = b.answers.get(&key) {
+        return (StatusCode::from_u16(*status).unwrap(), Json(body.clone()));
+    }
+    let (status, body) = match action.as_str() {
+        "close" if b.paid.contains(&reference) => (409, json!({ "status": "already_paid" })),
+        "close" => {
+            b.closes.push((reference.clone(), key.clone()));
+            (200, json!({ "status": "closed" }))
+        }
+        "refund" => {
+            b.refunds.push((reference.clone(), key.clone()));
+            (200, json!({ "status": "refunded" }))
+        }
+        _ => (404, json!({ "error": "no such action" })),
+    };
+    b.answers.insert(key, (status, body.clone()));
+    (StatusCode::from_u16(status).unwrap(), Json(body))
+}
+
+/// A running webhook receiver: every POST's `Idempotency-Key` and JSON body.
+#[derive(Clone)]
+pub struct Receiver {
+    /// What arrived.
+    pub received: Arc<Mutex<Vec<(String, Value)>>>,
+    /// `http://127.0.0.1:PORT/hook`.
+    pub url: String,
+}
+
+impl Receiver {
+    /// Starts one on a free loopback port.
+    pub async fn start() -> Receiver {
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let app = Router::new()
+            .route("/hook", post(hook))
+            .with_state(received.clone());
+        let addr = serve(app).await;
+        Receiver {
+            received,
+            url: format!("http://{addr}/hook"),
+        }
+    }
+}
+
+async fn hook(
+    State(received): State<Arc<Mutex<Vec<(String, Value)>>>>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> StatusCode {
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    received.lock().unwrap().push((key, body));
+    StatusCode::NO_CONTENT
+}
+
+async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
