@@ -96,11 +96,14 @@ async fn pay_action(
     (StatusCode::from_u16(status).unwrap(), Json(body))
 }
 
-/// A running webhook receiver: every POST's `Idempotency-Key` and JSON body.
+/// Every POST a receiver got: its `Idempotency-Key` and JSON body.
+pub type Inbox = Arc<Mutex<Vec<(String, Value)>>>;
+
+/// A running webhook receiver.
 #[derive(Clone)]
 pub struct Receiver {
     /// What arrived.
-    pub received: Arc<Mutex<Vec<(String, Value)>>>,
+    pub received: Inbox,
     /// `http://127.0.0.1:PORT/hook`.
     pub url: String,
 }
@@ -121,7 +124,7 @@ impl Receiver {
 }
 
 async fn hook(
-    State(received): State<Arc<Mutex<Vec<(String, Value)>>>>,
+    State(received): State<Inbox>,
     headers: HeaderMap,
     Json(body): Json<Value>,
 ) -> StatusCode {
