@@ -189,6 +189,9 @@ impl Db {
             Backend::Postgres => url.replacen("postgresql://", "postgres://", 1),
             _ => url.to_string(),
         };
+        if backend == Backend::Sqlite {
+            create_sqlite_parent(&url)?;
+        }
         let options: AnyConnectOptions = url.parse()?;
         let pool = AnyPoolOptions::new()
             .max_connections(max_connections)
@@ -290,6 +293,28 @@ impl Db {
     pub async fn close(&self) {
         self.pool.close().await;
     }
+}
+
+/// Creates the directory a `sqlite://PATH` lives in, so `data/timeoutd.db` works on a fresh
+/// checkout.
+fn create_sqlite_parent(url: &str) -> Result<(), DbError> {
+    let path = url
+        .trim_start_matches("sqlite:")
+        .trim_start_matches("//")
+        .split('?')
+        .next()
+        .unwrap_or_default();
+    if path.is_empty() || path == ":memory:" {
+        return Ok(());
+    }
+    if let Some(dir) = std::path::Path::new(path)
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+    {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| DbError::Config(format!("cannot create {}: {e}", dir.display())))?;
+    }
+    Ok(())
 }
 
 /// Rewrites `?` markers (outside quoted strings) to `$1`, `$2`, … in order.

@@ -46,9 +46,13 @@ pub enum EffectError {
     /// May pass: try again later (timeouts, 5xx, connection refused).
     #[error("{0}")]
     Transient(String),
-    /// Will not pass by retrying (4xx, bad payload, nothing configured to carry it out).
+    /// Will not pass by retrying (4xx, bad payload).
     #[error("{0}")]
     Permanent(String),
+    /// Nothing is configured to carry it out (no `[redis]`, no `[payment]`): it waits in the
+    /// ledger, looked at again every `effects.retry_max`, without using up attempts.
+    #[error("{0}")]
+    Unconfigured(String),
 }
 
 /// What a successful execution noted.
@@ -187,6 +191,12 @@ impl EffectRunner {
         let attempts = row.attempts + 1;
         match result {
             Ok(note) => ledger::settle(&self.db, row.id, ledger::DONE, note.as_deref(), now).await,
+            Err(EffectError::Unconfigured(why)) => {
+                let next = now + self.config.retry_max.as_millis() as i64;
+                tracing::debug!(key = %row.key, kind = %row.kind, %why, "effect waits for an executor");
+                ledger::park(&self.db, row.id, &why, now, next).await?;
+                Ok(false)
+            }
             Err(EffectError::Transient(e)) if attempts < self.config.max_attempts => {
                 let backoff = Backoff {
                     initial: self.config.retry_initial,
@@ -200,7 +210,7 @@ impl EffectRunner {
             Err(e) => {
                 let reason = match e {
                     EffectError::Transient(e) => format!("gave up after {attempts} attempts: {e}"),
-                    EffectError::Permanent(e) => e,
+                    EffectError::Permanent(e) | EffectError::Unconfigured(e) => e,
                 };
                 tracing::error!(key = %row.key, kind = %row.kind, order = %row.order_id, %reason, "effect FAILED; needs an operator");
                 ledger::settle(&self.db, row.id, ledger::FAILED, Some(&reason), now).await
@@ -229,7 +239,7 @@ impl EffectRunner {
                     .and_then(|v| v["payment_ref"].as_str().map(str::to_string))
                     .ok_or_else(|| bad("refund"))?;
                 let gateway = self.payments.as_ref().ok_or_else(|| {
-                    EffectError::Transient("no [payment] provider configured".into())
+                    EffectError::Unconfigured("no [payment] provider configured".into())
                 })?;
                 gateway.refund(&payment_ref, &row.key).await.map(|()| None)
             }
@@ -261,7 +271,7 @@ impl EffectRunner {
         let flash = self
             .flash
             .as_ref()
-            .ok_or_else(|| EffectError::Transient("no [redis] configured".into()))?;
+            .ok_or_else(|| EffectError::Unconfigured("no [redis] configured".into()))?;
         let keys = self.merchants.get(&row.merchant_id).ok_or_else(|| {
             EffectError::Permanent(format!("merchant `{}` is not configured", row.merchant_id))
         })?;
@@ -297,7 +307,7 @@ impl EffectRunner {
         let gateway = self
             .payments
             .as_ref()
-            .ok_or_else(|| EffectError::Transient("no [payment] provider configured".into()))?;
+            .ok_or_else(|| EffectError::Unconfigured("no [payment] provider configured".into()))?;
         match gateway.close(payment_ref, &row.key).await? {
             CloseOutcome::Closed => Ok(None),
             CloseOutcome::AlreadyPaid => {

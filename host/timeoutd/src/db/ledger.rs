@@ -181,6 +181,33 @@ pub async fn claim(db: &Db, id: i64, now_ms: i64, until_ms: i64) -> Result<bool,
     Ok(done.rows_affected() == 1)
 }
 
+/// Leaves a PENDING effect waiting until `next_attempt_ms` with `reason`, without counting an
+/// attempt (nothing is configured to carry it out yet).
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn park(
+    db: &Db,
+    id: i64,
+    reason: &str,
+    now_ms: i64,
+    next_attempt_ms: i64,
+) -> Result<(), DbError> {
+    let _gate = db.write_gate().await;
+    db.backend()
+        .query(
+            "UPDATE effect_ledger SET last_error = ?, next_attempt_ms = ?, claim_until_ms = NULL, \
+             updated_at_ms = ? WHERE id = ? AND status = 'PENDING'",
+        )
+        .bind(reason)
+        .bind(next_attempt_ms)
+        .bind(now_ms)
+        .bind(id)
+        .execute(db.pool())
+        .await?;
+    Ok(())
+}
+
 /// Counts a failed attempt of a PENDING effect, records why, releases it and makes it due again
 /// at `next_attempt_ms`.
 ///

@@ -88,6 +88,10 @@ pub struct DemoReport {
     pub decisions: i64,
     /// Open dead letters (must be 0).
     pub dead_letters: i64,
+    /// External effects carried out (notices).
+    pub effects_done: i64,
+    /// External effects waiting for an executor the demo does not configure (Redis, payment).
+    pub effects_waiting: i64,
     /// The SQLite database, for a look with `sqlite3`.
     pub db_path: String,
 }
@@ -168,6 +172,12 @@ impl DemoReport {
             .await?,
             decisions: scalar(db, "SELECT COUNT(*) FROM decision_log").await?,
             dead_letters: scalar(db, "SELECT COUNT(*) FROM dead_letter WHERE status = 'OPEN'").await?,
+            effects_done: scalar(
+                db,
+                "SELECT COUNT(*) FROM effect_ledger WHERE status = 'DONE' AND kind IN ('notify', 'remind')",
+            )
+            .await?,
+            effects_waiting: scalar(db, "SELECT COUNT(*) FROM effect_ledger WHERE status = 'PENDING'").await?,
             db_path: db_path.display().to_string(),
         })
     }
@@ -197,6 +207,7 @@ impl DemoReport {
              \x20 effects applied once:  {dup_ok}\n\
              \x20 coupons:               {locked} still locked, {misplaced} misplaced ({coupon_ok})\n\
              \x20 decisions logged:      {decisions}; dead letters: {dead}\n\
+             \x20 external effects:      {done} notices sent; {waiting} waiting in the ledger for Redis/payment (not configured in the demo)\n\
              \x20 database:              {db}",
             orders = self.orders,
             paid = self.paid,
@@ -218,6 +229,8 @@ impl DemoReport {
             coupon_ok = ok(self.coupons_locked == 0 && self.coupons_misplaced == 0),
             decisions = self.decisions,
             dead = self.dead_letters,
+            done = self.effects_done,
+            waiting = self.effects_waiting,
             db = self.db_path,
         )
     }
