@@ -230,3 +230,144 @@ each_backend! {
         assert_eq!(received[1].1["idempotency_key"], "flashy/hooked/1/4");
     }
 }
+
+/// Three `redis-server` processes made into a Redis Cluster for one test; killed on drop.
+struct LocalCluster {
+    nodes: Vec<std::process::Child>,
+    urls: Vec<String>,
+    _dir: tempfile::TempDir,
+}
+
+impl LocalCluster {
+    fn start() -> LocalCluster {
+        let dir = tempfile::tempdir().unwrap();
+        let base = 20_000 + fastrand::u16(0..9_000) / 3 * 3;
+        let ports: Vec<u16> = (base..base + 3).collect();
+        let nodes = ports
+            .iter()
+            .map(|port| {
+                std::process::Command::new("redis-server")
+                    .args([
+                        "--port",
+                        &port.to_string(),
+                        "--bind",
+                        "127.0.0.1",
+                        "--cluster-enabled",
+                        "yes",
+                    ])
+                    .args([
+                        "--cluster-config-file",
+                        &format!("nodes-{port}.conf"),
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                    ])
+                    .arg("--dir")
+                    .arg(dir.path())
+                    .stdout(std::process::Stdio::null())
+                    .spawn()
+                    .expect("redis-server")
+            })
+            .collect();
+        let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        for addr in &addrs {
+            let port = addr.rsplit(':').next().unwrap();
+            for _ in 0..50 {
+                let ping = std::process::Command::new("redis-cli")
+                    .args(["-p", port, "ping"])
+                    .output()
+                    .unwrap();
+                if String::from_utf8_lossy(&ping.stdout).trim() == "PONG" {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        }
+        let create = std::process::Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .unwrap();
+        assert!(
+            create.status.success(),
+            "{}",
+            String::from_utf8_lossy(&create.stdout)
+        );
+        for _ in 0..100 {
+            let info = std::process::Command::new("redis-cli")
+                .args(["-p", &ports[0].to_string(), "cluster", "info"])
+                .output()
+                .unwrap();
+            if String::from_utf8_lossy(&info.stdout).contains("cluster_state:ok") {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        LocalCluster {
+            nodes,
+            urls: addrs.iter().map(|a| format!("redis://{a}")).collect(),
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            let _ = node.kill();
+            let _ = node.wait();
+        }
+    }
+}
+
+/// On a real three-node Redis Cluster, an effect and its marker land on one slot (the
+/// activity's hash tag), so the script runs, and a replay is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_routes_effect_and_marker_to_one_slot() {
+    let cluster = LocalCluster::start();
+    let config = timeoutd::config::RedisConfig {
+        url: None,
+        cluster: cluster.urls.clone(),
+        marker_ttl: std::time::Duration::from_secs(60),
+    };
+    let flash = timeoutd::effects::FlashSale::connect(&config)
+        .await
+        .unwrap();
+    let mut activities = Vec::new();
+    for n in 0..8 {
+        // Eight activities spread over the cluster's slots.
+        let stock_key = format!("activity:{{act-{n}}}:stock");
+        let users_key = format!("activity:{{act-{n}}}:users");
+        assert_eq!(
+            flash
+                .restore_stock(&stock_key, 3, &format!("m/o{n}/0/0"))
+                .await
+                .unwrap(),
+            None
+        );
+        assert!(
+            flash
+                .restore_stock(&stock_key, 3, &format!("m/o{n}/0/0"))
+                .await
+                .unwrap()
+                .is_some(),
+            "replay refused"
+        );
+        assert_eq!(
+            flash
+                .release_slot(&users_key, "u", &format!("m/o{n}/0/1"))
+                .await
+                .unwrap(),
+            None
+        );
+        activities.push(stock_key);
+    }
+    let client = redis::cluster::ClusterClient::new(cluster.urls.clone()).unwrap();
+    let mut conn = client.get_async_connection().await.unwrap();
+    for key in activities {
+        let stock: i64 = conn.get(&key).await.unwrap();
+        assert_eq!(stock, 3, "{key}");
+    }
+}
