@@ -25,10 +25,13 @@ use std::sync::Arc;
 use serde::Serialize;
 use timeoutd_runtime::model::{Context, Decision, Order, OrderStatus, TriggerKind};
 
+use timeoutd_runtime::DecideError;
+
 use crate::clock::{Clock, Stopwatch};
 use crate::config::DispatchConfig;
 use crate::db::{Db, DbError, journal, orders, outbox};
 use crate::effects::EffectRunner;
+use crate::events::{Event, emit};
 use crate::policies::{MerchantPolicy, Policies};
 
 /// One reason to look at one order.
@@ -169,6 +172,9 @@ impl Dispatcher {
     pub async fn handle(&self, trigger: &Trigger) -> Outcome {
         let span = tracing::info_span!("trigger", order = %trigger.order_id, kind = trigger.kind.as_str(), phase = trigger.phase);
         let _guard = span.enter();
+        emit(Event::TriggerReceived {
+            source: trigger.kind.as_str(),
+        });
         let outcome = match self.try_handle(trigger).await {
             Ok(outcome) => outcome,
             Err(e) => self.failed(trigger, None, e.to_string(), true).await,
@@ -235,6 +241,17 @@ impl Dispatcher {
             .await
             .expect("plugin call thread panicked")
         };
+        emit(Event::Decided {
+            merchant: &order.merchant,
+            decision: answer.as_ref().map_or("error", |d| d.kind()),
+            latency_us,
+        });
+        if let Err(DecideError::Trap { kind, .. }) = &answer {
+            emit(Event::PluginTrap {
+                plugin: policy.plugin.name(),
+                kind: kind.as_str(),
+            });
+        }
         let decided = Decided {
             policy: &policy,
             order: &order,

@@ -189,6 +189,16 @@ impl EffectRunner {
         now: i64,
     ) -> Result<bool, DbError> {
         let attempts = row.attempts + 1;
+        let outcome = match &result {
+            Ok(_) => "done",
+            Err(EffectError::Unconfigured(_)) => "waiting",
+            Err(EffectError::Transient(_)) if attempts < self.config.max_attempts => "retry",
+            Err(_) => "failed",
+        };
+        crate::events::emit(crate::events::Event::Effect {
+            kind: &row.kind,
+            outcome,
+        });
         match result {
             Ok(note) => ledger::settle(&self.db, row.id, ledger::DONE, note.as_deref(), now).await,
             Err(EffectError::Unconfigured(why)) => {

@@ -18,6 +18,8 @@ pub mod db;
 pub mod demo;
 pub mod dispatch;
 pub mod effects;
+pub mod events;
+pub mod gauges;
 pub mod http;
 pub mod policies;
 pub mod retry;

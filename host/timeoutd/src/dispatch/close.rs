@@ -91,6 +91,10 @@ impl Dispatcher {
         }
         tx.commit().await?;
         let lateness_ms = d.now_ms - due_ms;
+        crate::events::emit(crate::events::Event::Closed {
+            source: d.trigger.kind.as_str(),
+            lateness_ms,
+        });
         tracing::info!(lateness_ms, effects = effects.len(), "order closed");
         self.effects.run_for_order(&order.id).await;
         Ok(Outcome::Closed { lateness_ms })

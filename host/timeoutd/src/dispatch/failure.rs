@@ -98,6 +98,9 @@ impl Dispatcher {
         }
         tx.commit().await?;
         tracing::error!(reason, "trigger dead-lettered");
+        crate::events::emit(crate::events::Event::DeadLettered {
+            source: trigger.kind.as_str(),
+        });
         Ok(Outcome::DeadLettered {
             reason: reason.to_string(),
         })
@@ -138,6 +141,9 @@ impl Dispatcher {
         }
         tx.commit().await?;
         tracing::error!(%reason, plugin = d.policy.plugin.name(), "plugin decision refused");
+        crate::events::emit(crate::events::Event::DeadLettered {
+            source: "refused-decision",
+        });
         Ok(Outcome::Refused { reason })
     }
 }

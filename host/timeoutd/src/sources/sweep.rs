@@ -12,6 +12,7 @@ use super::outbox::Waker;
 use crate::clock::{Clock, Stopwatch};
 use crate::config::SweepConfig;
 use crate::db::{Db, DbError, outbox};
+use crate::events::{Event, emit};
 
 /// What one sweep did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -55,7 +56,13 @@ pub async fn run(
 ) {
     let waker: Waker = Arc::clone(&waker);
     loop {
-        match sweep_once(&db, &clock, &config).await {
+        let result = sweep_once(&db, &clock, &config).await;
+        emit(Event::Sweep {
+            rearmed: result.as_ref().map_or(0, |r| r.rearmed),
+            duration_ms: result.as_ref().map_or(0, |r| r.duration_ms),
+            failed: result.is_err(),
+        });
+        match result {
             Ok(report) if report.rearmed > 0 => {
                 tracing::info!(
                     rearmed = report.rearmed,

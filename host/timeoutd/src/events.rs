@@ -1,0 +1,131 @@
+//! Typed internal events: one [`emit`] writes the log line and updates the metrics together,
+//! so the two never disagree (the Vector model). Metric names are `timeoutd_*`, with units in
+//! the name; they are exported in Prometheus text format by [`metrics_handle`].
+
+use std::sync::OnceLock;
+
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+/// Something that happened, worth a log line and a metric.
+#[derive(Debug, Clone)]
+pub enum Event<'a> {
+    /// A trigger reached the dispatcher (`source`: outbox, sweep, manual, …).
+    TriggerReceived {
+        /// Trigger kind.
+        source: &'a str,
+    },
+    /// A plugin answered (or failed to).
+    Decided {
+        /// Merchant.
+        merchant: &'a str,
+        /// `wait`, `cancel`, `ignore` or `error`.
+        decision: &'a str,
+        /// Time in the plugin, µs.
+        latency_us: i64,
+    },
+    /// A plugin call trapped.
+    PluginTrap {
+        /// Plugin name.
+        plugin: &'a str,
+        /// `deadline`, `memory` or `fault`.
+        kind: &'a str,
+    },
+    /// An order was closed.
+    Closed {
+        /// Trigger kind that closed it.
+        source: &'a str,
+        /// Close time − due time, ms.
+        lateness_ms: i64,
+    },
+    /// A trigger was dead-lettered.
+    DeadLettered {
+        /// Where it came from.
+        source: &'a str,
+    },
+    /// A ledger effect was settled or rescheduled.
+    Effect {
+        /// Effect kind.
+        kind: &'a str,
+        /// `done`, `failed`, `retry` or `waiting`.
+        outcome: &'a str,
+    },
+    /// A sweep ran.
+    Sweep {
+        /// Orders re-armed.
+        rearmed: usize,
+        /// Duration, ms.
+        duration_ms: i64,
+        /// Whether it failed.
+        failed: bool,
+    },
+}
+
+/// Records `event` as metrics (the log lines stay where the context is richest).
+pub fn emit(event: Event<'_>) {
+    match event {
+        Event::TriggerReceived { source } => {
+            counter!("timeoutd_triggers_total", "source" => source.to_string()).increment(1)
+        }
+        Event::Decided {
+            merchant,
+            decision,
+            latency_us,
+        } => {
+            counter!("timeoutd_decisions_total", "merchant" => merchant.to_string(), "decision" => decision.to_string())
+                .increment(1);
+            histogram!("timeoutd_plugin_decision_seconds", "merchant" => merchant.to_string())
+                .record(latency_us as f64 / 1e6);
+        }
+        Event::PluginTrap { plugin, kind } => {
+            counter!("timeoutd_plugin_traps_total", "plugin" => plugin.to_string(), "kind" => kind.to_string())
+                .increment(1);
+        }
+        Event::Closed {
+            source,
+            lateness_ms,
+        } => {
+            counter!("timeoutd_closes_total", "source" => source.to_string()).increment(1);
+            histogram!("timeoutd_close_lateness_seconds", "source" => source.to_string())
+                .record(lateness_ms.max(0) as f64 / 1e3);
+        }
+        Event::DeadLettered { source } => {
+            counter!("timeoutd_dead_letters_total", "source" => source.to_string()).increment(1)
+        }
+        Event::Effect { kind, outcome } => {
+            counter!("timeoutd_effects_total", "kind" => kind.to_string(), "outcome" => outcome.to_string())
+                .increment(1);
+        }
+        Event::Sweep {
+            rearmed,
+            duration_ms,
+            failed,
+        } => {
+            let result = if failed { "failed" } else { "ok" };
+            counter!("timeoutd_sweep_runs_total", "result" => result).increment(1);
+            counter!("timeoutd_sweep_rearmed_total").increment(rearmed as u64);
+            histogram!("timeoutd_sweep_duration_seconds").record(duration_ms as f64 / 1e3);
+        }
+    }
+}
+
+/// Sets a gauge (the periodic [`crate::gauges`] sample).
+pub fn gauge_set(name: &'static str, labels: &[(&'static str, String)], value: f64) {
+    let labels: Vec<(&'static str, String)> = labels.to_vec();
+    gauge!(name, &labels).set(value);
+}
+
+/// The process's Prometheus recorder, installed on first use.
+pub fn metrics_handle() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        PrometheusBuilder::new()
+            .set_buckets(&[
+                0.000_01, 0.000_05, 0.000_1, 0.000_5, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5,
+                1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+            ])
+            .expect("static buckets")
+            .install_recorder()
+            .expect("the only metrics recorder of the process")
+    })
+}

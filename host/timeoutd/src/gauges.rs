@@ -1,0 +1,140 @@
+//! Periodic samples of the backlog: overdue-but-open orders per merchant, open dead letters,
+//! and the age of the oldest pending ledger effect and outbox row. Every query reads an index
+//! (`orders (status, deadline_ms)`, `effect_ledger (status, id)`, `order_timeout_msg (status,
+//! due_ms)`), so sampling stays cheap with millions of orders.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use sqlx::Row;
+use tokio::sync::watch;
+
+use crate::clock::Clock;
+use crate::db::{Db, DbError};
+use crate::events::gauge_set;
+
+/// One sample.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct Sample {
+    /// PENDING orders past their deadline by more than the overdue margin, by merchant.
+    pub overdue_open: Vec<(String, i64)>,
+    /// Open dead letters.
+    pub dead_letters_open: i64,
+    /// PENDING ledger effects.
+    pub ledger_pending: i64,
+    /// Age of the oldest PENDING ledger effect, ms (0 when none).
+    pub ledger_oldest_pending_ms: i64,
+    /// PENDING outbox rows that are due.
+    pub outbox_due: i64,
+    /// How overdue the oldest due outbox row is, ms (0 when none).
+    pub outbox_oldest_due_ms: i64,
+}
+
+impl Sample {
+    /// Overdue-but-open orders over all merchants.
+    pub fn overdue_total(&self) -> i64 {
+        self.overdue_open.iter().map(|(_, n)| n).sum()
+    }
+}
+
+/// Takes a sample; an order counts as overdue once `margin` past its deadline.
+///
+/// # Errors
+/// [`DbError`] when a query fails.
+pub async fn sample(db: &Db, clock: &Clock, margin: Duration) -> Result<Sample, DbError> {
+    let now = clock.now_ms(db).await?;
+    let b = db.backend();
+    let overdue_open = b
+        .query(
+            "SELECT merchant_id, COUNT(*) FROM orders WHERE status = 'PENDING' AND deadline_ms <= ? \
+             GROUP BY merchant_id ORDER BY merchant_id",
+        )
+        .bind(now - margin.as_millis() as i64)
+        .fetch_all(db.pool())
+        .await?
+        .iter()
+        .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<i64, _>(1)?)))
+        .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    let one = |sql: &'static str| async move {
+        let row = b.query(sql).bind(now).fetch_one(db.pool()).await?;
+        Ok::<_, DbError>((row.try_get::<i64, _>(0)?, row.try_get::<Option<i64>, _>(1)?))
+    };
+    let (ledger_pending, ledger_oldest) = one(
+        "SELECT COUNT(*), MIN(created_at_ms) FROM effect_ledger WHERE status = 'PENDING' AND created_at_ms <= ?",
+    )
+    .await?;
+    let (outbox_due, outbox_oldest) = one(
+        "SELECT COUNT(*), MIN(due_ms) FROM order_timeout_msg WHERE status = 'PENDING' AND due_ms <= ?",
+    )
+    .await?;
+    let dead_letters_open = b
+        .query("SELECT COUNT(*) FROM dead_letter WHERE status = 'OPEN'")
+        .fetch_one(db.pool())
+        .await?
+        .try_get::<i64, _>(0)?;
+    Ok(Sample {
+        overdue_open,
+        dead_letters_open,
+        ledger_pending,
+        ledger_oldest_pending_ms: ledger_oldest.map_or(0, |t| now - t),
+        outbox_due,
+        outbox_oldest_due_ms: outbox_oldest.map_or(0, |t| now - t),
+    })
+}
+
+/// Publishes `s` as gauges.
+pub fn publish(s: &Sample, merchants: &[String]) {
+    for merchant in merchants {
+        let n = s
+            .overdue_open
+            .iter()
+            .find(|(m, _)| m == merchant)
+            .map_or(0, |(_, n)| *n);
+        gauge_set(
+            "timeoutd_overdue_open_orders",
+            &[("merchant", merchant.clone())],
+            n as f64,
+        );
+    }
+    gauge_set(
+        "timeoutd_dead_letters_open",
+        &[],
+        s.dead_letters_open as f64,
+    );
+    gauge_set("timeoutd_ledger_pending", &[], s.ledger_pending as f64);
+    gauge_set(
+        "timeoutd_ledger_oldest_pending_seconds",
+        &[],
+        s.ledger_oldest_pending_ms as f64 / 1e3,
+    );
+    gauge_set("timeoutd_outbox_due", &[], s.outbox_due as f64);
+    gauge_set(
+        "timeoutd_outbox_oldest_due_seconds",
+        &[],
+        s.outbox_oldest_due_ms as f64 / 1e3,
+    );
+}
+
+/// Samples every `every` and publishes, until `shutdown`; the latest sample goes to `latest`.
+pub async fn run(
+    db: Db,
+    clock: Clock,
+    every: Duration,
+    margin: Duration,
+    merchants: Vec<String>,
+    latest: watch::Sender<Sample>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        match sample(&db, &clock, margin).await {
+            Ok(s) => {
+                publish(&s, &merchants);
+                let _ = latest.send(s);
+            }
+            Err(e) => tracing::warn!(error = %e, "backlog sample failed"),
+        }
+        if crate::sources::sleep_or_shutdown(every, &mut shutdown).await {
+            break;
+        }
+    }
+}
