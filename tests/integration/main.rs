@@ -1,5 +1,6 @@
 //! timeoutd's integration tests. See `tests/README.md` for what each module needs.
 
+mod admin;
 mod config;
 mod e2e;
 mod effects;

@@ -55,6 +55,9 @@ pub struct Config {
     /// The daemon's HTTP endpoint (payment callbacks); off when absent.
     #[serde(default)]
     pub http: Option<HttpConfig>,
+    /// The admin API, metrics and probes; off when absent.
+    #[serde(default)]
+    pub admin: Option<AdminConfig>,
     /// Merchants by id: which plugin decides their orders and with which settings.
     pub merchants: BTreeMap<String, MerchantConfig>,
     /// Directory the file was read from; relative plugin paths resolve against it.
@@ -244,6 +247,23 @@ pub struct HttpConfig {
     pub callback_token: Option<String>,
 }
 
+/// `[admin]`: the operators' API (`/v1/…`, bearer tokens, every call audited), Prometheus
+/// metrics (`/metrics`) and probes (`/healthz`, `/readyz`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Address to listen on, e.g. `127.0.0.1:9090` (port 0 picks a free one).
+    pub listen: std::net::SocketAddr,
+    /// Bearer tokens by the name audited for them, e.g. `ops = "${TIMEOUTD_ADMIN_TOKEN}"`.
+    pub tokens: BTreeMap<String, String>,
+    /// An open order counts as overdue (gauge, list) once this far past its deadline.
+    #[serde(default = "defaults::overdue_margin", with = "duration")]
+    pub overdue_margin: Duration,
+    /// How often the backlog gauges are sampled.
+    #[serde(default = "defaults::sample_interval", with = "duration")]
+    pub sample_interval: Duration,
+}
+
 /// What to do when a closed order's payment turns out to have succeeded.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -408,6 +428,12 @@ mod defaults {
     }
     pub fn http_attempts() -> u32 {
         3
+    }
+    pub fn overdue_margin() -> Duration {
+        Duration::from_secs(60)
+    }
+    pub fn sample_interval() -> Duration {
+        Duration::from_secs(10)
     }
     pub fn flash_stock_key() -> String {
         "activity:{<activity>}:stock".into()

@@ -46,6 +46,7 @@ pub struct Daemon {
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<()>,
     http_addr: Option<std::net::SocketAddr>,
+    admin_addr: Option<std::net::SocketAddr>,
 }
 
 /// Builds the engine and loads every merchant's plugin (no database needed): what `validate`
@@ -82,13 +83,14 @@ impl Daemon {
         let dispatcher = Arc::new(Dispatcher::new(
             db.clone(),
             clock.clone(),
-            policies,
+            policies.clone(),
             config.dispatch.clone(),
             effects.clone(),
         ));
         let waker: Waker = Arc::new(Notify::new());
         let (shutdown, rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
+        let sweep_tuning = watch::Sender::new(sources::sweep::SweepTuning::of(&config.sweep));
         if config.outbox.enabled {
             tasks.spawn(sources::outbox::run(
                 dispatcher.clone(),
@@ -102,6 +104,7 @@ impl Daemon {
                 db.clone(),
                 clock.clone(),
                 config.sweep.clone(),
+                sweep_tuning.subscribe(),
                 waker.clone(),
                 rx.clone(),
             ));
@@ -114,6 +117,35 @@ impl Daemon {
             http_addr = listener.local_addr().ok();
             let state = crate::http::HttpState::new(db.clone(), effects.clone(), config);
             tasks.spawn(crate::http::serve(listener, state, rx.clone()));
+        }
+        let mut admin_addr = None;
+        if let Some(admin) = &config.admin {
+            let listener = tokio::net::TcpListener::bind(admin.listen)
+                .await
+                .map_err(|e| StartError::Listen(admin.listen, e))?;
+            admin_addr = listener.local_addr().ok();
+            crate::events::metrics_handle();
+            let (sample_tx, sample_rx) = watch::channel(crate::gauges::Sample::default());
+            tasks.spawn(crate::gauges::run(
+                db.clone(),
+                clock.clone(),
+                admin.sample_interval,
+                admin.overdue_margin,
+                config.merchants.keys().cloned().collect(),
+                sample_tx,
+                rx.clone(),
+            ));
+            let state = crate::admin::AdminState::new(
+                db.clone(),
+                clock.clone(),
+                dispatcher.clone(),
+                policies.clone(),
+                waker.clone(),
+                sweep_tuning.clone(),
+                sample_rx,
+                admin,
+            );
+            tasks.spawn(crate::admin::serve(listener, state, rx.clone()));
         }
         let mut backlog_rx = rx;
         tasks.spawn(async move {
@@ -137,6 +169,7 @@ impl Daemon {
             shutdown,
             tasks,
             http_addr,
+            admin_addr,
         })
     }
 
@@ -153,6 +186,11 @@ impl Daemon {
     /// Where the HTTP endpoint listens (with the port chosen when `http.listen` asked for 0).
     pub fn http_addr(&self) -> Option<std::net::SocketAddr> {
         self.http_addr
+    }
+
+    /// Where the admin API listens.
+    pub fn admin_addr(&self) -> Option<std::net::SocketAddr> {
+        self.admin_addr
     }
 
     /// Wakes the outbox timer after writing a row in this process.

@@ -52,7 +52,8 @@ pub struct Trigger {
 }
 
 /// What handling a trigger came to.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "kebab-case")]
 pub enum Outcome {
     /// This trigger closed the order, `lateness_ms` after it was due.
     Closed {

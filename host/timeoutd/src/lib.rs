@@ -10,6 +10,7 @@
 //! merchant), [`dispatch`] (trigger → decision → transaction), [`effects`] (carrying out ledger
 //! rows: notices, Redis, payments), [`http`] (payment callbacks), [`sources`] (outbox timer, sweep), [`daemon`] (wiring), [`demo`] and [`cli`].
 
+pub mod admin;
 pub mod cli;
 pub mod clock;
 pub mod config;

@@ -132,6 +132,19 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
             );
         }
     }
+    if let Some(admin) = &c.admin {
+        if admin.tokens.is_empty() {
+            p.push(
+                "admin.tokens",
+                "no token: give at least one, e.g. ops = \"${TIMEOUTD_ADMIN_TOKEN}\"",
+            );
+        }
+        for (name, token) in &admin.tokens {
+            if token.len() < 16 {
+                p.push(format!("admin.tokens.{name}"), "shorter than 16 characters");
+            }
+        }
+    }
     if c.effects.max_attempts == 0 {
         p.push("effects.max_attempts", "must be at least 1");
     }

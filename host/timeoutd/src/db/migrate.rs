@@ -19,6 +19,11 @@ const SQLITE: &[(i64, &str, &str)] = &[
         "external effects",
         include_str!("../../migrations/sqlite/0002_external_effects.sql"),
     ),
+    (
+        3,
+        "admin audit",
+        include_str!("../../migrations/sqlite/0003_admin_audit.sql"),
+    ),
 ];
 const MYSQL: &[(i64, &str, &str)] = &[
     (
@@ -31,6 +36,11 @@ const MYSQL: &[(i64, &str, &str)] = &[
         "external effects",
         include_str!("../../migrations/mysql/0002_external_effects.sql"),
     ),
+    (
+        3,
+        "admin audit",
+        include_str!("../../migrations/mysql/0003_admin_audit.sql"),
+    ),
 ];
 const POSTGRES: &[(i64, &str, &str)] = &[
     (
@@ -42,6 +52,11 @@ const POSTGRES: &[(i64, &str, &str)] = &[
         2,
         "external effects",
         include_str!("../../migrations/postgres/0002_external_effects.sql"),
+    ),
+    (
+        3,
+        "admin audit",
+        include_str!("../../migrations/postgres/0003_admin_audit.sql"),
     ),
 ];
 

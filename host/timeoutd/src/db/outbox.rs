@@ -9,6 +9,8 @@ use super::{Backend, Db, DbError};
 pub const SOURCE_WAIT: &str = "wait";
 /// Rows re-armed by the sweep.
 pub const SOURCE_SWEEP: &str = "sweep";
+/// Rows re-armed by an operator (a re-driven dead letter).
+pub const SOURCE_MANUAL: &str = "manual";
 
 /// A claimed, due outbox row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -247,7 +249,7 @@ pub async fn find_orphans(
          o.deadline_ms \
          FROM orders o WHERE o.status = 'PENDING' AND o.deadline_ms <= ? \
          AND NOT EXISTS (SELECT 1 FROM order_timeout_msg m WHERE m.order_id = o.id \
-             AND m.status IN ('PENDING', 'SENT') AND (m.due_ms > ? OR m.claim_until_ms >= ? OR m.source = ?)) \
+             AND m.status IN ('PENDING', 'SENT') AND (m.due_ms > ? OR m.claim_until_ms >= ? OR m.source IN (?, ?))) \
          AND NOT EXISTS (SELECT 1 FROM dead_letter d WHERE d.order_id = o.id AND d.status = 'OPEN') \
          ORDER BY o.deadline_ms LIMIT ?",
     )
@@ -255,6 +257,7 @@ pub async fn find_orphans(
     .bind(cutoff)
     .bind(now_ms)
     .bind(SOURCE_SWEEP)
+    .bind(SOURCE_MANUAL)
     .bind(i64::from(batch))
     .fetch_all(db.pool())
     .await?;
@@ -281,18 +284,28 @@ pub async fn find_orphans(
 /// # Errors
 /// [`DbError::Sql`] on query failure.
 pub async fn rearm(db: &Db, orphan: &Orphan, now_ms: i64) -> Result<(), DbError> {
+    rearm_as(db, orphan, now_ms, SOURCE_SWEEP).await
+}
+
+/// [`rearm`] with the row's `source` (`sweep`, or `manual` for an operator's re-drive, which also
+/// resets the attempt count).
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn rearm_as(db: &Db, orphan: &Orphan, now_ms: i64, source: &str) -> Result<(), DbError> {
     let _gate = db.write_gate().await;
     let inserted = db
         .backend()
         .query_owned(format!(
             "{insert} INTO order_timeout_msg (order_id, due_ms, phase, status, source) \
-         VALUES (?, ?, ?, 'PENDING', '{SOURCE_SWEEP}'){on_conflict}",
+         VALUES (?, ?, ?, 'PENDING', ?){on_conflict}",
             insert = db.backend().insert_ignore().0,
             on_conflict = db.backend().insert_ignore().1,
         ))
         .bind(&orphan.order_id)
         .bind(orphan.deadline_ms.min(now_ms))
         .bind(i64::from(orphan.phase))
+        .bind(source)
         .execute(db.pool())
         .await?;
     if inserted.rows_affected() == 0 {
@@ -300,12 +313,14 @@ pub async fn rearm(db: &Db, orphan: &Orphan, now_ms: i64) -> Result<(), DbError>
             .query(
                 "UPDATE order_timeout_msg SET status = 'PENDING', \
              due_ms = CASE WHEN due_ms > ? THEN ? ELSE due_ms END, source = ?, \
+             attempts = CASE WHEN ? = 'manual' THEN 0 ELSE attempts END, \
              claim_token = NULL, claim_until_ms = NULL \
              WHERE order_id = ? AND phase = ? AND (claim_until_ms IS NULL OR claim_until_ms < ?)",
             )
             .bind(now_ms)
             .bind(now_ms)
-            .bind(SOURCE_SWEEP)
+            .bind(source)
+            .bind(source)
             .bind(&orphan.order_id)
             .bind(i64::from(orphan.phase))
             .bind(now_ms)

@@ -12,7 +12,7 @@ use tokio::sync::{Notify, Semaphore, watch};
 use tokio::task::JoinSet;
 
 use crate::config::OutboxConfig;
-use crate::db::outbox::{self, DueRow, SOURCE_SWEEP};
+use crate::db::outbox::{self, DueRow, SOURCE_MANUAL, SOURCE_SWEEP};
 use crate::dispatch::{Dispatcher, Outcome, Trigger};
 
 /// Wakes the outbox timer when this process has written a row that may be due soon.
@@ -22,10 +22,10 @@ pub type Waker = Arc<Notify>;
 pub fn trigger_of(row: &DueRow) -> Trigger {
     Trigger {
         order_id: row.order_id.clone(),
-        kind: if row.source == SOURCE_SWEEP {
-            TriggerKind::Sweep
-        } else {
-            TriggerKind::Outbox
+        kind: match row.source.as_str() {
+            SOURCE_SWEEP => TriggerKind::Sweep,
+            SOURCE_MANUAL => TriggerKind::Manual,
+            _ => TriggerKind::Outbox,
         },
         phase: row.phase,
         attempt: row.attempts,

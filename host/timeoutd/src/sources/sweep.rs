@@ -46,16 +46,44 @@ pub async fn sweep_once(
     })
 }
 
-/// Sweeps at start and then every interval until `shutdown` turns true.
+/// The sweep's knobs that operators may turn at run time (`PUT /v1/sweep`): sweep more often
+/// during a promotion without a restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SweepTuning {
+    /// Time between sweeps, ms.
+    pub interval_ms: u64,
+    /// Orders re-armed per sweep.
+    pub batch: u32,
+}
+
+impl SweepTuning {
+    /// The tuning a config starts with.
+    pub fn of(config: &SweepConfig) -> Self {
+        SweepTuning {
+            interval_ms: config.interval.as_millis() as u64,
+            batch: config.batch,
+        }
+    }
+}
+
+/// Sweeps at start and then every interval until `shutdown` turns true. A change of `tuning`
+/// takes effect at once (the current wait is cut short).
 pub async fn run(
     db: Db,
     clock: Clock,
     config: SweepConfig,
+    mut tuning: watch::Receiver<SweepTuning>,
     waker: Waker,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let waker: Waker = Arc::clone(&waker);
     loop {
+        let now_tuning = *tuning.borrow_and_update();
+        let config = SweepConfig {
+            batch: now_tuning.batch,
+            interval: std::time::Duration::from_millis(now_tuning.interval_ms),
+            ..config.clone()
+        };
         let result = sweep_once(&db, &clock, &config).await;
         emit(Event::Sweep {
             rearmed: result.as_ref().map_or(0, |r| r.rearmed),
@@ -74,7 +102,12 @@ pub async fn run(
             Ok(report) => tracing::debug!(duration_ms = report.duration_ms, "sweep found nothing"),
             Err(e) => tracing::warn!(error = %e, "sweep failed"),
         }
-        if super::sleep_or_shutdown(config.interval, &mut shutdown).await {
+        tokio::select! {
+            _ = tokio::time::sleep(config.interval) => {}
+            _ = tuning.changed() => tracing::info!(tuning = ?*tuning.borrow(), "sweep retuned"),
+            _ = shutdown.changed() => {}
+        }
+        if *shutdown.borrow() {
             break;
         }
     }

@@ -1,0 +1,226 @@
+//! The operators' API: probes, Prometheus metrics, and under bearer-token auth (every call
+//! audited in `admin_audit`) the overdue orders, an order's timeline, manual close, dead letters
+//! and their re-drive, failed ledger effects and their retry, plugins, and the sweep's run-time
+//! tuning. `GET /v1/openapi.json` describes it.
+//!
+//! Manual close and re-drive are never side doors: a manual close is a trigger of kind `manual`
+//! through the same dispatcher (plugin, guard, compare-and-set, ledger); a re-drive re-arms the
+//! order's outbox row, which the outbox timer then handles like any other.
+
+mod dead_letters;
+mod ledger;
+mod ops;
+mod orders;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+use tokio::sync::watch;
+
+use crate::clock::Clock;
+use crate::db::Db;
+use crate::dispatch::Dispatcher;
+use crate::gauges::Sample;
+use crate::policies::Policies;
+use crate::sources::outbox::Waker;
+use crate::sources::sweep::SweepTuning;
+
+/// Every route: `(method, path)`, as in the OpenAPI document.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("get", "/healthz"),
+    ("get", "/readyz"),
+    ("get", "/metrics"),
+    ("get", "/v1/openapi.json"),
+    ("get", "/v1/orders/overdue"),
+    ("get", "/v1/orders/{id}"),
+    ("post", "/v1/orders/{id}/close"),
+    ("get", "/v1/dead-letters"),
+    ("get", "/v1/dead-letters/{id}"),
+    ("post", "/v1/dead-letters/{id}/redrive"),
+    ("get", "/v1/ledger/failed"),
+    ("post", "/v1/ledger/{id}/retry"),
+    ("get", "/v1/plugins"),
+    ("get", "/v1/sweep"),
+    ("put", "/v1/sweep"),
+];
+
+/// The OpenAPI 3.1 document of this API.
+pub const OPENAPI: &str = include_str!("admin/openapi.json");
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct AdminState {
+    pub(crate) db: Db,
+    pub(crate) clock: Clock,
+    pub(crate) dispatcher: Arc<Dispatcher>,
+    pub(crate) policies: Arc<Policies>,
+    pub(crate) waker: Waker,
+    pub(crate) sweep: watch::Sender<SweepTuning>,
+    pub(crate) sample: watch::Receiver<Sample>,
+    pub(crate) overdue_margin_ms: i64,
+    /// Token → the name audited for it.
+    tokens: Arc<BTreeMap<String, String>>,
+}
+
+impl AdminState {
+    /// State over the daemon's parts; `tokens` maps names to bearer tokens (as in the config).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        db: Db,
+        clock: Clock,
+        dispatcher: Arc<Dispatcher>,
+        policies: Arc<Policies>,
+        waker: Waker,
+        sweep: watch::Sender<SweepTuning>,
+        sample: watch::Receiver<Sample>,
+        config: &crate::config::AdminConfig,
+    ) -> Self {
+        AdminState {
+            db,
+            clock,
+            dispatcher,
+            policies,
+            waker,
+            sweep,
+            sample,
+            overdue_margin_ms: config.overdue_margin.as_millis() as i64,
+            tokens: Arc::new(
+                config
+                    .tokens
+                    .iter()
+                    .map(|(name, token)| (token.clone(), name.clone()))
+                    .collect(),
+            ),
+        }
+    }
+}
+
+/// An API error: a status and a message naming what was wrong.
+pub struct ApiError(pub StatusCode, pub String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(json!({ "error": self.1 }))).into_response()
+    }
+}
+
+impl From<crate::db::DbError> for ApiError {
+    fn from(e: crate::db::DbError) -> Self {
+        ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(e: sqlx::Error) -> Self {
+        ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+    }
+}
+
+/// Handler result.
+pub type ApiResult<T> = Result<Json<T>, ApiError>;
+
+/// The routes.
+pub fn router(state: AdminState) -> Router {
+    let v1 = Router::new()
+        .route(
+            "/v1/openapi.json",
+            get(|| async { ([("content-type", "application/json")], OPENAPI) }),
+        )
+        .route("/v1/orders/overdue", get(orders::overdue))
+        .route("/v1/orders/{id}", get(orders::timeline))
+        .route("/v1/orders/{id}/close", post(orders::close))
+        .route("/v1/dead-letters", get(dead_letters::list))
+        .route("/v1/dead-letters/{id}", get(dead_letters::inspect))
+        .route("/v1/dead-letters/{id}/redrive", post(dead_letters::redrive))
+        .route("/v1/ledger/failed", get(ledger::failed))
+        .route("/v1/ledger/{id}/retry", post(ledger::retry))
+        .route("/v1/plugins", get(ops::plugins))
+        .route("/v1/sweep", get(ops::sweep_get).put(ops::sweep_put))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            authenticate_and_audit,
+        ));
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(ops::ready))
+        .route("/metrics", get(ops::metrics))
+        .merge(v1)
+        .with_state(state)
+}
+
+/// Serves the API on `listener` until `shutdown` turns true.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AdminState,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let served = axum::serve(listener, router(state))
+        .with_graceful_shutdown(async move {
+            let _ = shutdown.wait_for(|stop| *stop).await;
+        })
+        .await;
+    if let Err(e) = served {
+        tracing::error!(error = %e, "admin API failed");
+    }
+}
+
+/// Refuses calls without a known bearer token (401) and writes every call, refused or not, to
+/// `admin_audit`.
+async fn authenticate_and_audit(
+    State(state): State<AdminState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let method = request.method().to_string();
+    let path = request.uri().path().to_string();
+    let actor = request
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|token| state.tokens.get(token).cloned());
+    let response = match &actor {
+        Some(_) => next.run(request).await,
+        None => ApiError(
+            StatusCode::UNAUTHORIZED,
+            "a valid bearer token is required".into(),
+        )
+        .into_response(),
+    };
+    let status = response.status().as_u16();
+    let actor = actor.unwrap_or_else(|| "(unauthenticated)".into());
+    tracing::info!(target: "timeoutd::audit", %actor, %method, %path, status, "admin call");
+    if let Err(e) = audit(&state, &actor, &method, &path, status).await {
+        tracing::error!(error = %e, "admin call not audited");
+    }
+    response
+}
+
+async fn audit(
+    state: &AdminState,
+    actor: &str,
+    method: &str,
+    path: &str,
+    status: u16,
+) -> Result<(), crate::db::DbError> {
+    let now = state.clock.now_ms(&state.db).await?;
+    let mut tx = state.db.begin().await?;
+    let b = crate::db::Backend::of(&tx);
+    b.query("INSERT INTO admin_audit (at_ms, actor, method, path, status) VALUES (?, ?, ?, ?, ?)")
+        .bind(now)
+        .bind(actor)
+        .bind(method)
+        .bind(path)
+        .bind(i64::from(status))
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(())
+}

@@ -1,0 +1,87 @@
+//! Probes, metrics, plugins and the sweep's run-time tuning.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use serde_json::{Value, json};
+
+use super::{AdminState, ApiError, ApiResult};
+use crate::sources::sweep::SweepTuning;
+
+/// `GET /readyz`: 200 when the database answers and plugins are loaded, else 503 naming what
+/// is not ready; with the latest backlog sample (overdue orders, dead letters, ledger age).
+pub async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
+    let database =
+        s.db.now_ms()
+            .await
+            .map(|_| "ok".to_string())
+            .unwrap_or_else(|e| e.to_string());
+    let plugins = s.policies.all().len();
+    let ready = database == "ok" && plugins > 0;
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let backlog = s.sample.borrow().clone();
+    (
+        status,
+        Json(
+            json!({ "ready": ready, "database": database, "plugins": plugins, "backlog": backlog }),
+        ),
+    )
+}
+
+/// `GET /metrics`: Prometheus text format (backlog gauges as of the last sample).
+pub async fn metrics() -> impl IntoResponse {
+    (
+        [("content-type", "text/plain; version=0.0.4")],
+        crate::events::metrics_handle().render(),
+    )
+}
+
+/// `GET /v1/plugins`: per merchant, the plugin's name, API version and SHA-256.
+pub async fn plugins(State(s): State<AdminState>) -> ApiResult<Value> {
+    let plugins: Vec<Value> = s
+        .policies
+        .all()
+        .iter()
+        .map(|p| {
+            json!({
+                "merchant": p.merchant, "plugin": p.plugin.name(),
+                "api_version": p.plugin.api_version(), "digest": p.plugin.digest(),
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "plugins": plugins })))
+}
+
+/// `GET /v1/sweep`: the sweep's current tuning.
+pub async fn sweep_get(State(s): State<AdminState>) -> ApiResult<SweepTuning> {
+    Ok(Json(*s.sweep.borrow()))
+}
+
+/// `PUT /v1/sweep` `{"interval_ms": …, "batch": …}`: retunes the running sweep (at least
+/// 100 ms, batch 1 to 100 000); takes effect at once, lasts until restart.
+pub async fn sweep_put(
+    State(s): State<AdminState>,
+    Json(t): Json<SweepTuning>,
+) -> ApiResult<SweepTuning> {
+    if t.interval_ms < 100 || !(1..=100_000).contains(&t.batch) {
+        return Err(ApiError(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!(
+                "interval_ms must be ≥ 100 and batch 1..=100000 (got {} and {})",
+                t.interval_ms, t.batch
+            ),
+        ));
+    }
+    s.sweep.send_replace(t);
+    tracing::info!(
+        interval_ms = t.interval_ms,
+        batch = t.batch,
+        "sweep retuned by an operator"
+    );
+    Ok(Json(t))
+}
