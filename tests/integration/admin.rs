@@ -211,3 +211,40 @@ fn the_openapi_document_matches_the_routes() {
     routes.sort();
     assert_eq!(documented, routes);
 }
+
+each_backend! {
+    /// An alert fires once while its rule holds and resolves once when it stops holding.
+    async fn alert_rules_fire_once_and_resolve_once(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        let receiver = crate::fakes::Receiver::start().await;
+        let config = timeoutd::config::Config::from_toml(
+            &format!(
+                "[database]\nurl = \"{}\"\n[alerts]\nwebhook = \"{}\"\ninterval = \"100ms\"\n\
+                 [[alerts.rules]]\nname = \"dead-letters\"\nsignal = \"dead_letters_open\"\nabove = 0\n\
+                 [[alerts.rules]]\nname = \"overdue-for-an-hour\"\nsignal = \"overdue_open_orders\"\nabove = 0\nfor = \"1h\"\n{ACME}",
+                env.url, receiver.url
+            ),
+            env.dir.path(),
+            &|_| None,
+        )
+        .unwrap();
+        let past = env.db.now_ms().await.unwrap() - 1_000;
+        env.create(&order("unowned", "nobody", past)).await;
+        let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        env.db.backend().query("UPDATE dead_letter SET status = 'DISMISSED'").execute(env.db.pool()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        daemon.stop().await;
+        let notices: Vec<(String, String)> = receiver
+            .received
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, body)| (body["rule"].as_str().unwrap().to_string(), body["status"].as_str().unwrap().to_string()))
+            .collect();
+        assert_eq!(notices, vec![
+            ("dead-letters".to_string(), "firing".to_string()),
+            ("dead-letters".to_string(), "resolved".to_string()),
+        ]);
+    }
+}

@@ -58,6 +58,9 @@ pub struct Config {
     /// The admin API, metrics and probes; off when absent.
     #[serde(default)]
     pub admin: Option<AdminConfig>,
+    /// Threshold alerts delivered to a webhook; off when absent.
+    #[serde(default)]
+    pub alerts: Option<AlertsConfig>,
     /// Merchants by id: which plugin decides their orders and with which settings.
     pub merchants: BTreeMap<String, MerchantConfig>,
     /// Directory the file was read from; relative plugin paths resolve against it.
@@ -264,6 +267,61 @@ pub struct AdminConfig {
     pub sample_interval: Duration,
 }
 
+/// `[alerts]`: threshold rules over the backlog sample, delivered to a webhook as one `firing`
+/// notice when a rule has held for its `for`, and one `resolved` notice when it stops holding —
+/// no repeats in between.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlertsConfig {
+    /// Receives `POST` JSON `{"status":"firing"|"resolved","rule","signal","value","threshold",
+    /// "text"}` (`text` is what chat webhooks display).
+    pub webhook: String,
+    /// Value of the `Authorization` header.
+    #[serde(default)]
+    pub authorization: Option<String>,
+    /// How often rules are evaluated (the backlog is sampled at least this often).
+    #[serde(default = "defaults::alert_interval", with = "duration")]
+    pub interval: Duration,
+    /// An open order counts as overdue once this far past its deadline (when `[admin]` does
+    /// not say).
+    #[serde(default = "defaults::overdue_margin", with = "duration")]
+    pub overdue_margin: Duration,
+    /// `[[alerts.rules]]`.
+    #[serde(default)]
+    pub rules: Vec<AlertRule>,
+}
+
+/// One threshold rule: fires when `signal > above` has held for `for`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlertRule {
+    /// Name, unique, shown in notices.
+    pub name: String,
+    /// What is measured.
+    pub signal: AlertSignal,
+    /// Threshold (the rule holds when the value is greater).
+    pub above: f64,
+    /// How long it must hold before firing (default 0s: at once).
+    #[serde(default, rename = "for", with = "duration::option")]
+    pub for_: Option<Duration>,
+}
+
+/// Signals a rule can watch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AlertSignal {
+    /// Overdue-but-open orders, all merchants.
+    OverdueOpenOrders,
+    /// Open dead letters.
+    DeadLettersOpen,
+    /// Age of the oldest PENDING ledger effect, seconds.
+    LedgerOldestPendingSeconds,
+    /// How overdue the oldest due outbox row is, seconds.
+    OutboxOldestDueSeconds,
+    /// Sweeps failed in a row.
+    SweepConsecutiveFailures,
+}
+
 /// What to do when a closed order's payment turns out to have succeeded.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -431,6 +489,9 @@ mod defaults {
     }
     pub fn overdue_margin() -> Duration {
         Duration::from_secs(60)
+    }
+    pub fn alert_interval() -> Duration {
+        Duration::from_secs(15)
     }
     pub fn sample_interval() -> Duration {
         Duration::from_secs(10)

@@ -118,23 +118,41 @@ impl Daemon {
             let state = crate::http::HttpState::new(db.clone(), effects.clone(), config);
             tasks.spawn(crate::http::serve(listener, state, rx.clone()));
         }
+        let (sample_tx, sample_rx) = watch::channel(crate::gauges::Sample::default());
+        if config.admin.is_some() || config.alerts.is_some() {
+            crate::events::metrics_handle();
+            let intervals = [
+                config
+                    .admin
+                    .as_ref()
+                    .map(|a| (a.sample_interval, a.overdue_margin)),
+                config
+                    .alerts
+                    .as_ref()
+                    .map(|a| (a.interval, a.overdue_margin)),
+            ];
+            let (every, margin) = intervals
+                .into_iter()
+                .flatten()
+                .min()
+                .expect("one is configured");
+            tasks.spawn(crate::gauges::run(
+                db.clone(),
+                clock.clone(),
+                every,
+                margin,
+                config.merchants.keys().cloned().collect(),
+                sample_tx,
+                config.alerts.clone().map(crate::alerts::Alerts::new),
+                rx.clone(),
+            ));
+        }
         let mut admin_addr = None;
         if let Some(admin) = &config.admin {
             let listener = tokio::net::TcpListener::bind(admin.listen)
                 .await
                 .map_err(|e| StartError::Listen(admin.listen, e))?;
             admin_addr = listener.local_addr().ok();
-            crate::events::metrics_handle();
-            let (sample_tx, sample_rx) = watch::channel(crate::gauges::Sample::default());
-            tasks.spawn(crate::gauges::run(
-                db.clone(),
-                clock.clone(),
-                admin.sample_interval,
-                admin.overdue_margin,
-                config.merchants.keys().cloned().collect(),
-                sample_tx,
-                rx.clone(),
-            ));
             let state = crate::admin::AdminState::new(
                 db.clone(),
                 clock.clone(),

@@ -28,6 +28,8 @@ pub struct Sample {
     pub outbox_due: i64,
     /// How overdue the oldest due outbox row is, ms (0 when none).
     pub outbox_oldest_due_ms: i64,
+    /// Sweeps of this process that failed in a row.
+    pub sweep_consecutive_failures: u64,
 }
 
 impl Sample {
@@ -79,6 +81,7 @@ pub async fn sample(db: &Db, clock: &Clock, margin: Duration) -> Result<Sample, 
         ledger_oldest_pending_ms: ledger_oldest.map_or(0, |t| now - t),
         outbox_due,
         outbox_oldest_due_ms: outbox_oldest.map_or(0, |t| now - t),
+        sweep_consecutive_failures: crate::sources::sweep::consecutive_failures(),
     })
 }
 
@@ -113,9 +116,16 @@ pub fn publish(s: &Sample, merchants: &[String]) {
         &[],
         s.outbox_oldest_due_ms as f64 / 1e3,
     );
+    gauge_set(
+        "timeoutd_sweep_consecutive_failures",
+        &[],
+        s.sweep_consecutive_failures as f64,
+    );
 }
 
-/// Samples every `every` and publishes, until `shutdown`; the latest sample goes to `latest`.
+/// Samples every `every` and publishes, until `shutdown`; the latest sample goes to `latest`
+/// and through the alert rules.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     db: Db,
     clock: Clock,
@@ -123,12 +133,18 @@ pub async fn run(
     margin: Duration,
     merchants: Vec<String>,
     latest: watch::Sender<Sample>,
+    mut alerts: Option<crate::alerts::Alerts>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
         match sample(&db, &clock, margin).await {
             Ok(s) => {
                 publish(&s, &merchants);
+                if let Some(alerts) = alerts.as_mut()
+                    && let Ok(now) = clock.now_ms(&db).await
+                {
+                    alerts.evaluate(&s, now).await;
+                }
                 let _ = latest.send(s);
             }
             Err(e) => tracing::warn!(error = %e, "backlog sample failed"),

@@ -11,6 +11,7 @@
 //! rows: notices, Redis, payments), [`http`] (payment callbacks), [`sources`] (outbox timer, sweep), [`daemon`] (wiring), [`demo`] and [`cli`].
 
 pub mod admin;
+pub mod alerts;
 pub mod cli;
 pub mod clock;
 pub mod config;

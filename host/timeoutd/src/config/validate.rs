@@ -145,6 +145,23 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
             }
         }
     }
+    if let Some(alerts) = &c.alerts {
+        if !(alerts.webhook.starts_with("http://") || alerts.webhook.starts_with("https://")) {
+            p.push(
+                "alerts.webhook",
+                format!("`{}` is not an http(s) URL", alerts.webhook),
+            );
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, rule) in alerts.rules.iter().enumerate() {
+            if !seen.insert(rule.name.as_str()) {
+                p.push(
+                    format!("alerts.rules[{i}].name"),
+                    format!("`{}` is used twice", rule.name),
+                );
+            }
+        }
+    }
     if c.effects.max_attempts == 0 {
         p.push("effects.max_attempts", "must be at least 1");
     }

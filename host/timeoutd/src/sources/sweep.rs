@@ -14,6 +14,14 @@ use crate::config::SweepConfig;
 use crate::db::{Db, DbError, outbox};
 use crate::events::{Event, emit};
 
+/// Sweeps of this process that failed in a row (0 after a success).
+static CONSECUTIVE_FAILURES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Sweeps of this process that failed in a row.
+pub fn consecutive_failures() -> u64 {
+    CONSECUTIVE_FAILURES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// What one sweep did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SweepReport {
@@ -85,6 +93,12 @@ pub async fn run(
             ..config.clone()
         };
         let result = sweep_once(&db, &clock, &config).await;
+        match &result {
+            Ok(_) => CONSECUTIVE_FAILURES.store(0, std::sync::atomic::Ordering::Relaxed),
+            Err(_) => {
+                CONSECUTIVE_FAILURES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
         emit(Event::Sweep {
             rearmed: result.as_ref().map_or(0, |r| r.rearmed),
             duration_ms: result.as_ref().map_or(0, |r| r.duration_ms),

@@ -1,0 +1,109 @@
+//! Threshold alerts: each rule watches one signal of the backlog sample; it fires once when the
+//! signal has been above its threshold for the rule's `for`, and resolves once when it drops —
+//! a notice is sent on each change, never repeated while the state holds. A notice that cannot
+//! be delivered is tried again at the next evaluation (the state only changes once delivered).
+
+use std::collections::HashMap;
+
+use serde_json::json;
+
+use crate::config::{AlertRule, AlertSignal, AlertsConfig};
+use crate::gauges::Sample;
+
+#[derive(Debug, Default, Clone)]
+struct RuleState {
+    /// Since when the condition holds, epoch ms.
+    since_ms: Option<i64>,
+    firing: bool,
+}
+
+/// The rules and their state.
+pub struct Alerts {
+    config: AlertsConfig,
+    state: HashMap<String, RuleState>,
+    client: reqwest::Client,
+}
+
+impl Alerts {
+    /// Alerts as configured.
+    pub fn new(config: AlertsConfig) -> Self {
+        Alerts {
+            config,
+            state: HashMap::new(),
+            client: reqwest::Client::new(),
+        }
+    }
+
+    /// Evaluates every rule against `sample` at `now_ms`, sending firing/resolved notices.
+    pub async fn evaluate(&mut self, sample: &Sample, now_ms: i64) {
+        for rule in self.config.rules.clone() {
+            let value = signal(sample, rule.signal);
+            let holds = value > rule.above;
+            let state = self.state.entry(rule.name.clone()).or_default().clone();
+            let since = if holds {
+                Some(state.since_ms.unwrap_or(now_ms))
+            } else {
+                None
+            };
+            let held_ms = since.map_or(0, |s| now_ms - s);
+            let due_ms = rule.for_.map_or(0, |d| d.as_millis() as i64);
+            let want_firing = holds && held_ms >= due_ms;
+            let mut firing = state.firing;
+            if want_firing != state.firing && (want_firing || !holds) {
+                let status = if want_firing { "firing" } else { "resolved" };
+                if self.send(&rule, status, value).await {
+                    firing = want_firing;
+                }
+            }
+            self.state.insert(
+                rule.name.clone(),
+                RuleState {
+                    since_ms: since,
+                    firing,
+                },
+            );
+        }
+    }
+
+    async fn send(&self, rule: &AlertRule, status: &str, value: f64) -> bool {
+        let text = format!(
+            "[{}] timeoutd {}: {:?} = {value} (threshold {})",
+            status.to_uppercase(),
+            rule.name,
+            rule.signal,
+            rule.above
+        );
+        let body = json!({
+            "status": status, "rule": rule.name, "signal": format!("{:?}", rule.signal),
+            "value": value, "threshold": rule.above, "text": text,
+        });
+        let mut request = self.client.post(&self.config.webhook).json(&body);
+        if let Some(auth) = &self.config.authorization {
+            request = request.header("Authorization", auth);
+        }
+        match request.send().await {
+            Ok(r) if r.status().is_success() => {
+                tracing::warn!(rule = %rule.name, status, value, "alert");
+                true
+            }
+            Ok(r) => {
+                tracing::error!(rule = %rule.name, http = %r.status(), "alert webhook refused the notice");
+                false
+            }
+            Err(e) => {
+                tracing::error!(rule = %rule.name, error = %e, "alert webhook unreachable");
+                false
+            }
+        }
+    }
+}
+
+fn signal(s: &Sample, signal: AlertSignal) -> f64 {
+    match signal {
+        AlertSignal::OverdueOpenOrders => s.overdue_total() as f64,
+        AlertSignal::DeadLettersOpen => s.dead_letters_open as f64,
+        AlertSignal::LedgerOldestPendingSeconds => s.ledger_oldest_pending_ms as f64 / 1e3,
+        AlertSignal::OutboxOldestDueSeconds => s.outbox_oldest_due_ms as f64 / 1e3,
+        AlertSignal::SweepConsecutiveFailures => s.sweep_consecutive_failures as f64,
+    }
+}
