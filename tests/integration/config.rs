@@ -81,3 +81,42 @@ fn unknown_keys_and_unitless_durations_are_refused() {
     .to_string();
     assert!(unitless.contains("`30` is not a duration"), "{unitless}");
 }
+
+#[test]
+fn values_that_would_break_the_daemon_at_run_time_are_refused() {
+    let raw = r#"
+[database]
+url = "mysql://root@127.0.0.1:3306/"
+[admin]
+listen = "127.0.0.1:0"
+sample_interval = "0s"
+[admin.tokens]
+ops = "short"
+[effects]
+retry_initial = "10m"
+retry_max = "1s"
+lease = "0s"
+[redis]
+url = "redis://127.0.0.1:6379"
+marker_ttl = "0s"
+[runtime]
+deadline = "1000h"
+max_memory_mib = 4000000
+[merchants.a]
+plugin = "builtin:single-phase"
+"#;
+    let problems = Config::from_toml(raw, std::path::Path::new("."), &|_| None).unwrap_err();
+    let keys: Vec<&str> = problems.problems.iter().map(|(k, _)| k.as_str()).collect();
+    for key in [
+        "database.url",
+        "admin.tokens.ops",
+        "admin.sample_interval",
+        "effects.retry_initial",
+        "effects.lease",
+        "redis.marker_ttl",
+        "runtime.deadline",
+        "runtime.max_memory_mib",
+    ] {
+        assert!(keys.contains(&key), "{key} not reported:\n{problems}");
+    }
+}

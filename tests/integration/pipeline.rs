@@ -351,3 +351,40 @@ each_backend! {
         assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE kind = ?", "restore-stock").await, 2 * n);
     }
 }
+
+each_backend! {
+    /// An ignored order is asked again later with backoff — not dropped, and not re-swept (and
+    /// re-logged) every sweep interval, where it could crowd out orders the sweep must rescue.
+    async fn ignored_order_is_asked_again_with_backoff_not_every_sweep(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&order("shrug", "lazy", T0)).await;
+        let config = env.config(&[("lazy", "hostile", &[("mode", "clock")])], "[sweep]\ngrace = \"1s\"\n");
+        let (clock, now) = Clock::manual(T0);
+        let d = env.dispatcher(&config, clock).await;
+        assert_eq!(env.process(&d, T0).await, vec![Outcome::Ignored]);
+        assert_eq!(env.text("SELECT status FROM order_timeout_msg WHERE order_id = ?", "shrug").await, "PENDING");
+        assert_eq!(env.int("SELECT due_ms FROM order_timeout_msg WHERE order_id = ?", "shrug").await, T0 + 1_000);
+        let (late, _) = Clock::manual(T0 + 500);
+        assert_eq!(sweep::sweep_once(&env.db, &late, &config.sweep).await.unwrap().rearmed, 0, "it has a live trigger");
+        now.store(T0 + 1_000, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(env.process(&d, T0 + 1_000).await, vec![Outcome::Ignored]);
+        assert_eq!(env.int("SELECT due_ms FROM order_timeout_msg WHERE order_id = ?", "shrug").await, T0 + 3_000, "backing off");
+        assert_eq!(env.int("SELECT COUNT(*) FROM decision_log WHERE order_id = ?", "shrug").await, 2);
+    }
+}
+
+each_backend! {
+    async fn outbox_row_with_a_phase_out_of_range_is_dead_lettered(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&order("badphase", "acme", T0)).await;
+        env.db.backend().query("UPDATE order_timeout_msg SET phase = -3 WHERE order_id = 'badphase'").execute(env.db.pool()).await.unwrap();
+        let (clock, _) = Clock::manual(T0);
+        let d = env.dispatcher(&env.config(SINGLE, ""), clock).await;
+        let row = timeoutd::db::outbox::claim_due(&env.db, T0, 10, 30_000).await.unwrap().remove(0);
+        let reason = timeoutd::sources::outbox::check_row(&row).expect("a bad row");
+        let outcome = d.reject(&timeoutd::sources::outbox::trigger_of(&row), &reason).await;
+        assert!(matches!(outcome, Outcome::DeadLettered { .. }), "{outcome:?}");
+        assert!(env.text("SELECT reason FROM dead_letter WHERE order_id = ?", "badphase").await.contains("phase -3"));
+        assert_eq!(env.status("badphase").await, "PENDING");
+    }
+}

@@ -34,6 +34,7 @@ use crate::sources::sweep::SweepTuning;
 
 /// Every route: `(method, path)`, as in the OpenAPI document.
 pub const ROUTES: &[(&str, &str)] = &[
+    ("get", "/console"),
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/metrics"),
@@ -46,10 +47,14 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/dead-letters/{id}/redrive"),
     ("get", "/v1/ledger/failed"),
     ("post", "/v1/ledger/{id}/retry"),
+    ("get", "/v1/backlog"),
     ("get", "/v1/plugins"),
     ("get", "/v1/sweep"),
     ("put", "/v1/sweep"),
 ];
+
+/// The operators' console: one page over this API (sign in with a token).
+pub const CONSOLE: &str = include_str!("admin/console.html");
 
 /// The OpenAPI 3.1 document of this API.
 pub const OPENAPI: &str = include_str!("admin/openapi.json");
@@ -141,6 +146,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/dead-letters/{id}/redrive", post(dead_letters::redrive))
         .route("/v1/ledger/failed", get(ledger::failed))
         .route("/v1/ledger/{id}/retry", post(ledger::retry))
+        .route("/v1/backlog", get(ops::backlog))
         .route("/v1/plugins", get(ops::plugins))
         .route("/v1/sweep", get(ops::sweep_get).put(ops::sweep_put))
         .layer(middleware::from_fn_with_state(
@@ -148,6 +154,7 @@ pub fn router(state: AdminState) -> Router {
             authenticate_and_audit,
         ));
     Router::new()
+        .route("/console", get(|| async { axum::response::Html(CONSOLE) }))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ops::ready))
         .route("/metrics", get(ops::metrics))
@@ -171,8 +178,8 @@ pub async fn serve(
     }
 }
 
-/// Refuses calls without a known bearer token (401) and writes every call, refused or not, to
-/// `admin_audit`.
+/// Refuses calls without a known bearer token (401, logged on target `timeoutd::audit`) and
+/// writes every authenticated call to `admin_audit`.
 async fn authenticate_and_audit(
     State(state): State<AdminState>,
     request: Request,
@@ -195,7 +202,12 @@ async fn authenticate_and_audit(
         .into_response(),
     };
     let status = response.status().as_u16();
-    let actor = actor.unwrap_or_else(|| "(unauthenticated)".into());
+    let Some(actor) = actor else {
+        // Refused calls are logged, not written: an anonymous client must not be able to make
+        // the daemon write to its database.
+        tracing::warn!(target: "timeoutd::audit", %method, %path, status, "unauthenticated admin call refused");
+        return response;
+    };
     tracing::info!(target: "timeoutd::audit", %actor, %method, %path, status, "admin call");
     if let Err(e) = audit(&state, &actor, &method, &path, status).await {
         tracing::error!(error = %e, "admin call not audited");

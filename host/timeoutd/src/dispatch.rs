@@ -26,6 +26,7 @@ use serde::Serialize;
 use timeoutd_runtime::model::{Context, Decision, Order, OrderStatus, TriggerKind};
 
 use timeoutd_runtime::DecideError;
+use tracing::Instrument;
 
 use crate::clock::{Clock, Stopwatch};
 use crate::config::DispatchConfig;
@@ -67,7 +68,7 @@ pub enum Outcome {
         /// When, epoch ms.
         due_ms: i64,
     },
-    /// The plugin chose to do nothing.
+    /// The plugin chose to do nothing now; it is asked again later, with backoff.
     Ignored,
     /// Nothing to do: the order is not PENDING (or stopped being so before the close).
     NoOp {
@@ -172,16 +173,19 @@ impl Dispatcher {
     /// become [`Outcome::Retry`] (or a dead letter once attempts run out).
     pub async fn handle(&self, trigger: &Trigger) -> Outcome {
         let span = tracing::info_span!("trigger", order = %trigger.order_id, kind = trigger.kind.as_str(), phase = trigger.phase);
-        let _guard = span.enter();
         emit(Event::TriggerReceived {
             source: trigger.kind.as_str(),
         });
-        let outcome = match self.try_handle(trigger).await {
-            Ok(outcome) => outcome,
-            Err(e) => self.failed(trigger, None, e.to_string(), true).await,
-        };
-        tracing::debug!(?outcome, "trigger handled");
-        outcome
+        async {
+            let outcome = match self.try_handle(trigger).await {
+                Ok(outcome) => outcome,
+                Err(e) => self.failed(trigger, None, e.to_string(), true).await,
+            };
+            tracing::debug!(?outcome, "trigger handled");
+            outcome
+        }
+        .instrument(span)
+        .await
     }
 
     async fn try_handle(&self, trigger: &Trigger) -> Result<Outcome, DbError> {
@@ -275,11 +279,14 @@ impl Dispatcher {
                     &decided.record("ignore", "ignored", detail.to_string()),
                 )
                 .await?;
+                tx.commit().await?;
+                // The order stays open: ask again later, backing off up to `retry_max`, so an
+                // ignored order neither vanishes nor is re-swept (and re-logged) every interval.
                 if let Some(id) = trigger.row_id {
-                    outbox::finish(&mut tx, id, now_ms, Some(&format!("ignored: {reason}")))
+                    let due_ms = now_ms + self.backoff().delay_ms(trigger.attempt + 1);
+                    outbox::retry_later(&self.db, id, due_ms, &format!("ignored: {reason}"))
                         .await?;
                 }
-                tx.commit().await?;
                 Ok(Outcome::Ignored)
             }
             Ok(Decision::Wait {

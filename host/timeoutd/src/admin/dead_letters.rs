@@ -111,7 +111,7 @@ pub async fn redrive(State(s): State<AdminState>, Path(id): Path<i64>) -> ApiRes
     if marked == 0 {
         return Err(ApiError(
             StatusCode::CONFLICT,
-            format!("dead letter {id} is {}, not OPEN", letter["status"]),
+            format!("dead letter {id} is no longer OPEN"),
         ));
     }
     let phase: Option<i64> =

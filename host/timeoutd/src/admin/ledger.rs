@@ -35,10 +35,36 @@ pub async fn failed(State(s): State<AdminState>, Query(limit): Query<Limit>) -> 
     Ok(Json(json!({ "effects": effects })))
 }
 
-/// `POST /v1/ledger/{id}/retry`: a FAILED effect goes back to PENDING with a fresh attempt
-/// budget; the ledger executor's next round runs it (with its original idempotency key, so the
-/// target still recognises a repeat). 409 when it is not FAILED.
+/// `POST /v1/ledger/{id}/retry`: a FAILED external effect goes back to PENDING with a fresh
+/// attempt budget; the ledger executor's next round runs it (with its original idempotency key,
+/// so the target still recognises a repeat). 409 when it is not FAILED, or is an effect the
+/// close transaction applies (stock, coupon), which the executor cannot redo.
 pub async fn retry(State(s): State<AdminState>, Path(id): Path<i64>) -> ApiResult<Value> {
+    let kind: Option<String> =
+        s.db.backend()
+            .query("SELECT kind FROM effect_ledger WHERE id = ?")
+            .bind(id)
+            .fetch_optional(s.db.pool())
+            .await?
+            .map(|r| r.try_get(0))
+            .transpose()?;
+    match kind.as_deref() {
+        None => {
+            return Err(ApiError(
+                StatusCode::NOT_FOUND,
+                format!("ledger row {id} does not exist"),
+            ));
+        }
+        Some(k) if !crate::effects::RUNNABLE.contains(&k) => {
+            return Err(ApiError(
+                StatusCode::CONFLICT,
+                format!(
+                    "ledger row {id} is a `{k}` effect, applied inside the close transaction; fix the data and correct it by hand"
+                ),
+            ));
+        }
+        Some(_) => {}
+    }
     let mut tx = s.db.begin().await?;
     let done = crate::db::Backend::of(&tx)
         .query(

@@ -10,7 +10,7 @@ use super::{AdminState, ApiError, ApiResult};
 use crate::sources::sweep::SweepTuning;
 
 /// `GET /readyz`: 200 when the database answers and plugins are loaded, else 503 naming what
-/// is not ready; with the latest backlog sample (overdue orders, dead letters, ledger age).
+/// is not ready.
 pub async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
     let database =
         s.db.now_ms()
@@ -24,12 +24,9 @@ pub async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    let backlog = s.sample.borrow().clone();
     (
         status,
-        Json(
-            json!({ "ready": ready, "database": database, "plugins": plugins, "backlog": backlog }),
-        ),
+        Json(json!({ "ready": ready, "database": database, "plugins": plugins })),
     )
 }
 
@@ -39,6 +36,12 @@ pub async fn metrics() -> impl IntoResponse {
         [("content-type", "text/plain; version=0.0.4")],
         crate::events::metrics_handle().render(),
     )
+}
+
+/// `GET /v1/backlog`: the latest backlog sample (overdue orders by merchant, open dead letters,
+/// pending ledger effects and outbox rows, their ages).
+pub async fn backlog(State(s): State<AdminState>) -> ApiResult<crate::gauges::Sample> {
+    Ok(Json(s.sample.borrow().clone()))
 }
 
 /// `GET /v1/plugins`: per merchant, the plugin's name, API version and SHA-256.
@@ -68,11 +71,11 @@ pub async fn sweep_put(
     State(s): State<AdminState>,
     Json(t): Json<SweepTuning>,
 ) -> ApiResult<SweepTuning> {
-    if t.interval_ms < 100 || !(1..=100_000).contains(&t.batch) {
+    if !(100..=86_400_000).contains(&t.interval_ms) || !(1..=100_000).contains(&t.batch) {
         return Err(ApiError(
             StatusCode::UNPROCESSABLE_ENTITY,
             format!(
-                "interval_ms must be ≥ 100 and batch 1..=100000 (got {} and {})",
+                "interval_ms must be 100..=86400000 and batch 1..=100000 (got {} and {})",
                 t.interval_ms, t.batch
             ),
         ));

@@ -119,7 +119,12 @@ pub async fn timeline(State(s): State<AdminState>, Path(id): Path<String>) -> Ap
 pub async fn close(State(s): State<AdminState>, Path(id): Path<String>) -> ApiResult<Value> {
     let order = {
         let mut conn = s.db.pool().acquire().await?;
-        orders::load(&mut conn, &id).await?
+        orders::load(&mut conn, &id).await.map_err(|e| match e {
+            crate::db::DbError::BadRow { detail, .. } => {
+                ApiError(StatusCode::UNPROCESSABLE_ENTITY, detail)
+            }
+            other => other.into(),
+        })?
     }
     .ok_or_else(|| {
         ApiError(

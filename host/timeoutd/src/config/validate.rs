@@ -162,6 +162,65 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
             }
         }
     }
+    if let Some(admin) = &c.admin
+        && admin.sample_interval < std::time::Duration::from_millis(100)
+    {
+        p.push(
+            "admin.sample_interval",
+            "must be at least 100ms (each sample queries the database)",
+        );
+    }
+    if let Some(alerts) = &c.alerts
+        && alerts.interval < std::time::Duration::from_millis(100)
+    {
+        p.push(
+            "alerts.interval",
+            "must be at least 100ms (each evaluation queries the database)",
+        );
+    }
+    if c.effects.retry_initial > c.effects.retry_max {
+        p.push("effects.retry_initial", "is longer than effects.retry_max");
+    }
+    if c.effects.lease.is_zero() {
+        p.push("effects.lease", "must be longer than 0s");
+    }
+    if let Some(r) = &c.redis
+        && r.marker_ttl < std::time::Duration::from_secs(3600)
+    {
+        p.push(
+            "redis.marker_ttl",
+            "must be at least 1h: markers must outlast any replay of an effect",
+        );
+    }
+    if c.runtime.deadline > std::time::Duration::from_secs(10) {
+        p.push(
+            "runtime.deadline",
+            "must be at most 10s (a decision holds a worker thread)",
+        );
+    }
+    if c.runtime.max_memory_mib > 4096 {
+        p.push(
+            "runtime.max_memory_mib",
+            "must be at most 4096 (the engine reserves 4 GiB per memory)",
+        );
+    }
+    if matches!(crate::db::Backend::of_url(&c.database.url), Ok(b) if b != crate::db::Backend::Sqlite)
+    {
+        let path = c
+            .database
+            .url
+            .split_once("://")
+            .map_or("", |(_, rest)| rest);
+        let database = path
+            .split_once('/')
+            .map_or("", |(_, db)| db.split('?').next().unwrap_or(""));
+        if database.is_empty() {
+            p.push(
+                "database.url",
+                format!("`{}` names no database (…/DBNAME)", c.database.url),
+            );
+        }
+    }
     if c.effects.max_attempts == 0 {
         p.push("effects.max_attempts", "must be at least 1");
     }

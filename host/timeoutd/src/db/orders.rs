@@ -39,7 +39,7 @@ pub async fn load(conn: &mut AnyConnection, id: &str) -> Result<Option<Order>, D
         let quantity: i64 = r.try_get("quantity")?;
         Ok(OrderItem {
             sku: r.try_get("sku")?,
-            quantity: u32::try_from(quantity).map_err(|_| DbError::BadRow {
+            quantity: u32::try_from(quantity).ok().filter(|q| *q > 0).ok_or_else(|| DbError::BadRow {
                 table: "order_items",
                 detail: format!("order `{id}` has a line with quantity {quantity}"),
             })?,

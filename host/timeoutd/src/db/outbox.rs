@@ -19,8 +19,8 @@ pub struct DueRow {
     pub id: i64,
     /// Order it is for.
     pub order_id: String,
-    /// Phase to decide.
-    pub phase: u32,
+    /// Phase to decide, as stored (a value outside 0..=u32::MAX is a bad row).
+    pub phase: i64,
     /// Earlier attempts.
     pub attempts: u32,
     /// When it was due, epoch ms.
@@ -109,7 +109,7 @@ pub async fn claim_due(
             Ok(DueRow {
                 id: r.try_get("id")?,
                 order_id: r.try_get("order_id")?,
-                phase: r.try_get::<i64, _>("phase")?.clamp(0, u32::MAX as i64) as u32,
+                phase: r.try_get::<i64, _>("phase")?,
                 attempts: r.try_get::<i64, _>("attempts")?.clamp(0, u32::MAX as i64) as u32,
                 due_ms: r.try_get("due_ms")?,
                 source: r.try_get("source")?,

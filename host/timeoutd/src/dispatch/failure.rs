@@ -66,6 +66,19 @@ impl Dispatcher {
         })
     }
 
+    /// Dead-letters a trigger found malformed before dispatch (a bad outbox row).
+    pub async fn reject(&self, trigger: &Trigger, reason: &str) -> Outcome {
+        let result = async {
+            let now_ms = self.clock.now_ms(&self.db).await?;
+            self.dead_letter(trigger, now_ms, reason).await
+        }
+        .await;
+        result.unwrap_or_else(|e| Outcome::Retry {
+            due_ms: i64::MAX,
+            error: e.to_string(),
+        })
+    }
+
     /// Dead-letters a trigger that cannot succeed as it is (missing order, unknown merchant,
     /// attempts exhausted), and retires its outbox row.
     pub(super) async fn dead_letter(

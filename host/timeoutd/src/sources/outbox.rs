@@ -18,7 +18,7 @@ use crate::dispatch::{Dispatcher, Outcome, Trigger};
 /// Wakes the outbox timer when this process has written a row that may be due soon.
 pub type Waker = Arc<Notify>;
 
-/// The trigger a claimed row stands for.
+/// The trigger a claimed row stands for (a bad phase is reported by [`check_row`]).
 pub fn trigger_of(row: &DueRow) -> Trigger {
     Trigger {
         order_id: row.order_id.clone(),
@@ -27,11 +27,23 @@ pub fn trigger_of(row: &DueRow) -> Trigger {
             SOURCE_MANUAL => TriggerKind::Manual,
             _ => TriggerKind::Outbox,
         },
-        phase: row.phase,
+        phase: u32::try_from(row.phase).unwrap_or(0),
         attempt: row.attempts,
         due_ms: Some(row.due_ms),
         row_id: Some(row.id),
     }
+}
+
+/// Why a claimed row cannot be a trigger at all, if so.
+pub fn check_row(row: &DueRow) -> Option<String> {
+    u32::try_from(row.phase).is_err().then(|| {
+        format!(
+            "order_timeout_msg row {} has phase {}, outside 0..={}",
+            row.id,
+            row.phase,
+            u32::MAX
+        )
+    })
 }
 
 /// Runs the timer until `shutdown` turns true; a batch in flight is finished first.
@@ -98,7 +110,10 @@ async fn dispatch_batch(dispatcher: &Arc<Dispatcher>, rows: Vec<DueRow>, permits
         let dispatcher = dispatcher.clone();
         set.spawn(async move {
             let trigger = trigger_of(&row);
-            let outcome = dispatcher.handle(&trigger).await;
+            let outcome = match check_row(&row) {
+                None => dispatcher.handle(&trigger).await,
+                Some(reason) => dispatcher.reject(&trigger, &reason).await,
+            };
             drop(permit);
             outcome
         });
