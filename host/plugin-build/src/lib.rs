@@ -20,6 +20,11 @@ pub fn build(plugins: &[&str]) {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("run from build.rs"));
     let root = workspace_root(&manifest);
     println!("cargo:rerun-if-changed={}", root.join("wit").display());
+    // The `plugin` profile lives in the workspace manifest.
+    println!(
+        "cargo:rerun-if-changed={}",
+        root.join("Cargo.toml").display()
+    );
     println!(
         "cargo:rerun-if-changed={}",
         root.join("plugins/sdk").display()

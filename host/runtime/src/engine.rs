@@ -75,11 +75,13 @@ impl PolicyEngine {
             .total_memories(limits.max_concurrent_instances * 2)
             .total_tables(limits.max_concurrent_instances * 4)
             .max_memory_size(limits.max_memory_bytes)
-            // Keep the first pages of a released slot resident and zero them in place instead of
-            // unmapping: re-instantiating the same plugin then faults in nothing. Measured on the
-            // 2-core CI machine: ~7 µs per instantiate+decide against ~25 µs without, and without
-            // it madvise contention makes it slower as threads are added.
-            .linear_memory_keep_resident(1 << 20)
+            // Keep the first pages of a released slot resident and reset them in place instead of
+            // unmapping: re-instantiating the same plugin then faults in nothing. A Rust guest's
+            // 1 MiB shadow stack sits below its data and heap, so 4 MiB covers what a decision
+            // touches (with pagemap scan only dirtied pages are reset, so the size costs little).
+            // Untuned, instantiate+decide measured ~25 µs here and got slower with more threads
+            // (madvise contention).
+            .linear_memory_keep_resident(4 << 20)
             .table_keep_resident(64 << 10)
             // Linux 6.7+: reset only the pages a call dirtied (found by PAGEMAP_SCAN).
             .pagemap_scan(Enabled::Auto);

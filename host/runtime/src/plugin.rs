@@ -165,70 +165,55 @@ impl Plugin {
 
     fn check_size(&self, decision: &Decision) -> Result<(), DecideError> {
         let limits = self.inner.engine.limits();
-        let oversized = |reason: String| DecideError::Oversized {
-            plugin: self.name().to_string(),
-            reason,
+        let (max_str, max_n) = (limits.max_string_bytes, limits.max_effects);
+        // Cheap checks first; field names are only built for the error.
+        let too_long = |s: &str| s.len() > max_str;
+        let notice_ok = |n: &Notice| {
+            !too_long(&n.channel)
+                && !too_long(&n.template)
+                && n.params.len() <= max_n
+                && n.params.iter().all(|(k, v)| !too_long(k) && !too_long(v))
         };
-        let check_str = |field: &str, s: &str| {
-            if s.len() > limits.max_string_bytes {
-                Err(oversized(format!(
-                    "{field} is {} bytes, limit {}",
-                    s.len(),
-                    limits.max_string_bytes
-                )))
-            } else {
-                Ok(())
-            }
+        let effect_ok = |e: &Effect| match e {
+            Effect::RestoreStock { sku: a, .. }
+            | Effect::RestoreFlashStock { activity: a, .. }
+            | Effect::ReleaseCoupon { coupon: a }
+            | Effect::ClosePayment { payment_ref: a } => !too_long(a),
+            Effect::ReleaseFlashSlot { activity, user } => !too_long(activity) && !too_long(user),
+            Effect::Notify(n) => notice_ok(n),
         };
-        let check_notice = |field: &str, n: &Notice| {
-            check_str(&format!("{field}.channel"), &n.channel)?;
-            check_str(&format!("{field}.template"), &n.template)?;
-            if n.params.len() > limits.max_effects {
-                return Err(oversized(format!(
-                    "{field} has {} params, limit {}",
-                    n.params.len(),
-                    limits.max_effects
-                )));
+        let problem = match decision {
+            Decision::Wait { reminder, .. } => reminder
+                .as_ref()
+                .filter(|n| !notice_ok(n))
+                .map(|_| "wait.reminder has an oversized field or too many params".to_string()),
+            Decision::Ignore { reason } => {
+                too_long(reason).then(|| format!("ignore.reason is {} bytes", reason.len()))
             }
-            for (k, v) in &n.params {
-                check_str(&format!("{field}.params"), k)?;
-                check_str(&format!("{field}.params[{k}]"), v)?;
-            }
-            Ok(())
-        };
-        match decision {
-            Decision::Wait { reminder, .. } => {
-                if let Some(n) = reminder {
-                    check_notice("wait.reminder", n)?;
-                }
-            }
-            Decision::Ignore { reason } => check_str("ignore.reason", reason)?,
             Decision::Cancel { reason, effects } => {
-                check_str("cancel.reason", reason)?;
-                if effects.len() > limits.max_effects {
-                    return Err(oversized(format!(
-                        "cancel has {} effects, limit {}",
-                        effects.len(),
-                        limits.max_effects
-                    )));
-                }
-                for (i, effect) in effects.iter().enumerate() {
-                    let field = format!("cancel.effects[{i}]");
-                    match effect {
-                        Effect::RestoreStock { sku: a, .. }
-                        | Effect::RestoreFlashStock { activity: a, .. }
-                        | Effect::ReleaseCoupon { coupon: a }
-                        | Effect::ClosePayment { payment_ref: a } => check_str(&field, a)?,
-                        Effect::ReleaseFlashSlot { activity, user } => {
-                            check_str(&field, activity)?;
-                            check_str(&field, user)?;
-                        }
-                        Effect::Notify(n) => check_notice(&field, n)?,
-                    }
+                if too_long(reason) {
+                    Some(format!("cancel.reason is {} bytes", reason.len()))
+                } else if effects.len() > max_n {
+                    Some(format!(
+                        "cancel has {} effects, limit {max_n}",
+                        effects.len()
+                    ))
+                } else {
+                    effects.iter().position(|e| !effect_ok(e)).map(|i| {
+                        format!("cancel.effects[{i}] has an oversized field or too many params")
+                    })
                 }
             }
+        };
+        match problem {
+            None => Ok(()),
+            Some(reason) => Err(DecideError::Oversized {
+                plugin: self.name().to_string(),
+                reason: format!(
+                    "{reason} (limits: {max_str} bytes per string, {max_n} effects or params)"
+                ),
+            }),
         }
-        Ok(())
     }
 }
 
