@@ -166,16 +166,9 @@ pub fn router(state: AdminState) -> Router {
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AdminState,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    let served = axum::serve(listener, router(state))
-        .with_graceful_shutdown(async move {
-            let _ = shutdown.wait_for(|stop| *stop).await;
-        })
-        .await;
-    if let Err(e) = served {
-        tracing::error!(error = %e, "admin API failed");
-    }
+    crate::http::serve_until(listener, router(state), shutdown, "admin API").await;
 }
 
 /// Refuses calls without a known bearer token (401, logged on target `timeoutd::audit`) and

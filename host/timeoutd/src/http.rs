@@ -57,19 +57,30 @@ pub fn router(state: HttpState) -> Router {
         .with_state(state)
 }
 
-/// Serves `router` on `listener` until `shutdown` turns true.
+/// Serves the payment callbacks on `listener` until `shutdown` turns true.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: HttpState,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    let served = axum::serve(listener, router(state))
+    serve_until(listener, router(state), shutdown, "http endpoint").await;
+}
+
+/// Serves `app` on `listener` until `shutdown` turns true, letting requests in flight finish;
+/// a failure is logged naming `what` (the daemon's HTTP listeners all stop this way).
+pub async fn serve_until(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    mut shutdown: watch::Receiver<bool>,
+    what: &str,
+) {
+    let served = axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             let _ = shutdown.wait_for(|stop| *stop).await;
         })
         .await;
     if let Err(e) = served {
-        tracing::error!(error = %e, "http endpoint failed");
+        tracing::error!(error = %e, "{what} failed");
     }
 }
 
