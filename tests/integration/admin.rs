@@ -13,7 +13,7 @@ const TOKEN: &str = "test-token-0123456789";
 
 fn admin_config(env: &Env, merchants: &str) -> timeoutd::config::Config {
     let toml = format!(
-        "[admin]\nlisten = \"127.0.0.1:0\"\nsample_interval = \"100ms\"\noverdue_margin = \"1s\"\n[admin.tokens]\nops = \"{TOKEN}\"\n\
+        "[redis]\nurl = \"redis://127.0.0.1:6379\"\n[admin]\nlisten = \"127.0.0.1:0\"\nsample_interval = \"100ms\"\noverdue_margin = \"1s\"\n[admin.tokens]\nops = \"{TOKEN}\"\n\
          [sweep]\nenabled = false\n[database]\nurl = \"{}\"\n{merchants}",
         env.url
     );
@@ -75,6 +75,8 @@ each_backend! {
         assert_eq!(status, 200);
         assert_eq!(plugins["plugins"][0]["api_version"], "0.1.0");
         assert_eq!(reqwest::get(format!("{}/healthz", api.base)).await.unwrap().status(), 200);
+        let ready: Value = reqwest::get(format!("{}/readyz", api.base)).await.unwrap().json().await.unwrap();
+        assert_eq!((ready["ready"].as_bool(), ready["database"].as_str(), ready["redis"].as_str()), (Some(true), Some("ok"), Some("ok")), "{ready}");
         // Every documented route is served (a missing one answers 404 without a JSON error, or 405).
         for (method, path) in timeoutd::admin::ROUTES {
             let path = path.replace("{id}", "1");

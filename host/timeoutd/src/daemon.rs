@@ -158,6 +158,7 @@ impl Daemon {
                 clock.clone(),
                 dispatcher.clone(),
                 policies.clone(),
+                effects.clone(),
                 waker.clone(),
                 sweep_tuning.clone(),
                 sample_rx,

@@ -139,6 +139,14 @@ impl EffectRunner {
         })
     }
 
+    /// Whether Redis answers: `None` when no `[redis]` is configured.
+    pub async fn redis_ready(&self) -> Option<Result<(), String>> {
+        match &self.flash {
+            Some(flash) => Some(flash.ping().await),
+            None => None,
+        }
+    }
+
     /// Uses `gateway` for `close-payment` and refunds.
     pub fn with_payments(mut self, gateway: Arc<dyn PaymentGateway>) -> Self {
         self.payments = Some(gateway);

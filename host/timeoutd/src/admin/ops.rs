@@ -9,16 +9,21 @@ use serde_json::{Value, json};
 use super::{AdminState, ApiError, ApiResult};
 use crate::sources::sweep::SweepTuning;
 
-/// `GET /readyz`: 200 when the database answers and plugins are loaded, else 503 naming what
-/// is not ready.
+/// `GET /readyz`: 200 when the database (and Redis, when configured) answer and plugins are
+/// loaded, else 503 naming what is not ready.
 pub async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
     let database =
         s.db.now_ms()
             .await
             .map(|_| "ok".to_string())
             .unwrap_or_else(|e| e.to_string());
+    let redis = match s.effects.redis_ready().await {
+        None => "not configured".to_string(),
+        Some(Ok(())) => "ok".to_string(),
+        Some(Err(e)) => e,
+    };
     let plugins = s.policies.all().len();
-    let ready = database == "ok" && plugins > 0;
+    let ready = database == "ok" && plugins > 0 && (redis == "ok" || redis == "not configured");
     let status = if ready {
         StatusCode::OK
     } else {
@@ -26,7 +31,7 @@ pub async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
     };
     (
         status,
-        Json(json!({ "ready": ready, "database": database, "plugins": plugins })),
+        Json(json!({ "ready": ready, "database": database, "redis": redis, "plugins": plugins })),
     )
 }
 

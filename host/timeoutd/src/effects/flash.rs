@@ -76,6 +76,19 @@ impl FlashSale {
         })
     }
 
+    /// `PING`: whether Redis (or the cluster) answers.
+    ///
+    /// # Errors
+    /// The client's message when it does not.
+    pub async fn ping(&self) -> Result<(), String> {
+        let cmd = redis::cmd("PING");
+        let pong: Result<String, _> = match &self.conn {
+            Connection::Single(c) => cmd.query_async(&mut c.clone()).await,
+            Connection::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+        };
+        pong.map(|_| ()).map_err(|e| e.to_string())
+    }
+
     /// `INCRBY stock_key quantity`, once per `idempotency_key`.
     ///
     /// # Errors
