@@ -388,3 +388,26 @@ each_backend! {
         assert_eq!(env.status("badphase").await, "PENDING");
     }
 }
+
+each_backend! {
+    /// A plugin that keeps failing is tripped: its triggers wait out the trip instead of being
+    /// retried in a loop.
+    async fn a_plugin_failing_repeatedly_is_tripped_and_not_called(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&order("tripwire", "evil", T0)).await;
+        let config = env.config(
+            &[("evil", "hostile", &[("mode", "panic")])],
+            "[runtime]\ntrip_after = 2\ntrip_for = \"30s\"\n[dispatch]\nmax_attempts = 10\nretry_initial = \"1s\"\n",
+        );
+        let (clock, now) = Clock::manual(T0);
+        let d = env.dispatcher(&config, clock).await;
+        assert!(matches!(env.process(&d, T0).await[..], [Outcome::Retry { .. }]));
+        now.store(T0 + 1_000, std::sync::atomic::Ordering::SeqCst);
+        assert!(matches!(env.process(&d, T0 + 1_000).await[..], [Outcome::Retry { .. }]));
+        now.store(T0 + 3_000, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(env.process(&d, T0 + 3_000).await, vec![Outcome::Tripped { until_ms: T0 + 31_000 }]);
+        assert_eq!(env.int("SELECT due_ms FROM order_timeout_msg WHERE order_id = ?", "tripwire").await, T0 + 31_000);
+        assert_eq!(env.int("SELECT COUNT(*) FROM decision_log WHERE order_id = ?", "tripwire").await, 2, "not called while tripped");
+        assert_eq!(env.status("tripwire").await, "PENDING");
+    }
+}

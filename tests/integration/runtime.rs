@@ -233,3 +233,46 @@ fn walk(dir: &std::path::Path) -> Vec<String> {
     }
     out
 }
+
+/// A new plugin version on disk replaces the old one; a broken one is refused and the old one
+/// keeps serving.
+#[test]
+fn plugin_files_are_hot_reloaded_and_a_bad_version_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.wasm");
+    std::fs::write(&path, builtin("single-phase").unwrap()).unwrap();
+    let toml = format!(
+        "[database]\nurl = \"sqlite://{}/x.db\"\n[merchants.m]\nplugin = \"{}\"\n",
+        dir.path().display(),
+        path.display()
+    );
+    let config = timeoutd::config::Config::from_toml(&toml, dir.path(), &|_| None).unwrap();
+    let policies = timeoutd::daemon::load_policies(&config).unwrap();
+    let first = policies.get("m").unwrap().plugin.digest().to_string();
+    assert!(
+        !policies.reload(false)[0].changed,
+        "nothing changed on disk"
+    );
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(&path, builtin("two-phase").unwrap()).unwrap();
+    let report = policies.reload(false);
+    assert!(report[0].changed, "{report:?}");
+    let second = policies.get("m").unwrap().plugin.digest().to_string();
+    assert_ne!(first, second);
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(&path, b"not wasm at all").unwrap();
+    let report = policies.reload(false);
+    assert!(
+        report[0]
+            .refused
+            .as_deref()
+            .unwrap()
+            .contains("not a WebAssembly component"),
+        "{report:?}"
+    );
+    assert_eq!(
+        policies.get("m").unwrap().plugin.digest(),
+        second,
+        "the old version keeps serving"
+    );
+}

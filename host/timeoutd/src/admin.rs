@@ -49,6 +49,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/ledger/{id}/retry"),
     ("get", "/v1/backlog"),
     ("get", "/v1/plugins"),
+    ("post", "/v1/plugins/reload"),
     ("get", "/v1/sweep"),
     ("put", "/v1/sweep"),
 ];
@@ -151,6 +152,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/ledger/{id}/retry", post(ledger::retry))
         .route("/v1/backlog", get(ops::backlog))
         .route("/v1/plugins", get(ops::plugins))
+        .route("/v1/plugins/reload", post(ops::reload_plugins))
         .route("/v1/sweep", get(ops::sweep_get).put(ops::sweep_put))
         .layer(middleware::from_fn_with_state(
             state.clone(),

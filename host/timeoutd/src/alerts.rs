@@ -105,5 +105,6 @@ fn signal(s: &Sample, signal: AlertSignal) -> f64 {
         AlertSignal::LedgerOldestPendingSeconds => s.ledger_oldest_pending_ms as f64 / 1e3,
         AlertSignal::OutboxOldestDueSeconds => s.outbox_oldest_due_ms as f64 / 1e3,
         AlertSignal::SweepConsecutiveFailures => s.sweep_consecutive_failures as f64,
+        AlertSignal::PluginsTripped => s.plugins_tripped.len() as f64,
     }
 }

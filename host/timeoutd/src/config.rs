@@ -151,6 +151,16 @@ pub struct RuntimeConfig {
     /// Largest memory a plugin may use, MiB.
     #[serde(default = "defaults::max_memory_mib")]
     pub max_memory_mib: u32,
+    /// Failed decisions in a row (traps, plugin errors, oversized answers) that trip a
+    /// merchant's plugin: its triggers then wait `trip_for` instead of being retried.
+    #[serde(default = "defaults::trip_after")]
+    pub trip_after: u32,
+    /// How long a tripped plugin is left alone.
+    #[serde(default = "defaults::trip_for", with = "duration")]
+    pub trip_for: Duration,
+    /// How often plugin files are checked for a new version (hot reload); `0s` turns it off.
+    #[serde(default = "defaults::watch_plugins", with = "duration")]
+    pub watch_plugins: Duration,
     /// Directory for precompiled plugins, created if missing (a relative path is relative to the
     /// working directory, like a SQLite path); without it every start compiles every plugin.
     #[serde(default)]
@@ -320,6 +330,8 @@ pub enum AlertSignal {
     OutboxOldestDueSeconds,
     /// Sweeps failed in a row.
     SweepConsecutiveFailures,
+    /// Merchants whose plugin is tripped.
+    PluginsTripped,
 }
 
 /// What to do when a closed order's payment turns out to have succeeded.
@@ -489,6 +501,15 @@ mod defaults {
     }
     pub fn overdue_margin() -> Duration {
         Duration::from_secs(60)
+    }
+    pub fn trip_after() -> u32 {
+        5
+    }
+    pub fn trip_for() -> Duration {
+        Duration::from_secs(30)
+    }
+    pub fn watch_plugins() -> Duration {
+        Duration::from_secs(2)
     }
     pub fn alert_interval() -> Duration {
         Duration::from_secs(15)

@@ -142,6 +142,7 @@ impl Daemon {
                 every,
                 margin,
                 config.merchants.keys().cloned().collect(),
+                policies.clone(),
                 sample_tx,
                 config.alerts.clone().map(crate::alerts::Alerts::new),
                 rx.clone(),
@@ -165,6 +166,16 @@ impl Daemon {
                 admin,
             );
             tasks.spawn(crate::admin::serve(listener, state, rx.clone()));
+        }
+        if !config.runtime.watch_plugins.is_zero() {
+            let (policies, every, mut stop) =
+                (policies.clone(), config.runtime.watch_plugins, rx.clone());
+            tasks.spawn(async move {
+                while !sources::sleep_or_shutdown(every, &mut stop).await {
+                    let p = policies.clone();
+                    let _ = tokio::task::spawn_blocking(move || p.reload(false)).await;
+                }
+            });
         }
         let mut backlog_rx = rx;
         tasks.spawn(async move {

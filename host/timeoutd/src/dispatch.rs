@@ -80,6 +80,11 @@ pub enum Outcome {
         /// New due time, epoch ms.
         until_ms: i64,
     },
+    /// The merchant's plugin is tripped (failed repeatedly): the trigger waits until then.
+    Tripped {
+        /// When the trip ends, epoch ms.
+        until_ms: i64,
+    },
     /// The decision exceeded the order and was refused (dead-lettered).
     Refused {
         /// Every violation.
@@ -229,6 +234,13 @@ impl Dispatcher {
             );
             return self.dead_letter(trigger, now_ms, &reason).await;
         };
+        if let Some(until_ms) = policy.breaker.open_until(now_ms) {
+            if let Some(id) = trigger.row_id {
+                outbox::defer(&self.db, id, until_ms).await?;
+            }
+            tracing::debug!(merchant = %order.merchant, until_ms, "plugin tripped; trigger waits");
+            return Ok(Outcome::Tripped { until_ms });
+        }
         let ctx = Context {
             now_ms,
             trigger: trigger.kind,
@@ -246,6 +258,16 @@ impl Dispatcher {
             .await
             .expect("plugin call thread panicked")
         };
+        if policy.breaker.record(answer.is_ok(), now_ms) {
+            tracing::error!(
+                merchant = %order.merchant,
+                plugin = policy.plugin.name(),
+                "plugin tripped after failing repeatedly; its triggers wait until the trip ends"
+            );
+            emit(Event::PluginTripped {
+                merchant: &order.merchant,
+            });
+        }
         emit(Event::Decided {
             merchant: &order.merchant,
             decision: answer.as_ref().map_or("error", |d| d.kind()),

@@ -31,6 +31,11 @@ pub enum Event<'a> {
         /// `deadline`, `memory` or `fault`.
         kind: &'a str,
     },
+    /// A merchant's plugin was tripped by its circuit breaker.
+    PluginTripped {
+        /// Merchant.
+        merchant: &'a str,
+    },
     /// An order was closed.
     Closed {
         /// Trigger kind that closed it.
@@ -80,6 +85,9 @@ pub fn emit(event: Event<'_>) {
         Event::PluginTrap { plugin, kind } => {
             counter!("timeoutd_plugin_traps_total", "plugin" => plugin.to_string(), "kind" => kind.to_string())
                 .increment(1);
+        }
+        Event::PluginTripped { merchant } => {
+            counter!("timeoutd_plugin_trips_total", "merchant" => merchant.to_string()).increment(1)
         }
         Event::Closed {
             source,

@@ -30,6 +30,8 @@ pub struct Sample {
     pub outbox_oldest_due_ms: i64,
     /// Sweeps of this process that failed in a row.
     pub sweep_consecutive_failures: u64,
+    /// Merchants whose plugin is tripped.
+    pub plugins_tripped: Vec<String>,
 }
 
 impl Sample {
@@ -43,7 +45,12 @@ impl Sample {
 ///
 /// # Errors
 /// [`DbError`] when a query fails.
-pub async fn sample(db: &Db, clock: &Clock, margin: Duration) -> Result<Sample, DbError> {
+pub async fn sample(
+    db: &Db,
+    clock: &Clock,
+    margin: Duration,
+    policies: &crate::policies::Policies,
+) -> Result<Sample, DbError> {
     let now = clock.now_ms(db).await?;
     let b = db.backend();
     let overdue_open = b
@@ -82,6 +89,7 @@ pub async fn sample(db: &Db, clock: &Clock, margin: Duration) -> Result<Sample, 
         outbox_due,
         outbox_oldest_due_ms: outbox_oldest.map_or(0, |t| now - t),
         sweep_consecutive_failures: crate::sources::sweep::consecutive_failures(),
+        plugins_tripped: policies.tripped(now),
     })
 }
 
@@ -132,12 +140,13 @@ pub async fn run(
     every: Duration,
     margin: Duration,
     merchants: Vec<String>,
+    policies: std::sync::Arc<crate::policies::Policies>,
     latest: watch::Sender<Sample>,
     mut alerts: Option<crate::alerts::Alerts>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
-        match sample(&db, &clock, margin).await {
+        match sample(&db, &clock, margin, &policies).await {
             Ok(s) => {
                 publish(&s, &merchants);
                 if let Some(alerts) = alerts.as_mut()

@@ -1,9 +1,22 @@
-//! Merchants' policy plugins: loading them from the config and finding the one for an order.
+//! Merchants' policy plugins: loading them from the config, finding the one for an order,
+//! reloading them without a restart, and tripping the ones that keep failing.
+//!
+//! A reload validates and compiles each changed plugin before it replaces the old one; a plugin
+//! that does not load is refused with its reason and the old one keeps serving. Decisions in
+//! flight hold their own `Arc<MerchantPolicy>` and finish on the version they started with; the
+//! decision log records the digest each one used.
+
+mod breaker;
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
+use std::time::SystemTime;
 
+use serde::Serialize;
 use timeoutd_runtime::{LoadError, Plugin, PolicyEngine, RuntimeLimits};
+
+pub use breaker::{Breaker, BreakerState};
 
 use crate::config::{Config, PluginSource};
 
@@ -28,12 +41,44 @@ pub struct MerchantPolicy {
     pub plugin: Plugin,
     /// Settings from `[merchants.<id>.settings]`, in key order.
     pub settings: Vec<(String, String)>,
+    /// Trips after consecutive failures (shared across reloads of this merchant's plugin).
+    pub breaker: Arc<Breaker>,
+}
+
+/// Where a merchant's plugin comes from, and the file's stamp when it was last loaded.
+#[derive(Debug, Clone)]
+struct Source {
+    name: String,
+    source: PluginSource,
+    stamp: Option<(SystemTime, u64)>,
+}
+
+/// What a reload did for one merchant.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Reloaded {
+    /// Merchant.
+    pub merchant: String,
+    /// The digest now serving.
+    pub digest: String,
+    /// Whether a new version replaced the old one.
+    pub changed: bool,
+    /// Why a new version was refused (the old one keeps serving).
+    pub refused: Option<String>,
 }
 
 /// Every merchant's policy, by merchant id.
-#[derive(Debug, Default)]
 pub struct Policies {
+    engine: PolicyEngine,
     by_merchant: RwLock<HashMap<String, Arc<MerchantPolicy>>>,
+    sources: RwLock<HashMap<String, Source>>,
+}
+
+impl std::fmt::Debug for Policies {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Policies")
+            .field("merchants", &self.all().len())
+            .finish()
+    }
 }
 
 /// The engine limits a config asks for.
@@ -53,16 +98,26 @@ impl Policies {
     pub fn load(config: &Config, engine: &PolicyEngine) -> Result<Policies, Vec<String>> {
         let mut loaded: HashMap<PluginSource, Plugin> = HashMap::new();
         let mut map = HashMap::new();
+        let mut sources = HashMap::new();
         let mut problems = Vec::new();
         for (id, merchant) in &config.merchants {
-            let source = config.plugin_source(merchant);
-            let plugin = match loaded.get(&source) {
+            let source = Source {
+                name: merchant.plugin.clone(),
+                source: config.plugin_source(merchant),
+                stamp: None,
+            };
+            let stamp = stamp(&source.source);
+            let plugin = match loaded.get(&source.source) {
                 Some(p) => Ok(p.clone()),
-                None => load_source(engine, &merchant.plugin, &source),
+                None => load_source(engine, &source.name, &source.source),
             };
             match plugin {
                 Ok(plugin) => {
-                    loaded.insert(source, plugin.clone());
+                    loaded.insert(source.source.clone(), plugin.clone());
+                    let breaker = Arc::new(Breaker::new(
+                        config.runtime.trip_after,
+                        config.runtime.trip_for.as_millis() as i64,
+                    ));
                     map.insert(
                         id.clone(),
                         Arc::new(MerchantPolicy {
@@ -73,15 +128,19 @@ impl Policies {
                                 .iter()
                                 .map(|(k, v)| (k.clone(), v.clone()))
                                 .collect(),
+                            breaker,
                         }),
                     );
+                    sources.insert(id.clone(), Source { stamp, ..source });
                 }
                 Err(e) => problems.push(format!("merchants.{id}.plugin: {e}")),
             }
         }
         if problems.is_empty() {
             Ok(Policies {
+                engine: engine.clone(),
                 by_merchant: RwLock::new(map),
+                sources: RwLock::new(sources),
             })
         } else {
             Err(problems)
@@ -108,6 +167,114 @@ impl Policies {
             .collect();
         all.sort_by(|a, b| a.merchant.cmp(&b.merchant));
         all
+    }
+
+    /// Merchants whose breaker is open at `now_ms`.
+    pub fn tripped(&self, now_ms: i64) -> Vec<String> {
+        self.all()
+            .into_iter()
+            .filter(|p| p.breaker.state(now_ms) == BreakerState::Open)
+            .map(|p| p.merchant.clone())
+            .collect()
+    }
+
+    /// Reloads the plugin files that changed on disk since they were loaded (all of them with
+    /// `force`). Each new version is compiled and linked before it replaces the old; one that
+    /// fails is refused and the old one keeps serving. Runs the compiler: call it off the async
+    /// threads.
+    pub fn reload(&self, force: bool) -> Vec<Reloaded> {
+        let sources: Vec<(String, Source)> = self
+            .sources
+            .read()
+            .expect("policy sources lock poisoned")
+            .iter()
+            .map(|(m, s)| (m.clone(), s.clone()))
+            .collect();
+        let mut report = Vec::new();
+        for (merchant, source) in sources {
+            let Some(current) = self.get(&merchant) else {
+                continue;
+            };
+            let now_stamp = stamp(&source.source);
+            let changed_on_disk = now_stamp != source.stamp;
+            if !(force || changed_on_disk) || matches!(source.source, PluginSource::Builtin(_)) {
+                report.push(Reloaded {
+                    merchant,
+                    digest: current.plugin.digest().to_string(),
+                    changed: false,
+                    refused: None,
+                });
+                continue;
+            }
+            match load_source(&self.engine, &source.name, &source.source) {
+                Ok(plugin) if plugin.digest() == current.plugin.digest() => {
+                    self.remember(&merchant, now_stamp);
+                    report.push(Reloaded {
+                        merchant,
+                        digest: plugin.digest().to_string(),
+                        changed: false,
+                        refused: None,
+                    });
+                }
+                Ok(plugin) => {
+                    let digest = plugin.digest().to_string();
+                    let next = Arc::new(MerchantPolicy {
+                        merchant: merchant.clone(),
+                        plugin,
+                        settings: current.settings.clone(),
+                        breaker: current.breaker.clone(),
+                    });
+                    next.breaker.reset();
+                    self.by_merchant
+                        .write()
+                        .expect("policy map lock poisoned")
+                        .insert(merchant.clone(), next);
+                    self.remember(&merchant, now_stamp);
+                    tracing::warn!(%merchant, old = current.plugin.digest(), new = %digest, "plugin reloaded");
+                    report.push(Reloaded {
+                        merchant,
+                        digest,
+                        changed: true,
+                        refused: None,
+                    });
+                }
+                Err(e) => {
+                    // Remember the stamp so a bad file is reported once, not on every check.
+                    self.remember(&merchant, now_stamp);
+                    tracing::error!(%merchant, error = %e, "new plugin version refused; the old one keeps serving");
+                    report.push(Reloaded {
+                        merchant,
+                        digest: current.plugin.digest().to_string(),
+                        changed: false,
+                        refused: Some(e.to_string()),
+                    });
+                }
+            }
+        }
+        report.sort_by(|a, b| a.merchant.cmp(&b.merchant));
+        report
+    }
+
+    fn remember(&self, merchant: &str, stamp: Option<(SystemTime, u64)>) {
+        if let Some(s) = self
+            .sources
+            .write()
+            .expect("policy sources lock poisoned")
+            .get_mut(merchant)
+        {
+            s.stamp = stamp;
+        }
+    }
+}
+
+/// A plugin file's modification time and size (none for built-ins or unreadable files).
+fn stamp(source: &PluginSource) -> Option<(SystemTime, u64)> {
+    match source {
+        PluginSource::Builtin(_) => None,
+        PluginSource::File(path) => {
+            let meta = std::fs::metadata(PathBuf::from(path)).ok()?;
+            Some((meta.modified().ok()?, meta.len()))
+        }
     }
 }
 

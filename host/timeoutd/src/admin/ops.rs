@@ -49,8 +49,9 @@ pub async fn backlog(State(s): State<AdminState>) -> ApiResult<crate::gauges::Sa
     Ok(Json(s.sample.borrow().clone()))
 }
 
-/// `GET /v1/plugins`: per merchant, the plugin's name, API version and SHA-256.
+/// `GET /v1/plugins`: per merchant, the plugin's name, API version, SHA-256 and circuit state.
 pub async fn plugins(State(s): State<AdminState>) -> ApiResult<Value> {
+    let now = s.clock.now_ms(&s.db).await?;
     let plugins: Vec<Value> = s
         .policies
         .all()
@@ -59,10 +60,21 @@ pub async fn plugins(State(s): State<AdminState>) -> ApiResult<Value> {
             json!({
                 "merchant": p.merchant, "plugin": p.plugin.name(),
                 "api_version": p.plugin.api_version(), "digest": p.plugin.digest(),
+                "circuit": p.breaker.state(now), "tripped_until_ms": p.breaker.open_until(now),
             })
         })
         .collect();
     Ok(Json(json!({ "plugins": plugins })))
+}
+
+/// `POST /v1/plugins/reload`: loads every file plugin anew; a version that does not load is
+/// refused (reported) and the old one keeps serving.
+pub async fn reload_plugins(State(s): State<AdminState>) -> ApiResult<Value> {
+    let policies = s.policies.clone();
+    let report = tokio::task::spawn_blocking(move || policies.reload(true))
+        .await
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    Ok(Json(json!({ "plugins": report })))
 }
 
 /// `GET /v1/sweep`: the sweep's current tuning.

@@ -75,6 +75,9 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
             p.push(key, "must be at least 1");
         }
     }
+    if c.runtime.trip_after == 0 {
+        p.push("runtime.trip_after", "must be at least 1");
+    }
     if c.outbox.lease.is_zero() {
         p.push("outbox.lease", "must be longer than 0s");
     }
