@@ -14,7 +14,7 @@ const TOKEN: &str = "test-token-0123456789";
 fn admin_config(env: &Env, merchants: &str) -> timeoutd::config::Config {
     let toml = format!(
         "[redis]\nurl = \"redis://127.0.0.1:6379\"\n[admin]\nlisten = \"127.0.0.1:0\"\nsample_interval = \"100ms\"\noverdue_margin = \"1s\"\n[admin.tokens]\nops = \"{TOKEN}\"\n\
-         [sweep]\nenabled = false\n[database]\nurl = \"{}\"\n{merchants}",
+         [sweep]\nenabled = false\n[runtime]\ndeadline = \"2s\"\n[database]\nurl = \"{}\"\n{merchants}",
         env.url
     );
     timeoutd::config::Config::from_toml(&toml, env.dir.path(), &|_| None).unwrap()

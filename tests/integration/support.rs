@@ -128,7 +128,11 @@ impl Env {
     pub fn config(&self, merchants: &[MerchantSpec<'_>], extra: &str) -> Config {
         let hostile = self.dir.path().join("hostile.wasm");
         std::fs::write(&hostile, HOSTILE_WASM).unwrap();
-        let mut toml = format!("{extra}\n[database]\nurl = \"{}\"\n", self.url);
+        let mut toml = format!(
+            "{}\n[database]\nurl = \"{}\"\n",
+            generous_deadline(extra),
+            self.url
+        );
         for (id, plugin, settings) in merchants {
             let plugin = if *plugin == "hostile" {
                 hostile.display().to_string()
@@ -303,6 +307,19 @@ pub fn order(id: &str, merchant: &str, deadline_ms: i64) -> Order {
 
 /// Fixed epoch ms the manual-clock tests start from (2026-11-29T10:00:00Z).
 pub const T0: i64 = 1_795_946_400_000;
+
+/// `extra` with a plugin deadline of 2 s unless it sets one: the suite runs many debug-build
+/// tests at once on two cores, where a 50 ms wall-clock deadline can be hit by a healthy plugin
+/// that was merely descheduled. (The sandbox tests set their own deadlines.)
+pub fn generous_deadline(extra: &str) -> String {
+    if extra.contains("deadline =") {
+        extra.to_string()
+    } else if extra.contains("[runtime]\n") {
+        extra.replacen("[runtime]\n", "[runtime]\ndeadline = \"2s\"\n", 1)
+    } else {
+        format!("{extra}\n[runtime]\ndeadline = \"2s\"\n")
+    }
+}
 
 /// The `timeoutd` binary: `$TIMEOUTD_BIN`, or next to this test binary's `deps/` directory.
 pub fn timeoutd_bin() -> PathBuf {

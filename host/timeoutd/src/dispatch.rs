@@ -259,13 +259,9 @@ impl Dispatcher {
             .expect("plugin call thread panicked")
         };
         if policy.breaker.record(answer.is_ok(), now_ms) {
-            tracing::error!(
-                merchant = %order.merchant,
-                plugin = policy.plugin.name(),
-                "plugin tripped after failing repeatedly; its triggers wait until the trip ends"
-            );
             emit(Event::PluginTripped {
                 merchant: &order.merchant,
+                plugin: policy.plugin.name(),
             });
         }
         emit(Event::Decided {

@@ -1,5 +1,5 @@
 //! Typed internal events: one [`emit`] writes the log line and updates the metrics together,
-//! so the two never disagree (the Vector model). Metric names are `timeoutd_*`, with units in
+//! so the two never disagree (the Vector model). Call sites do not log these events themselves. Metric names are `timeoutd_*`, with units in
 //! the name; they are exported in Prometheus text format by [`metrics_handle`].
 
 use std::sync::OnceLock;
@@ -35,6 +35,8 @@ pub enum Event<'a> {
     PluginTripped {
         /// Merchant.
         merchant: &'a str,
+        /// Plugin name.
+        plugin: &'a str,
     },
     /// An order was closed.
     Closed {
@@ -42,11 +44,15 @@ pub enum Event<'a> {
         source: &'a str,
         /// Close time − due time, ms.
         lateness_ms: i64,
+        /// Effects recorded.
+        effects: usize,
     },
     /// A trigger was dead-lettered.
     DeadLettered {
         /// Where it came from.
         source: &'a str,
+        /// Why.
+        reason: &'a str,
     },
     /// A ledger effect was settled or rescheduled.
     Effect {
@@ -61,15 +67,17 @@ pub enum Event<'a> {
         rearmed: usize,
         /// Duration, ms.
         duration_ms: i64,
-        /// Whether it failed.
-        failed: bool,
+        /// Why it failed, if it did.
+        error: Option<&'a str>,
     },
 }
 
-/// Records `event` as metrics (the log lines stay where the context is richest).
+/// Writes `event`'s log line (inside the current span: the trigger's order and phase) and
+/// updates its metrics.
 pub fn emit(event: Event<'_>) {
     match event {
         Event::TriggerReceived { source } => {
+            tracing::debug!(source, "trigger received");
             counter!("timeoutd_triggers_total", "source" => source.to_string()).increment(1)
         }
         Event::Decided {
@@ -77,39 +85,57 @@ pub fn emit(event: Event<'_>) {
             decision,
             latency_us,
         } => {
+            tracing::debug!(merchant, decision, latency_us, "plugin decided");
             counter!("timeoutd_decisions_total", "merchant" => merchant.to_string(), "decision" => decision.to_string())
                 .increment(1);
             histogram!("timeoutd_plugin_decision_seconds", "merchant" => merchant.to_string())
                 .record(latency_us as f64 / 1e6);
         }
         Event::PluginTrap { plugin, kind } => {
+            tracing::warn!(plugin, kind, "plugin trapped");
             counter!("timeoutd_plugin_traps_total", "plugin" => plugin.to_string(), "kind" => kind.to_string())
                 .increment(1);
         }
-        Event::PluginTripped { merchant } => {
+        Event::PluginTripped { merchant, plugin } => {
+            tracing::error!(
+                merchant,
+                plugin,
+                "plugin tripped after failing repeatedly; its triggers wait until the trip ends"
+            );
             counter!("timeoutd_plugin_trips_total", "merchant" => merchant.to_string()).increment(1)
         }
         Event::Closed {
             source,
             lateness_ms,
+            effects,
         } => {
+            tracing::info!(source, lateness_ms, effects, "order closed");
             counter!("timeoutd_closes_total", "source" => source.to_string()).increment(1);
             histogram!("timeoutd_close_lateness_seconds", "source" => source.to_string())
                 .record(lateness_ms.max(0) as f64 / 1e3);
         }
-        Event::DeadLettered { source } => {
+        Event::DeadLettered { source, reason } => {
+            tracing::error!(source, reason, "trigger dead-lettered");
             counter!("timeoutd_dead_letters_total", "source" => source.to_string()).increment(1)
         }
         Event::Effect { kind, outcome } => {
+            tracing::debug!(kind, outcome, "effect settled");
             counter!("timeoutd_effects_total", "kind" => kind.to_string(), "outcome" => outcome.to_string())
                 .increment(1);
         }
         Event::Sweep {
             rearmed,
             duration_ms,
-            failed,
+            error,
         } => {
-            let result = if failed { "failed" } else { "ok" };
+            match error {
+                Some(error) => tracing::warn!(error, "sweep failed"),
+                None if rearmed > 0 => {
+                    tracing::info!(rearmed, duration_ms, "sweep re-armed orders")
+                }
+                None => tracing::debug!(duration_ms, "sweep found nothing"),
+            }
+            let result = if error.is_some() { "failed" } else { "ok" };
             counter!("timeoutd_sweep_runs_total", "result" => result).increment(1);
             counter!("timeoutd_sweep_rearmed_total").increment(rearmed as u64);
             histogram!("timeoutd_sweep_duration_seconds").record(duration_ms as f64 / 1e3);

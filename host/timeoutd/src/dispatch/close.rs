@@ -94,8 +94,8 @@ impl Dispatcher {
         crate::events::emit(crate::events::Event::Closed {
             source: d.trigger.kind.as_str(),
             lateness_ms,
+            effects: effects.len(),
         });
-        tracing::info!(lateness_ms, effects = effects.len(), "order closed");
         self.effects.run_for_order(&order.id).await;
         Ok(Outcome::Closed { lateness_ms })
     }

@@ -110,9 +110,9 @@ impl Dispatcher {
             .await?;
         }
         tx.commit().await?;
-        tracing::error!(reason, "trigger dead-lettered");
         crate::events::emit(crate::events::Event::DeadLettered {
             source: trigger.kind.as_str(),
+            reason,
         });
         Ok(Outcome::DeadLettered {
             reason: reason.to_string(),
@@ -153,9 +153,9 @@ impl Dispatcher {
             outbox::finish(&mut tx, id, d.now_ms, Some("decision refused")).await?;
         }
         tx.commit().await?;
-        tracing::error!(%reason, plugin = d.policy.plugin.name(), "plugin decision refused");
         crate::events::emit(crate::events::Event::DeadLettered {
             source: "refused-decision",
+            reason: &reason,
         });
         Ok(Outcome::Refused { reason })
     }

@@ -99,22 +99,14 @@ pub async fn run(
                 CONSECUTIVE_FAILURES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
         }
+        let error = result.as_ref().err().map(ToString::to_string);
         emit(Event::Sweep {
             rearmed: result.as_ref().map_or(0, |r| r.rearmed),
             duration_ms: result.as_ref().map_or(0, |r| r.duration_ms),
-            failed: result.is_err(),
+            error: error.as_deref(),
         });
-        match result {
-            Ok(report) if report.rearmed > 0 => {
-                tracing::info!(
-                    rearmed = report.rearmed,
-                    duration_ms = report.duration_ms,
-                    "sweep"
-                );
-                waker.notify_one();
-            }
-            Ok(report) => tracing::debug!(duration_ms = report.duration_ms, "sweep found nothing"),
-            Err(e) => tracing::warn!(error = %e, "sweep failed"),
+        if result.as_ref().is_ok_and(|r| r.rearmed > 0) {
+            waker.notify_one();
         }
         tokio::select! {
             _ = tokio::time::sleep(config.interval) => {}
