@@ -114,16 +114,9 @@ pub async fn redrive(State(s): State<AdminState>, Path(id): Path<i64>) -> ApiRes
             format!("dead letter {id} is no longer OPEN"),
         ));
     }
-    let phase: Option<i64> =
-        s.db.backend()
-            .query("SELECT MAX(phase) FROM order_timeout_msg WHERE order_id = ?")
-            .bind(&order_id)
-            .fetch_one(s.db.pool())
-            .await?
-            .try_get(0)?;
     let orphan = Orphan {
         order_id: order_id.clone(),
-        phase: phase.unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32,
+        phase: outbox::latest_phase(&s.db, &order_id).await?,
         deadline_ms: now,
     };
     outbox::rearm_as(&s.db, &orphan, now, SOURCE_MANUAL).await?;

@@ -148,17 +148,11 @@ pub async fn close(State(s): State<AdminState>, Path(id): Path<String>) -> ApiRe
             ),
         ));
     }
-    let phase: Option<i64> =
-        s.db.backend()
-            .query("SELECT MAX(phase) FROM order_timeout_msg WHERE order_id = ?")
-            .bind(&id)
-            .fetch_one(s.db.pool())
-            .await?
-            .try_get(0)?;
+    let phase = crate::db::outbox::latest_phase(&s.db, &id).await?;
     let trigger = Trigger {
         order_id: id,
         kind: TriggerKind::Manual,
-        phase: phase.unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32,
+        phase,
         attempt: 0,
         due_ms: None,
         row_id: None,

@@ -193,19 +193,7 @@ pub async fn park(
     now_ms: i64,
     next_attempt_ms: i64,
 ) -> Result<(), DbError> {
-    let _gate = db.write_gate().await;
-    db.backend()
-        .query(
-            "UPDATE effect_ledger SET last_error = ?, next_attempt_ms = ?, claim_until_ms = NULL, \
-             updated_at_ms = ? WHERE id = ? AND status = 'PENDING'",
-        )
-        .bind(reason)
-        .bind(next_attempt_ms)
-        .bind(now_ms)
-        .bind(id)
-        .execute(db.pool())
-        .await?;
-    Ok(())
+    release(db, id, reason, now_ms, next_attempt_ms, 0).await
 }
 
 /// Counts a failed attempt of a PENDING effect, records why, releases it and makes it due again
@@ -220,13 +208,27 @@ pub async fn reschedule(
     now_ms: i64,
     next_attempt_ms: i64,
 ) -> Result<(), DbError> {
+    release(db, id, error, now_ms, next_attempt_ms, 1).await
+}
+
+/// Drops the executor's claim on a PENDING effect, due again at `next_attempt_ms`, with `reason`
+/// and `attempts` more attempts counted.
+async fn release(
+    db: &Db,
+    id: i64,
+    reason: &str,
+    now_ms: i64,
+    next_attempt_ms: i64,
+    attempts: i64,
+) -> Result<(), DbError> {
     let _gate = db.write_gate().await;
     db.backend()
         .query(
-            "UPDATE effect_ledger SET attempts = attempts + 1, last_error = ?, next_attempt_ms = ?, \
+            "UPDATE effect_ledger SET attempts = attempts + ?, last_error = ?, next_attempt_ms = ?, \
              claim_until_ms = NULL, updated_at_ms = ? WHERE id = ? AND status = 'PENDING'",
         )
-        .bind(error)
+        .bind(attempts)
+        .bind(reason)
         .bind(next_attempt_ms)
         .bind(now_ms)
         .bind(id)

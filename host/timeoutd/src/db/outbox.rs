@@ -220,6 +220,22 @@ pub async fn schedule_phase(
     Ok(())
 }
 
+/// The latest phase scheduled for `order_id` (0 when it has no outbox row), the phase an
+/// operator's trigger for it decides.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn latest_phase(db: &Db, order_id: &str) -> Result<u32, DbError> {
+    let phase: Option<i64> = db
+        .backend()
+        .query("SELECT MAX(phase) FROM order_timeout_msg WHERE order_id = ?")
+        .bind(order_id)
+        .fetch_one(db.pool())
+        .await?
+        .try_get(0)?;
+    Ok(phase.unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32)
+}
+
 /// An overdue open order with no live trigger, found by the sweep.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Orphan {
