@@ -49,10 +49,6 @@ pub enum EffectError {
     /// Will not pass by retrying (4xx, bad payload).
     #[error("{0}")]
     Permanent(String),
-    /// Nothing is configured to carry it out (no `[redis]`, no `[payment]`): it waits in the
-    /// ledger, looked at again every `effects.retry_max`, without using up attempts.
-    #[error("{0}")]
-    Unconfigured(String),
 }
 
 /// What a successful execution noted.
@@ -175,7 +171,7 @@ impl EffectRunner {
     async fn run(&self, order_id: Option<&str>, fresh_before_ms: i64) -> Result<usize, DbError> {
         let now = self.clock.now_ms(&self.db).await?;
         let rows =
-            ledger::runnable(&self.db, RUNNABLE, order_id, now, fresh_before_ms, 500).await?;
+            ledger::runnable(&self.db, &self.kinds(), order_id, now, fresh_before_ms, 500).await?;
         let lease_ms = self.config.lease.as_millis() as i64;
         let mut settled = 0;
         for row in rows {
@@ -190,6 +186,21 @@ impl EffectRunner {
         Ok(settled)
     }
 
+    /// The kinds this runner has an executor for. The others (Redis effects without `[redis]`,
+    /// payments without `[payment]`) are not even read: they wait in the ledger, PENDING and
+    /// untouched, for a daemon configured to carry them out.
+    fn kinds(&self) -> Vec<&'static str> {
+        RUNNABLE
+            .iter()
+            .copied()
+            .filter(|kind| match *kind {
+                "restore-flash-stock" | "release-flash-slot" => self.flash.is_some(),
+                "close-payment" | REFUND => self.payments.is_some(),
+                _ => true,
+            })
+            .collect()
+    }
+
     async fn settle(
         &self,
         row: &ledger::PendingEffect,
@@ -199,7 +210,6 @@ impl EffectRunner {
         let attempts = row.attempts + 1;
         let outcome = match &result {
             Ok(_) => "done",
-            Err(EffectError::Unconfigured(_)) => "waiting",
             Err(EffectError::Transient(_)) if attempts < self.config.max_attempts => "retry",
             Err(_) => "failed",
         };
@@ -209,12 +219,6 @@ impl EffectRunner {
         });
         match result {
             Ok(note) => ledger::settle(&self.db, row.id, ledger::DONE, note.as_deref(), now).await,
-            Err(EffectError::Unconfigured(why)) => {
-                let next = now + self.config.retry_max.as_millis() as i64;
-                tracing::debug!(key = %row.key, kind = %row.kind, %why, "effect waits for an executor");
-                ledger::park(&self.db, row.id, &why, now, next).await?;
-                Ok(false)
-            }
             Err(EffectError::Transient(e)) if attempts < self.config.max_attempts => {
                 let backoff = Backoff {
                     initial: self.config.retry_initial,
@@ -228,7 +232,7 @@ impl EffectRunner {
             Err(e) => {
                 let reason = match e {
                     EffectError::Transient(e) => format!("gave up after {attempts} attempts: {e}"),
-                    EffectError::Permanent(e) | EffectError::Unconfigured(e) => e,
+                    EffectError::Permanent(e) => e,
                 };
                 tracing::error!(key = %row.key, kind = %row.kind, order = %row.order_id, %reason, "effect FAILED; needs an operator");
                 ledger::settle(&self.db, row.id, ledger::FAILED, Some(&reason), now).await
@@ -257,7 +261,7 @@ impl EffectRunner {
                     .and_then(|v| v["payment_ref"].as_str().map(str::to_string))
                     .ok_or_else(|| bad("refund"))?;
                 let gateway = self.payments.as_ref().ok_or_else(|| {
-                    EffectError::Unconfigured("no [payment] provider configured".into())
+                    EffectError::Permanent("no [payment] provider configured".into())
                 })?;
                 gateway.refund(&payment_ref, &row.key).await.map(|()| None)
             }
@@ -289,7 +293,7 @@ impl EffectRunner {
         let flash = self
             .flash
             .as_ref()
-            .ok_or_else(|| EffectError::Unconfigured("no [redis] configured".into()))?;
+            .ok_or_else(|| EffectError::Permanent("no [redis] configured".into()))?;
         let keys = self.merchants.get(&row.merchant_id).ok_or_else(|| {
             EffectError::Permanent(format!("merchant `{}` is not configured", row.merchant_id))
         })?;
@@ -325,7 +329,7 @@ impl EffectRunner {
         let gateway = self
             .payments
             .as_ref()
-            .ok_or_else(|| EffectError::Unconfigured("no [payment] provider configured".into()))?;
+            .ok_or_else(|| EffectError::Permanent("no [payment] provider configured".into()))?;
         match gateway.close(payment_ref, &row.key).await? {
             CloseOutcome::Closed => Ok(None),
             CloseOutcome::AlreadyPaid => {

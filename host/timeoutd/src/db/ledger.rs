@@ -181,21 +181,6 @@ pub async fn claim(db: &Db, id: i64, now_ms: i64, until_ms: i64) -> Result<bool,
     Ok(done.rows_affected() == 1)
 }
 
-/// Leaves a PENDING effect waiting until `next_attempt_ms` with `reason`, without counting an
-/// attempt (nothing is configured to carry it out yet).
-///
-/// # Errors
-/// [`DbError::Sql`] on query failure.
-pub async fn park(
-    db: &Db,
-    id: i64,
-    reason: &str,
-    now_ms: i64,
-    next_attempt_ms: i64,
-) -> Result<(), DbError> {
-    release(db, id, reason, now_ms, next_attempt_ms, 0).await
-}
-
 /// Counts a failed attempt of a PENDING effect, records why, releases it and makes it due again
 /// at `next_attempt_ms`.
 ///
@@ -208,27 +193,13 @@ pub async fn reschedule(
     now_ms: i64,
     next_attempt_ms: i64,
 ) -> Result<(), DbError> {
-    release(db, id, error, now_ms, next_attempt_ms, 1).await
-}
-
-/// Drops the executor's claim on a PENDING effect, due again at `next_attempt_ms`, with `reason`
-/// and `attempts` more attempts counted.
-async fn release(
-    db: &Db,
-    id: i64,
-    reason: &str,
-    now_ms: i64,
-    next_attempt_ms: i64,
-    attempts: i64,
-) -> Result<(), DbError> {
     let _gate = db.write_gate().await;
     db.backend()
         .query(
-            "UPDATE effect_ledger SET attempts = attempts + ?, last_error = ?, next_attempt_ms = ?, \
+            "UPDATE effect_ledger SET attempts = attempts + 1, last_error = ?, next_attempt_ms = ?, \
              claim_until_ms = NULL, updated_at_ms = ? WHERE id = ? AND status = 'PENDING'",
         )
-        .bind(attempts)
-        .bind(reason)
+        .bind(error)
         .bind(next_attempt_ms)
         .bind(now_ms)
         .bind(id)
