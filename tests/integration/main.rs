@@ -6,5 +6,6 @@ mod e2e;
 mod effects;
 mod fakes;
 mod pipeline;
+mod rocketmq;
 mod runtime;
 mod support;

@@ -1,4 +1,4 @@
-//! The `timeoutd` command line: `run`, `validate`, `demo`.
+//! The `timeoutd` command line: `run`, `validate`, `demo`, `arm`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -50,6 +50,17 @@ pub enum Command {
         #[arg(long, default_value = "config/timeoutd.toml")]
         config: PathBuf,
     },
+    /// Arm orders through RocketMQ transactional messages (`[rocketmq]` required): for each
+    /// order, a half message, the local transaction (its phase-0 outbox row), then commit or
+    /// rollback. Prints one line per order; exits 1 if any could not be armed.
+    Arm {
+        /// Configuration file.
+        #[arg(long, default_value = "config/rocketmq.toml")]
+        config: PathBuf,
+        /// Order ids.
+        #[arg(required = true)]
+        orders: Vec<String>,
+    },
     /// The embedded default end to end: SQLite, two merchants (one per example plugin), N
     /// orders lapsing over a few seconds, some paid, some paid right at the deadline; runs the
     /// daemon until every order is PAID or CLOSED and prints a summary.
@@ -82,6 +93,10 @@ pub fn main() -> ExitCode {
         match cli.command {
             Command::Validate { config } => validate(&config),
             Command::Run { config } => run(&config).await,
+            Command::Arm { config, orders } => match load(&config) {
+                Ok(config) => arm(&config, &orders).await,
+                Err(code) => code,
+            },
             Command::Demo {
                 orders,
                 data_dir,
@@ -166,6 +181,27 @@ async fn run(path: &std::path::Path) -> ExitCode {
     tracing::info!("signal received; draining");
     daemon.stop().await;
     ExitCode::SUCCESS
+}
+
+async fn arm(config: &Config, orders: &[String]) -> ExitCode {
+    match crate::rocketmq::arming::arm_orders(config, orders).await {
+        Ok(results) => {
+            let mut ok = true;
+            for (order, armed) in results {
+                println!("{order}: {armed:?}");
+                ok &= armed != crate::rocketmq::arming::Armed::Unknown;
+            }
+            if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("timeoutd arm: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 async fn wait_for_signal() {

@@ -12,6 +12,7 @@
 
 mod duration;
 pub mod interpolate;
+mod rocketmq;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -20,6 +21,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use rocketmq::{ConsumeFrom, DelayMode, RocketMqConfig};
 pub use validate::ConfigProblems;
 
 /// The whole file.
@@ -61,6 +63,9 @@ pub struct Config {
     /// Threshold alerts delivered to a webhook; off when absent.
     #[serde(default)]
     pub alerts: Option<AlertsConfig>,
+    /// The RocketMQ transport; without it the outbox timer and the sweep do everything.
+    #[serde(default)]
+    pub rocketmq: Option<RocketMqConfig>,
     /// Merchants by id: which plugin decides their orders and with which settings.
     pub merchants: BTreeMap<String, MerchantConfig>,
     /// Directory the file was read from; relative plugin paths resolve against it.
@@ -247,6 +252,9 @@ pub enum ChannelConfig {
         #[serde(default = "defaults::http_timeout", with = "duration")]
         timeout: Duration,
     },
+    /// One message per notice on `rocketmq.notification_topic`, keyed by its idempotency key
+    /// (tag = the notice's template); needs `[rocketmq]`.
+    Rocketmq,
 }
 
 /// `[http]`.

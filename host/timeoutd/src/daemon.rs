@@ -33,6 +33,9 @@ pub enum StartError {
     /// An effect executor (Redis, payment provider, channels) could not be set up.
     #[error("effects: {0}")]
     Effects(String),
+    /// The RocketMQ transport could not start.
+    #[error(transparent)]
+    Broker(#[from] crate::rocketmq::TransportError),
     /// The HTTP endpoint could not listen.
     #[error("http.listen {0}: {1}")]
     Listen(std::net::SocketAddr, std::io::Error),
@@ -47,6 +50,7 @@ pub struct Daemon {
     tasks: JoinSet<()>,
     http_addr: Option<std::net::SocketAddr>,
     admin_addr: Option<std::net::SocketAddr>,
+    broker: Option<crate::rocketmq::Broker>,
 }
 
 /// Builds the engine and loads every merchant's plugin (no database needed): what `validate`
@@ -77,9 +81,16 @@ impl Daemon {
         if config.database.migrate {
             db.migrate().await?;
         }
-        let effects = EffectRunner::from_config(db.clone(), clock.clone(), config)
+        let transport = match &config.rocketmq {
+            Some(r) => Some(crate::rocketmq::Transport::start(r).await?),
+            None => None,
+        };
+        let mut effects = EffectRunner::from_config(db.clone(), clock.clone(), config)
             .await
             .map_err(StartError::Effects)?;
+        if let Some(t) = &transport {
+            effects = effects.with_rocketmq(t.clone());
+        }
         let dispatcher = Arc::new(Dispatcher::new(
             db.clone(),
             clock.clone(),
@@ -95,10 +106,27 @@ impl Daemon {
             tasks.spawn(sources::outbox::run(
                 dispatcher.clone(),
                 config.outbox.clone(),
+                config.rocketmq.as_ref().map(|r| r.fallback_after),
                 waker.clone(),
                 rx.clone(),
             ));
         }
+        let broker = match transport {
+            Some(transport) => Some(
+                crate::rocketmq::Broker::start(
+                    transport,
+                    db.clone(),
+                    clock.clone(),
+                    dispatcher.clone(),
+                    policies.clone(),
+                    config.outbox.lease,
+                    &mut tasks,
+                    rx.clone(),
+                )
+                .await?,
+            ),
+            None => None,
+        };
         if config.sweep.enabled {
             tasks.spawn(sources::sweep::run(
                 db.clone(),
@@ -200,7 +228,13 @@ impl Daemon {
             tasks,
             http_addr,
             admin_addr,
+            broker,
         })
+    }
+
+    /// The RocketMQ transport, when `[rocketmq]` is configured.
+    pub fn broker(&self) -> Option<&crate::rocketmq::Broker> {
+        self.broker.as_ref()
     }
 
     /// The database.
@@ -231,6 +265,9 @@ impl Daemon {
     /// Stops every source, letting batches in flight finish, then closes the pool.
     pub async fn stop(mut self) {
         let _ = self.shutdown.send(true);
+        if let Some(broker) = &self.broker {
+            broker.transport.shutdown().await;
+        }
         while self.tasks.join_next().await.is_some() {}
         self.db.close().await;
         tracing::info!("timeoutd stopped");

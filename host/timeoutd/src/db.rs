@@ -10,6 +10,7 @@ mod migrate;
 pub mod orders;
 pub mod outbox;
 pub mod payments;
+pub mod relay;
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;

@@ -97,6 +97,17 @@ impl EffectRunner {
         }
     }
 
+    /// The broker's state for `/readyz`: `None` without one, else whether its last send worked.
+    pub fn broker_ready(&self) -> Option<bool> {
+        self.notifier.broker_ready()
+    }
+
+    /// Publishes notices of `kind = "rocketmq"` channels through `transport`.
+    pub fn with_rocketmq(mut self, transport: Arc<crate::rocketmq::Transport>) -> Self {
+        self.notifier = self.notifier.with_rocketmq(transport);
+        self
+    }
+
     /// A runner as `config` describes: channels, Redis, payment provider, per-merchant keys.
     ///
     /// # Errors

@@ -70,6 +70,24 @@ pub enum Event<'a> {
         /// Why it failed, if it did.
         error: Option<&'a str>,
     },
+    /// A broker message was consumed.
+    Consumed {
+        /// `handled`, `hop` (re-sent towards its due time), `duplicate` (its row was processed),
+        /// `busy` (another handler holds its row), `poison` or `later` (reconsumed later).
+        outcome: &'a str,
+    },
+    /// The outbox relay published a row (`sent`) or failed to (`failed`, with the error).
+    Relayed {
+        /// `sent` or `failed`.
+        outcome: &'a str,
+        /// The send error, if any.
+        error: Option<&'a str>,
+    },
+    /// The broker asked whether a half message's transaction committed.
+    CheckBack {
+        /// `commit`, `rollback` or `unknown`.
+        verdict: &'a str,
+    },
 }
 
 /// Writes `event`'s log line (inside the current span: the trigger's order and phase) and
@@ -139,6 +157,22 @@ pub fn emit(event: Event<'_>) {
             counter!("timeoutd_sweep_runs_total", "result" => result).increment(1);
             counter!("timeoutd_sweep_rearmed_total").increment(rearmed as u64);
             histogram!("timeoutd_sweep_duration_seconds").record(duration_ms as f64 / 1e3);
+        }
+        Event::Consumed { outcome } => {
+            tracing::debug!(outcome, "broker message consumed");
+            counter!("timeoutd_broker_messages_total", "outcome" => outcome.to_string())
+                .increment(1);
+        }
+        Event::Relayed { outcome, error } => {
+            match error {
+                Some(error) => tracing::warn!(error, "outbox relay send failed; the row stays PENDING"),
+                None => tracing::debug!("outbox row relayed to the broker"),
+            }
+            counter!("timeoutd_relay_total", "outcome" => outcome.to_string()).increment(1);
+        }
+        Event::CheckBack { verdict } => {
+            tracing::info!(verdict, "transaction check-back answered");
+            counter!("timeoutd_check_backs_total", "verdict" => verdict.to_string()).increment(1);
         }
     }
 }

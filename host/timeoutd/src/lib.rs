@@ -9,6 +9,7 @@
 //! queries per table), [`clock`] (the only place time is read), [`policies`] (plugins per
 //! merchant), [`dispatch`] (trigger → decision → transaction), [`effects`] (carrying out ledger
 //! rows: notices, Redis, payments), [`http`] (payment callbacks), [`sources`] (outbox timer, sweep), [`daemon`] (wiring), [`demo`] and [`cli`].
+#![recursion_limit = "256"]
 
 pub mod admin;
 pub mod alerts;
@@ -25,4 +26,5 @@ pub mod gauges;
 pub mod http;
 pub mod policies;
 pub mod retry;
+pub mod rocketmq;
 pub mod sources;

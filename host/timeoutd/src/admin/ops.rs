@@ -10,7 +10,8 @@ use super::{AdminState, ApiError, ApiResult};
 use crate::sources::sweep::SweepTuning;
 
 /// `GET /readyz`: 200 when the database (and Redis, when configured) answer and plugins are
-/// loaded, else 503 naming what is not ready.
+/// loaded, else 503 naming what is not ready. The broker's state is reported (`ok`, `failing`,
+/// `not configured`) but does not make the daemon unready: closes never depend on it.
 pub async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
     let database =
         s.db.now_ms()
@@ -22,6 +23,11 @@ pub async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
         Some(Ok(())) => "ok".to_string(),
         Some(Err(e)) => e,
     };
+    let broker = match s.effects.broker_ready() {
+        None => "not configured",
+        Some(true) => "ok",
+        Some(false) => "failing",
+    };
     let plugins = s.policies.all().len();
     let ready = database == "ok" && plugins > 0 && (redis == "ok" || redis == "not configured");
     let status = if ready {
@@ -31,7 +37,7 @@ pub async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
     };
     (
         status,
-        Json(json!({ "ready": ready, "database": database, "redis": redis, "plugins": plugins })),
+        Json(json!({ "ready": ready, "database": database, "redis": redis, "broker": broker, "plugins": plugins })),
     )
 }
 

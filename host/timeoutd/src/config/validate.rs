@@ -135,6 +135,17 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
             );
         }
     }
+    if let Some(r) = &c.rocketmq {
+        r.validate(&mut p);
+    }
+    for (name, channel) in &c.notify.channels {
+        if matches!(channel, super::ChannelConfig::Rocketmq) && c.rocketmq.is_none() {
+            p.push(
+                format!("notify.channels.{name}"),
+                "kind = \"rocketmq\" needs a [rocketmq] section",
+            );
+        }
+    }
     if let Some(admin) = &c.admin {
         if admin.tokens.is_empty() {
             p.push(

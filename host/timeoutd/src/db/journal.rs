@@ -98,3 +98,33 @@ pub async fn dead_letter(
     .await?;
     Ok(())
 }
+
+/// Adds an OPEN dead letter for broker message `message_id`, once: a redelivery of a message
+/// already dead-lettered adds nothing. Returns whether a row was added.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn dead_letter_message(
+    conn: &mut AnyConnection,
+    d: &DeadLetter<'_>,
+    message_id: &str,
+    now_ms: i64,
+) -> Result<bool, DbError> {
+    let backend = Backend::of(conn);
+    let (insert, on_conflict) = backend.insert_ignore();
+    let done = backend
+        .query_owned(format!(
+            "{insert} INTO dead_letter (source, order_id, reason, payload, attempts, status, \
+             created_at_ms, message_id) VALUES (?, ?, ?, ?, ?, 'OPEN', ?, ?){on_conflict}"
+        ))
+        .bind(d.source)
+        .bind(d.order_id)
+        .bind(d.reason)
+        .bind(&d.payload)
+        .bind(i64::from(d.attempts))
+        .bind(now_ms)
+        .bind(message_id)
+        .execute(&mut *conn)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}

@@ -24,6 +24,11 @@ const SQLITE: &[(i64, &str, &str)] = &[
         "admin audit",
         include_str!("../../migrations/sqlite/0003_admin_audit.sql"),
     ),
+    (
+        4,
+        "rocketmq",
+        include_str!("../../migrations/sqlite/0004_rocketmq.sql"),
+    ),
 ];
 const MYSQL: &[(i64, &str, &str)] = &[
     (
@@ -41,6 +46,11 @@ const MYSQL: &[(i64, &str, &str)] = &[
         "admin audit",
         include_str!("../../migrations/mysql/0003_admin_audit.sql"),
     ),
+    (
+        4,
+        "rocketmq",
+        include_str!("../../migrations/mysql/0004_rocketmq.sql"),
+    ),
 ];
 const POSTGRES: &[(i64, &str, &str)] = &[
     (
@@ -57,6 +67,11 @@ const POSTGRES: &[(i64, &str, &str)] = &[
         3,
         "admin audit",
         include_str!("../../migrations/postgres/0003_admin_audit.sql"),
+    ),
+    (
+        4,
+        "rocketmq",
+        include_str!("../../migrations/postgres/0004_rocketmq.sql"),
     ),
 ];
 

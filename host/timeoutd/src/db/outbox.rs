@@ -44,6 +44,24 @@ pub async fn claim_due(
     batch: u32,
     lease_ms: i64,
 ) -> Result<Vec<DueRow>, DbError> {
+    claim_due_with_sent(db, now_ms, None, batch, lease_ms).await
+}
+
+/// [`claim_due`], also taking back SENT rows (published to the broker by the relay) that are
+/// due at or before `sent_due_before_ms` and still unprocessed: the broker's message is late or
+/// lost, so the outbox timer acts on the row directly.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn claim_due_with_sent(
+    db: &Db,
+    now_ms: i64,
+    sent_due_before_ms: Option<i64>,
+    batch: u32,
+    lease_ms: i64,
+) -> Result<Vec<DueRow>, DbError> {
+    // i64::MIN: no SENT row qualifies (no broker configured).
+    let sent_cutoff = sent_due_before_ms.unwrap_or(i64::MIN);
     let token = format!("{:016x}{:08x}", fastrand::u64(..), std::process::id());
     let until = now_ms + lease_ms;
     match db.backend() {
@@ -52,12 +70,14 @@ pub async fn claim_due(
             db.backend()
                 .query(
                     "UPDATE order_timeout_msg SET claim_token = ?, claim_until_ms = ? WHERE id IN (\
-                 SELECT id FROM order_timeout_msg WHERE status = 'PENDING' AND due_ms <= ? \
+                 SELECT id FROM order_timeout_msg WHERE ((status = 'PENDING' AND due_ms <= ?) \
+                 OR (status = 'SENT' AND due_ms <= ?)) \
                  AND (claim_until_ms IS NULL OR claim_until_ms < ?) ORDER BY due_ms LIMIT ?)",
                 )
                 .bind(&token)
                 .bind(until)
                 .bind(now_ms)
+                .bind(sent_cutoff)
                 .bind(now_ms)
                 .bind(i64::from(batch))
                 .execute(db.pool())
@@ -68,11 +88,13 @@ pub async fn claim_due(
             let ids: Vec<i64> = db
                 .backend()
                 .query(
-                    "SELECT id FROM order_timeout_msg WHERE status = 'PENDING' AND due_ms <= ? \
+                    "SELECT id FROM order_timeout_msg WHERE ((status = 'PENDING' AND due_ms <= ?) \
+                 OR (status = 'SENT' AND due_ms <= ?)) \
                  AND (claim_until_ms IS NULL OR claim_until_ms < ?) ORDER BY due_ms LIMIT ? \
                  FOR UPDATE SKIP LOCKED",
                 )
                 .bind(now_ms)
+                .bind(sent_cutoff)
                 .bind(now_ms)
                 .bind(i64::from(batch))
                 .fetch_all(&mut *tx)
@@ -123,7 +145,20 @@ pub async fn claim_due(
 /// # Errors
 /// [`DbError::Sql`] on query failure.
 pub async fn next_due_ms(db: &Db, now_ms: i64) -> Result<Option<i64>, DbError> {
-    let row = db
+    next_due_ms_with_sent(db, now_ms, None).await
+}
+
+/// [`next_due_ms`], counting a SENT row as due `sent_grace_ms` after its due time (when the
+/// outbox timer would take it back from the broker).
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn next_due_ms_with_sent(
+    db: &Db,
+    now_ms: i64,
+    sent_grace_ms: Option<i64>,
+) -> Result<Option<i64>, DbError> {
+    let pending: Option<i64> = db
         .backend()
         .query(
             "SELECT MIN(due_ms) FROM order_timeout_msg WHERE status = 'PENDING' \
@@ -131,8 +166,25 @@ pub async fn next_due_ms(db: &Db, now_ms: i64) -> Result<Option<i64>, DbError> {
         )
         .bind(now_ms)
         .fetch_one(db.pool())
-        .await?;
-    Ok(row.try_get::<Option<i64>, _>(0)?)
+        .await?
+        .try_get(0)?;
+    let Some(grace) = sent_grace_ms else {
+        return Ok(pending);
+    };
+    let sent: Option<i64> = db
+        .backend()
+        .query(
+            "SELECT MIN(due_ms) FROM order_timeout_msg WHERE status = 'SENT' \
+         AND (claim_until_ms IS NULL OR claim_until_ms < ?)",
+        )
+        .bind(now_ms)
+        .fetch_one(db.pool())
+        .await?
+        .try_get(0)?;
+    Ok(match (pending, sent.map(|d| d.saturating_add(grace))) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    })
 }
 
 /// Marks a row processed (with an optional note, e.g. why it was a no-op) and drops its claim.
@@ -158,14 +210,16 @@ pub async fn finish(
 }
 
 /// Moves a row's due time to `due_ms` (an early trigger waits for the deadline) and drops the
-/// claim; attempts are not counted.
+/// claim; attempts are not counted. A SENT row becomes PENDING again (its message has been
+/// consumed), so the relay or the outbox timer schedules it anew.
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
 pub async fn defer(db: &Db, id: i64, due_ms: i64) -> Result<(), DbError> {
     let _gate = db.write_gate().await;
     db.backend().query(
-        "UPDATE order_timeout_msg SET due_ms = ?, claim_token = NULL, claim_until_ms = NULL WHERE id = ?",
+        "UPDATE order_timeout_msg SET due_ms = ?, status = 'PENDING', claim_token = NULL, \
+         claim_until_ms = NULL WHERE id = ? AND status <> 'PROCESSED'",
     )
     .bind(due_ms)
     .bind(id)
@@ -174,7 +228,8 @@ pub async fn defer(db: &Db, id: i64, due_ms: i64) -> Result<(), DbError> {
     Ok(())
 }
 
-/// Counts a failed attempt, records why, and makes the row due again at `due_ms`.
+/// Counts a failed attempt, records why, and makes the row due again at `due_ms` (PENDING: a
+/// SENT row's message has been consumed).
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
@@ -183,7 +238,8 @@ pub async fn retry_later(db: &Db, id: i64, due_ms: i64, error: &str) -> Result<(
     db.backend()
         .query(
             "UPDATE order_timeout_msg SET attempts = attempts + 1, due_ms = ?, last_error = ?, \
-         claim_token = NULL, claim_until_ms = NULL WHERE id = ?",
+         status = 'PENDING', claim_token = NULL, claim_until_ms = NULL \
+         WHERE id = ? AND status <> 'PROCESSED'",
         )
         .bind(due_ms)
         .bind(error)
@@ -205,16 +261,33 @@ pub async fn schedule_phase(
     phase: u32,
     due_ms: i64,
 ) -> Result<(), DbError> {
+    insert_row(conn, backend, order_id, phase, due_ms, SOURCE_WAIT).await
+}
+
+/// Inserts the PENDING row for `(order_id, phase)` due at `due_ms` with `source`, unless one
+/// exists (then it is left as it is).
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn insert_row(
+    conn: &mut AnyConnection,
+    backend: Backend,
+    order_id: &str,
+    phase: u32,
+    due_ms: i64,
+    source: &str,
+) -> Result<(), DbError> {
     backend
         .query_owned(format!(
             "{insert} INTO order_timeout_msg (order_id, due_ms, phase, status, source) \
-         VALUES (?, ?, ?, 'PENDING', '{SOURCE_WAIT}'){on_conflict}",
+         VALUES (?, ?, ?, 'PENDING', ?){on_conflict}",
             insert = backend.insert_ignore().0,
             on_conflict = backend.insert_ignore().1,
         ))
         .bind(order_id)
         .bind(due_ms)
         .bind(i64::from(phase))
+        .bind(source)
         .execute(&mut *conn)
         .await?;
     Ok(())

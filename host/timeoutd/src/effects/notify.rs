@@ -18,13 +18,24 @@ enum Sink {
         authorization: Option<String>,
         timeout: Duration,
     },
+    Rocketmq,
 }
 
 /// Sends notices. Cheap to clone.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Notifier {
     channels: Arc<HashMap<String, Sink>>,
     client: reqwest::Client,
+    rocketmq: Option<Arc<crate::rocketmq::Transport>>,
+}
+
+impl std::fmt::Debug for Notifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Notifier")
+            .field("channels", &self.channels)
+            .field("rocketmq", &self.rocketmq.is_some())
+            .finish()
+    }
 }
 
 impl Notifier {
@@ -51,6 +62,7 @@ impl Notifier {
                     authorization: authorization.clone(),
                     timeout: *timeout,
                 },
+                ChannelConfig::Rocketmq => Sink::Rocketmq,
             };
             channels.insert(name.clone(), sink);
         }
@@ -60,7 +72,19 @@ impl Notifier {
         Ok(Notifier {
             channels: Arc::new(channels),
             client,
+            rocketmq: None,
         })
+    }
+
+    /// The broker's state for `/readyz`: `None` without one, else whether its last send worked.
+    pub fn broker_ready(&self) -> Option<bool> {
+        self.rocketmq.as_ref().map(|t| t.healthy())
+    }
+
+    /// Publishes `kind = "rocketmq"` channels' notices through `transport`.
+    pub fn with_rocketmq(mut self, transport: Arc<crate::rocketmq::Transport>) -> Self {
+        self.rocketmq = Some(transport);
+        self
     }
 
     /// Sends `notice` (a `remind` or a `notify` effect) for `order`; the host adds the order id,
@@ -125,6 +149,21 @@ impl Notifier {
                     .await
                     .map_err(|e| EffectError::Transient(format!("webhook {url}: {e}")))?;
                 classify_status(url, response.status())
+            }
+            Sink::Rocketmq => {
+                let transport = self.rocketmq.as_ref().ok_or_else(|| {
+                    EffectError::Transient("the rocketmq transport is not running".into())
+                })?;
+                let body = json!({
+                    "idempotency_key": idempotency_key, "kind": kind, "order": order,
+                    "merchant": merchant, "user": user, "channel": notice.channel,
+                    "template": notice.template, "params": params,
+                });
+                transport
+                    .publish_notice(idempotency_key, &notice.template, body.to_string())
+                    .await
+                    .map(drop)
+                    .map_err(|e| EffectError::Transient(e.to_string()))
             }
         }
     }

@@ -46,10 +46,13 @@ pub fn check_row(row: &DueRow) -> Option<String> {
     })
 }
 
-/// Runs the timer until `shutdown` turns true; a batch in flight is finished first.
+/// Runs the timer until `shutdown` turns true; a batch in flight is finished first. With a
+/// broker (`sent_grace` = `rocketmq.fallback_after`), rows relayed to it (SENT) are taken back
+/// once they are that overdue.
 pub async fn run(
     dispatcher: Arc<Dispatcher>,
     config: OutboxConfig,
+    sent_grace: Option<Duration>,
     waker: Waker,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -70,7 +73,9 @@ pub async fn run(
                 continue;
             }
         };
-        match outbox::claim_due(&db, now_ms, config.batch, lease_ms).await {
+        let sent_grace_ms = sent_grace.map(|g| g.as_millis() as i64);
+        let sent_before = sent_grace_ms.map(|g| now_ms - g);
+        match outbox::claim_due_with_sent(&db, now_ms, sent_before, config.batch, lease_ms).await {
             Ok(rows) if !rows.is_empty() => {
                 dispatch_batch(&dispatcher, rows, &permits).await;
                 continue;
@@ -78,7 +83,7 @@ pub async fn run(
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "outbox claim failed"),
         }
-        let sleep = match outbox::next_due_ms(&db, now_ms).await {
+        let sleep = match outbox::next_due_ms_with_sent(&db, now_ms, sent_grace_ms).await {
             Ok(Some(due)) => Duration::from_millis((due - now_ms).max(0) as u64),
             Ok(None) => config.idle_recheck,
             Err(e) => {

@@ -1,0 +1,227 @@
+//! `[rocketmq]`: the RocketMQ transport (consumer, outbox relay, transactional arming,
+//! notification topic). Absent means no broker: the outbox timer and the sweep do everything.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::duration;
+use super::validate::ConfigProblems;
+
+/// How the relay and the consumer schedule a delay through the broker.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DelayMode {
+    /// Only the 18 fixed delay levels (`1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h
+    /// 2h`), chained hop by hop; works on every broker.
+    Levels,
+    /// One timer message (`__STARTDELIVERTIME`, RocketMQ 5 timer wheel) per `timer_max`.
+    Timer,
+    /// Timer messages, falling back to levels for the rest of the process's life the first time
+    /// the broker refuses one.
+    #[default]
+    Auto,
+}
+
+/// Where a consumer group that has never committed an offset starts on a queue.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConsumeFrom {
+    /// The end of the queue (RocketMQ's `CONSUME_FROM_LAST_OFFSET`).
+    #[default]
+    Last,
+    /// The beginning (`CONSUME_FROM_FIRST_OFFSET`): every retained message is seen; those
+    /// already handled are no-ops.
+    First,
+}
+
+/// `[rocketmq]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RocketMqConfig {
+    /// Name server address(es), `HOST:PORT[;HOST:PORT…]`.
+    pub namesrv: String,
+    /// Topic of timeout messages (consumed, and published by the relay).
+    #[serde(default = "defaults::topic")]
+    pub topic: String,
+    /// Consumer group of the timeout topic (clustering mode: daemons share its queues).
+    #[serde(default = "defaults::consumer_group")]
+    pub consumer_group: String,
+    /// Producer group of relayed and re-sent timeout messages and notices.
+    #[serde(default = "defaults::producer_group")]
+    pub producer_group: String,
+    /// Producer group of transactional arming; the broker's check-backs go to it.
+    #[serde(default = "defaults::transaction_group")]
+    pub transaction_group: String,
+    /// Consume the timeout topic (off: this daemon only relays and arms).
+    #[serde(default = "defaults::yes")]
+    pub consume: bool,
+    /// Publish PENDING outbox rows as delay/timer messages (the outbox relay).
+    #[serde(default = "defaults::yes")]
+    pub relay: bool,
+    /// `levels`, `timer` or `auto`.
+    #[serde(default)]
+    pub delay_mode: DelayMode,
+    /// Longest delay of one timer message (the broker's `timerMaxDelaySec`, 3 days by default);
+    /// longer delays are chained.
+    #[serde(default = "defaults::timer_max", with = "duration")]
+    pub timer_max: Duration,
+    /// Rows due sooner than this are left to the local outbox timer (it is more precise than a
+    /// 1 s delay level, and the broker rejects a delivery time in the past).
+    #[serde(default = "defaults::relay_lead", with = "duration")]
+    pub relay_lead: Duration,
+    /// A relayed (SENT) row still unprocessed this long after its due time is taken back by the
+    /// outbox timer: the broker speeds closes up but is never needed for them.
+    #[serde(default = "defaults::fallback_after", with = "duration")]
+    pub fallback_after: Duration,
+    /// Rows the relay publishes per round.
+    #[serde(default = "defaults::relay_batch")]
+    pub relay_batch: u32,
+    /// Sends in flight at once (the client's queue saturates when unbounded).
+    #[serde(default = "defaults::max_in_flight")]
+    pub max_in_flight: u32,
+    /// Timeout of one send.
+    #[serde(default = "defaults::send_timeout", with = "duration")]
+    pub send_timeout: Duration,
+    /// Longest delay between relay attempts of a row whose sends keep failing.
+    #[serde(default = "defaults::relay_retry_max", with = "duration")]
+    pub relay_retry_max: Duration,
+    /// Messages handled at once by this daemon's consumer.
+    #[serde(default = "defaults::consume_threads")]
+    pub consume_threads: u32,
+    /// Where a new consumer group starts: `last` or `first`.
+    #[serde(default)]
+    pub consume_from: ConsumeFrom,
+    /// Deliveries of one message (`ReconsumeLater` on the broker's 10 s, 30 s, 1 m … schedule)
+    /// before the broker moves it to `%DLQ%<consumer_group>`.
+    #[serde(default = "defaults::max_reconsume")]
+    pub max_reconsume: u32,
+    /// Drain `%DLQ%<consumer_group>` into the dead-letter table.
+    #[serde(default = "defaults::yes")]
+    pub drain_dlq: bool,
+    /// Topic notices are published to by `kind = "rocketmq"` channels (one message per notice,
+    /// keyed by its idempotency key).
+    #[serde(default = "defaults::notification_topic")]
+    pub notification_topic: String,
+    /// Create the timeout and notification topics at start (4 queues) when the broker allows
+    /// it; they may also be created by operators.
+    #[serde(default = "defaults::yes")]
+    pub create_topics: bool,
+    /// How often topic routes are refreshed from the name server (the client's
+    /// `pollNameServerInterval`): how soon a new topic or queue is seen.
+    #[serde(default = "defaults::route_refresh", with = "duration")]
+    pub route_refresh: Duration,
+    /// Client instance name (distinct per daemon sharing a host; default from the process id).
+    #[serde(default)]
+    pub instance: Option<String>,
+}
+
+impl RocketMqConfig {
+    pub(super) fn validate(&self, p: &mut ConfigProblems) {
+        if self.namesrv.split(';').any(|a| !a.contains(':')) {
+            p.push(
+                "rocketmq.namesrv",
+                format!("`{}` is not HOST:PORT[;HOST:PORT…]", self.namesrv),
+            );
+        }
+        for (key, value) in [
+            ("rocketmq.topic", &self.topic),
+            ("rocketmq.consumer_group", &self.consumer_group),
+            ("rocketmq.producer_group", &self.producer_group),
+            ("rocketmq.transaction_group", &self.transaction_group),
+            ("rocketmq.notification_topic", &self.notification_topic),
+        ] {
+            // RocketMQ's own rule (TopicValidator / the group check): [%|a-zA-Z0-9_-], ≤ 127.
+            let valid = !value.is_empty()
+                && value.len() <= 127
+                && value
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '%' | '|'));
+            if !valid {
+                p.push(
+                    key,
+                    format!("`{value}` is not a RocketMQ name ([A-Za-z0-9_-%|], 1–127 chars)"),
+                );
+            }
+        }
+        for (key, value) in [
+            ("rocketmq.relay_batch", self.relay_batch),
+            ("rocketmq.max_in_flight", self.max_in_flight),
+            ("rocketmq.consume_threads", self.consume_threads),
+            ("rocketmq.max_reconsume", self.max_reconsume),
+        ] {
+            if value == 0 {
+                p.push(key, "must be at least 1");
+            }
+        }
+        if self.relay_lead < Duration::from_secs(1) {
+            p.push(
+                "rocketmq.relay_lead",
+                "must be at least 1s (the shortest delay level)",
+            );
+        }
+        if self.timer_max < Duration::from_secs(1) {
+            p.push("rocketmq.timer_max", "must be at least 1s");
+        }
+        // The client's own bounds (ClientConfigValidator): 10 s to 10 min.
+        if !(Duration::from_secs(10)..=Duration::from_secs(600)).contains(&self.route_refresh) {
+            p.push("rocketmq.route_refresh", "must be between 10s and 10m");
+        }
+        if self.send_timeout.is_zero() {
+            p.push("rocketmq.send_timeout", "must be longer than 0s");
+        }
+    }
+}
+
+mod defaults {
+    use std::time::Duration;
+
+    pub fn yes() -> bool {
+        true
+    }
+    pub fn topic() -> String {
+        "ORDER_TIMEOUT_TOPIC".into()
+    }
+    pub fn consumer_group() -> String {
+        "ORDER_TIMEOUT_CONSUMER_GROUP".into()
+    }
+    pub fn producer_group() -> String {
+        "ORDER_TIMEOUT_PRODUCER_GROUP".into()
+    }
+    pub fn transaction_group() -> String {
+        "ORDER_TIMEOUT_TX_GROUP".into()
+    }
+    pub fn notification_topic() -> String {
+        "ORDER_NOTICE_TOPIC".into()
+    }
+    pub fn timer_max() -> Duration {
+        Duration::from_secs(3 * 24 * 3600)
+    }
+    pub fn relay_lead() -> Duration {
+        Duration::from_secs(3)
+    }
+    pub fn fallback_after() -> Duration {
+        Duration::from_secs(5)
+    }
+    pub fn relay_batch() -> u32 {
+        256
+    }
+    pub fn max_in_flight() -> u32 {
+        64
+    }
+    pub fn send_timeout() -> Duration {
+        Duration::from_secs(3)
+    }
+    pub fn relay_retry_max() -> Duration {
+        Duration::from_secs(60)
+    }
+    pub fn consume_threads() -> u32 {
+        16
+    }
+    pub fn route_refresh() -> Duration {
+        Duration::from_secs(30)
+    }
+    pub fn max_reconsume() -> u32 {
+        16
+    }
+}

@@ -1,0 +1,265 @@
+//! The outbox rows' side of the RocketMQ transport: the relay's claims (PENDING → SENT, or a
+//! counted failure with backoff), and the consumer's claim of the one row a message stands for.
+
+use sqlx::Row;
+
+use super::outbox::DueRow;
+use super::{Backend, Db, DbError};
+
+/// Rows put in the table by the consumer for a message that named no row (an order service
+/// sending its own delay messages): the row makes every later step durable.
+pub const SOURCE_MESSAGE: &str = "message";
+
+/// Claims up to `batch` PENDING rows due later than `now_ms + lead_ms` whose relay backoff has
+/// passed and that nobody holds, for `lease_ms`. On MySQL/PostgreSQL with `SKIP LOCKED`, like the
+/// outbox timer's claim.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn claim_for_relay(
+    db: &Db,
+    now_ms: i64,
+    lead_ms: i64,
+    batch: u32,
+    lease_ms: i64,
+) -> Result<(String, Vec<DueRow>), DbError> {
+    let token = format!("r{:016x}{:08x}", fastrand::u64(..), std::process::id());
+    let until = now_ms + lease_ms;
+    const CANDIDATES: &str = "SELECT id FROM order_timeout_msg WHERE status = 'PENDING' \
+        AND due_ms > ? AND (relay_after_ms IS NULL OR relay_after_ms <= ?) \
+        AND (claim_until_ms IS NULL OR claim_until_ms < ?) ORDER BY due_ms LIMIT ?";
+    match db.backend() {
+        Backend::Sqlite => {
+            let _gate = db.write_gate().await;
+            db.backend()
+                .query_owned(format!(
+                    "UPDATE order_timeout_msg SET claim_token = ?, claim_until_ms = ? \
+                     WHERE id IN ({CANDIDATES})"
+                ))
+                .bind(&token)
+                .bind(until)
+                .bind(now_ms + lead_ms)
+                .bind(now_ms)
+                .bind(now_ms)
+                .bind(i64::from(batch))
+                .execute(db.pool())
+                .await?;
+        }
+        Backend::MySql | Backend::Postgres => {
+            let mut tx = db.begin().await?;
+            let ids: Vec<i64> = db
+                .backend()
+                .query_owned(format!("{CANDIDATES} FOR UPDATE SKIP LOCKED"))
+                .bind(now_ms + lead_ms)
+                .bind(now_ms)
+                .bind(now_ms)
+                .bind(i64::from(batch))
+                .fetch_all(&mut *tx)
+                .await?
+                .iter()
+                .map(|r| r.try_get::<i64, _>(0))
+                .collect::<Result<_, _>>()?;
+            if ids.is_empty() {
+                tx.rollback().await?;
+                return Ok((token, Vec::new()));
+            }
+            let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+            db.backend()
+                .query_owned(format!(
+                    "UPDATE order_timeout_msg SET claim_token = ?, claim_until_ms = ? WHERE id IN ({list})"
+                ))
+                .bind(&token)
+                .bind(until)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+        }
+    }
+    let rows = held_by(db, &token).await?;
+    Ok((token, rows))
+}
+
+async fn held_by(db: &Db, token: &str) -> Result<Vec<DueRow>, DbError> {
+    let rows = db
+        .backend()
+        .query(
+            "SELECT id, order_id, phase, attempts, due_ms, source FROM order_timeout_msg \
+             WHERE claim_token = ? ORDER BY due_ms",
+        )
+        .bind(token)
+        .fetch_all(db.pool())
+        .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(DueRow {
+                id: r.try_get("id")?,
+                order_id: r.try_get("order_id")?,
+                phase: r.try_get::<i64, _>("phase")?,
+                attempts: r.try_get::<i64, _>("attempts")?.clamp(0, u32::MAX as i64) as u32,
+                due_ms: r.try_get("due_ms")?,
+                source: r.try_get("source")?,
+            })
+        })
+        .collect()
+}
+
+/// The relay published row `id` (message `message_id`): SENT, claim dropped. Nothing happens
+/// when the claim `token` was lost meanwhile (the row is someone else's now).
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn mark_sent(
+    db: &Db,
+    id: i64,
+    token: &str,
+    now_ms: i64,
+    message_id: &str,
+) -> Result<(), DbError> {
+    let _gate = db.write_gate().await;
+    db.backend()
+        .query(
+            "UPDATE order_timeout_msg SET status = 'SENT', sent_at_ms = ?, message_id = ?, \
+             last_error = NULL, claim_token = NULL, claim_until_ms = NULL \
+             WHERE id = ? AND claim_token = ? AND status = 'PENDING'",
+        )
+        .bind(now_ms)
+        .bind(message_id)
+        .bind(id)
+        .bind(token)
+        .execute(db.pool())
+        .await?;
+    Ok(())
+}
+
+/// The relay's send of row `id` failed: the row stays PENDING (the outbox timer still closes on
+/// time), the failure is counted and recorded, and the relay leaves it alone until
+/// `retry_at_ms` (F7).
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn relay_failed(
+    db: &Db,
+    id: i64,
+    token: &str,
+    error: &str,
+    retry_at_ms: i64,
+) -> Result<(), DbError> {
+    let _gate = db.write_gate().await;
+    db.backend()
+        .query(
+            "UPDATE order_timeout_msg SET relay_attempts = relay_attempts + 1, \
+             relay_after_ms = ?, last_error = ?, claim_token = NULL, claim_until_ms = NULL \
+             WHERE id = ? AND claim_token = ?",
+        )
+        .bind(retry_at_ms)
+        .bind(error)
+        .bind(id)
+        .bind(token)
+        .execute(db.pool())
+        .await?;
+    Ok(())
+}
+
+/// Relay attempts of row `id` so far (for the backoff).
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn relay_attempts(db: &Db, id: i64) -> Result<u32, DbError> {
+    let n: Option<i64> = db
+        .backend()
+        .query("SELECT relay_attempts FROM order_timeout_msg WHERE id = ?")
+        .bind(id)
+        .fetch_optional(db.pool())
+        .await?
+        .map(|r| r.try_get(0))
+        .transpose()?;
+    Ok(n.unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32)
+}
+
+/// What the consumer found when it tried to take the row a message stands for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RowClaim {
+    /// Claimed for the lease: handle it.
+    Claimed(DueRow),
+    /// Already PROCESSED: the message is a duplicate or late (a no-op).
+    Processed,
+    /// Held by another handler right now (the outbox timer, another consumer); it finishes it.
+    Busy,
+    /// No such row.
+    Missing,
+}
+
+/// Claims row `id` for `lease_ms` if it is open (PENDING or SENT) and nobody holds it.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn claim_row(db: &Db, id: i64, now_ms: i64, lease_ms: i64) -> Result<RowClaim, DbError> {
+    let token = format!("c{:016x}{:08x}", fastrand::u64(..), std::process::id());
+    let claimed = {
+        let _gate = db.write_gate().await;
+        db.backend()
+            .query(
+                "UPDATE order_timeout_msg SET claim_token = ?, claim_until_ms = ? \
+                 WHERE id = ? AND status IN ('PENDING', 'SENT') \
+                 AND (claim_until_ms IS NULL OR claim_until_ms < ?)",
+            )
+            .bind(&token)
+            .bind(now_ms + lease_ms)
+            .bind(id)
+            .bind(now_ms)
+            .execute(db.pool())
+            .await?
+            .rows_affected()
+    };
+    if claimed == 1 {
+        let mut rows = held_by(db, &token).await?;
+        return Ok(rows.pop().map_or(RowClaim::Missing, RowClaim::Claimed));
+    }
+    let status: Option<String> = db
+        .backend()
+        .query("SELECT status FROM order_timeout_msg WHERE id = ?")
+        .bind(id)
+        .fetch_optional(db.pool())
+        .await?
+        .map(|r| r.try_get(0))
+        .transpose()?;
+    Ok(match status.as_deref() {
+        None => RowClaim::Missing,
+        Some("PROCESSED") => RowClaim::Processed,
+        Some(_) => RowClaim::Busy,
+    })
+}
+
+/// The row for `(order_id, phase)`, inserted PENDING at `due_ms` with source `message` when the
+/// order has none: a message from an order service that names no row is adopted, so its
+/// retries, deferrals and completion are as durable as the outbox's own.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn adopt(db: &Db, order_id: &str, phase: u32, due_ms: i64) -> Result<i64, DbError> {
+    {
+        let _gate = db.write_gate().await;
+        let backend = db.backend();
+        backend
+            .query_owned(format!(
+                "{insert} INTO order_timeout_msg (order_id, due_ms, phase, status, source) \
+                 VALUES (?, ?, ?, 'PENDING', '{SOURCE_MESSAGE}'){on_conflict}",
+                insert = backend.insert_ignore().0,
+                on_conflict = backend.insert_ignore().1,
+            ))
+            .bind(order_id)
+            .bind(due_ms)
+            .bind(i64::from(phase))
+            .execute(db.pool())
+            .await?;
+    }
+    let id: i64 = db
+        .backend()
+        .query("SELECT id FROM order_timeout_msg WHERE order_id = ? AND phase = ?")
+        .bind(order_id)
+        .bind(i64::from(phase))
+        .fetch_one(db.pool())
+        .await?
+        .try_get(0)?;
+    Ok(id)
+}

@@ -1,0 +1,106 @@
+//! The RocketMQ transport: timeoutd as a first-class RocketMQ citizen.
+//!
+//! - [`client`]: the client runtime, the producer and bounded sends;
+//! - [`planner`]: delays with millisecond precision over 18 fixed levels or timer messages;
+//! - [`codec`]: the message formats (the seeds' text and JSON bodies, timeoutd's properties);
+//! - [`consumer`]: the timeout topic's consumer (ack after commit, poison to the dead-letter
+//!   table);
+//! - [`relay`]: the outbox relay (PENDING rows → delay/timer messages → SENT);
+//! - [`arming`]: transactional arming with check-back;
+//! - [`dlq`]: the broker's `%DLQ%` topic drained into the dead-letter table.
+//!
+//! The broker makes closes prompt; it is never needed for them. Every message stands for an
+//! outbox row, and the outbox timer takes back what the broker does not deliver in time.
+
+pub mod arming;
+pub mod client;
+pub mod codec;
+pub mod consumer;
+pub mod dlq;
+pub mod planner;
+pub mod relay;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+pub use client::{Scheduled, Transport, TransportError};
+
+use crate::clock::Clock;
+use crate::db::Db;
+use crate::dispatch::Dispatcher;
+use crate::policies::Policies;
+
+/// The transport's running parts, as the daemon starts them.
+pub struct Broker {
+    /// The connection.
+    pub transport: Arc<Transport>,
+    /// Transactional arming (it also answers check-backs).
+    pub arming: Arc<arming::Arming>,
+}
+
+impl Broker {
+    /// Starts the transport; the consumer, the DLQ drain and arming as configured; and spawns
+    /// the relay into `tasks`.
+    ///
+    /// # Errors
+    /// [`TransportError::Start`] when a part cannot start.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn start(
+        transport: Arc<Transport>,
+        db: Db,
+        clock: Clock,
+        dispatcher: Arc<Dispatcher>,
+        policies: Arc<Policies>,
+        lease: Duration,
+        tasks: &mut JoinSet<()>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<Broker, TransportError> {
+        let config = transport.config().clone();
+        let app = tokio::runtime::Handle::current();
+        let arming = arming::Arming::start(
+            transport.clone(),
+            arming::ArmListener::new(app.clone(), db.clone(), clock.clone(), policies),
+        )
+        .await?;
+        if config.consume {
+            let consumer = Arc::new(consumer::TimeoutConsumer::new(
+                dispatcher,
+                transport.clone(),
+                lease,
+            ));
+            transport
+                .start_consumer(
+                    &config.consumer_group,
+                    &config.topic,
+                    consumer::Listener {
+                        app: app.clone(),
+                        consumer,
+                    },
+                )
+                .await?;
+            if config.drain_dlq {
+                let listener = dlq::DlqListener {
+                    app: app.clone(),
+                    db: db.clone(),
+                    clock: clock.clone(),
+                };
+                let group = dlq::drain_group(&config.consumer_group);
+                let topic = dlq::dlq_topic(&config.consumer_group);
+                if let Err(e) = transport.start_consumer(&group, &topic, listener).await {
+                    tracing::warn!(error = %e, topic, "the DLQ drain did not start");
+                }
+            }
+        }
+        if config.relay {
+            tasks.spawn(relay::run(db, clock, transport.clone(), shutdown));
+        }
+        tracing::info!(namesrv = %config.namesrv, topic = %config.topic, group = %config.consumer_group, "rocketmq transport started");
+        Ok(Broker {
+            transport,
+            arming: Arc::new(arming),
+        })
+    }
+}

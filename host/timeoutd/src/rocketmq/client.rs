@@ -1,0 +1,440 @@
+//! The RocketMQ client as timeoutd uses it: one client runtime on its own thread, one producer
+//! for timeout hops and notices, the push consumers, and bounded sends.
+//!
+//! `rocketmq-client-rust` runs on a Tokio runtime it is given through a `RuntimeOwner`; timeoutd
+//! builds that owner on a dedicated thread and runs every client call there
+//! ([`Transport::on_client`]), so the daemon's own runtime and the client's never block each
+//! other. Its blocking lanes (where push-consumer listeners run) are widened: the defaults for
+//! 2 cores queue 16 tasks, and a full queue bounces messages into the retry path under load.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rocketmq_client_rust::{
+    ClientConfig, ClientRuntime, ClientRuntimeConfig, DefaultMQProducer, DefaultMQPushConsumer,
+    MQPushConsumer, MessageListenerConcurrently, SendStatus,
+};
+use rocketmq_model::common::message::message_single::Message;
+use rocketmq_runtime::{RuntimeConfig, RuntimeOwner};
+use tokio::runtime::Handle;
+use tokio::sync::Semaphore;
+
+use super::codec::{self, PROP_DUE_MS, PROP_HOP, PROP_ROW, TimeoutMessage};
+use super::planner::{Hop, Planner};
+use crate::config::{ConsumeFrom, RocketMqConfig};
+use rocketmq_model::common::consumer::consume_from_where::ConsumeFromWhere;
+
+/// Tag of timeout messages timeoutd publishes.
+pub const TAG_TIMEOUT: &str = "timeout";
+/// Tag of transactional arming messages.
+pub const TAG_ARM: &str = "arm";
+
+/// A failure talking to the broker.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum TransportError {
+    /// The client could not be built or started (bad name server address, …).
+    #[error("rocketmq client: {0}")]
+    Start(String),
+    /// A send failed or was refused. The broker's own reason is in its log (the client only
+    /// reports a generic error).
+    #[error("rocketmq send to `{topic}` failed: {detail}")]
+    Send {
+        /// Topic.
+        topic: String,
+        /// What the client said.
+        detail: String,
+    },
+    /// A message could not be built (a reserved property, …).
+    #[error("rocketmq message: {0}")]
+    Message(String),
+}
+
+/// Where a hop went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scheduled {
+    /// Published; the broker's message id.
+    Sent {
+        /// Message id.
+        message_id: String,
+        /// The hop sent.
+        hop: Hop,
+    },
+    /// Due within a second: nothing published, handle it after `wait_ms`.
+    Now {
+        /// Milliseconds to wait first.
+        wait_ms: u64,
+    },
+}
+
+/// The broker connection shared by the relay, the consumer, arming and the notice sink.
+pub struct Transport {
+    config: RocketMqConfig,
+    planner: Planner,
+    handle: Handle,
+    client_runtime: Arc<ClientRuntime>,
+    producer: Arc<DefaultMQProducer>,
+    consumers: tokio::sync::Mutex<Vec<DefaultMQPushConsumer>>,
+    in_flight: Arc<Semaphore>,
+    timer_refused: AtomicBool,
+    last_send_ok: AtomicBool,
+    instance: String,
+    owner_stop: Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    owner_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+static INSTANCES: AtomicU64 = AtomicU64::new(0);
+
+impl Transport {
+    /// Builds the client runtime and starts the producer.
+    ///
+    /// # Errors
+    /// [`TransportError::Start`] when the runtime or the producer cannot start.
+    pub async fn start(config: &RocketMqConfig) -> Result<Arc<Transport>, TransportError> {
+        let instance = config.instance.clone().unwrap_or_else(|| {
+            format!(
+                "timeoutd-{}-{}",
+                std::process::id(),
+                INSTANCES.fetch_add(1, Ordering::Relaxed)
+            )
+        });
+        let (name, threads) = (instance.clone(), config.consume_threads as usize);
+        let (handle, client_runtime, stop, thread) =
+            tokio::task::spawn_blocking(move || spawn_client_runtime(&name, threads))
+                .await
+                .map_err(|e| TransportError::Start(format!("client runtime thread: {e}")))??;
+        let mut producer = DefaultMQProducer::builder(client_runtime.clone())
+            .producer_group(config.producer_group.as_str())
+            .name_server_addr(config.namesrv.as_str())
+            .client_config(client_config(config, &instance)?)
+            .send_msg_timeout(config.send_timeout.as_millis().min(u32::MAX as u128) as u32)
+            .retry_times_when_send_failed(1)
+            .build();
+        let topics = if config.create_topics {
+            vec![config.topic.clone(), config.notification_topic.clone()]
+        } else {
+            Vec::new()
+        };
+        let started = handle
+            .spawn(async move {
+                producer.start().await?;
+                // Create the topics (4 queues) so consumers find their routes at start; a broker
+                // that refuses (auto-creation off, topics made by operators) is fine.
+                for topic in topics {
+                    if let Err(e) = producer
+                        .create_topic("TBW102", &topic, 4, Default::default())
+                        .await
+                    {
+                        tracing::debug!(topic, error = %e, "topic not created");
+                    }
+                }
+                Ok::<_, rocketmq_client_rust::ClientError>(producer)
+            })
+            .await
+            .map_err(|e| TransportError::Start(format!("producer start task: {e}")))?;
+        let producer = match started {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = stop.send(());
+                return Err(TransportError::Start(format!("producer start: {e}")));
+            }
+        };
+        Ok(Arc::new(Transport {
+            planner: Planner {
+                mode: config.delay_mode,
+                timer_max: config.timer_max,
+            },
+            config: config.clone(),
+            handle,
+            client_runtime,
+            producer: Arc::new(producer),
+            consumers: tokio::sync::Mutex::new(Vec::new()),
+            in_flight: Arc::new(Semaphore::new(config.max_in_flight as usize)),
+            timer_refused: AtomicBool::new(false),
+            last_send_ok: AtomicBool::new(true),
+            instance,
+            owner_stop: Mutex::new(Some(stop)),
+            owner_thread: Mutex::new(Some(thread)),
+        }))
+    }
+
+    /// The configuration it runs with.
+    pub fn config(&self) -> &RocketMqConfig {
+        &self.config
+    }
+
+    /// The client runtime (for transactional producers).
+    pub(super) fn client_runtime(&self) -> Arc<ClientRuntime> {
+        self.client_runtime.clone()
+    }
+
+    /// The client config every producer and consumer of this transport uses.
+    pub(super) fn client_config(&self) -> Result<ClientConfig, TransportError> {
+        client_config(&self.config, &self.instance)
+    }
+
+    /// Whether the last send succeeded (readiness).
+    pub fn healthy(&self) -> bool {
+        self.last_send_ok.load(Ordering::Relaxed)
+    }
+
+    /// Runs `future` on the client's runtime.
+    pub(super) async fn on_client<F, T>(&self, future: F) -> Result<T, TransportError>
+    where
+        F: Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.handle
+            .spawn(future)
+            .await
+            .map_err(|e| TransportError::Start(format!("client task failed: {e}")))
+    }
+
+    /// Sends `message`, at most `rocketmq.max_in_flight` at once, and returns its message id.
+    ///
+    /// # Errors
+    /// [`TransportError::Send`] when the client fails or the broker does not answer `SEND_OK`.
+    pub async fn send(&self, message: Message) -> Result<String, TransportError> {
+        let topic = message.topic().to_string();
+        let _permit = self.in_flight.acquire().await.expect("never closed");
+        let producer = self.producer.clone();
+        let timeout = self.config.send_timeout.as_millis() as u64;
+        let result = self
+            .on_client(async move { producer.send_with_timeout(message, timeout).await })
+            .await?;
+        let outcome = match result {
+            Ok(Some(r)) if r.send_status == SendStatus::SendOk => {
+                Ok(r.msg_id.map(|m| m.to_string()).unwrap_or_default())
+            }
+            Ok(Some(r)) => Err(TransportError::Send {
+                topic,
+                detail: format!("broker answered {:?}", r.send_status),
+            }),
+            Ok(None) => Err(TransportError::Send {
+                topic,
+                detail: "no send result".into(),
+            }),
+            Err(e) => Err(TransportError::Send {
+                topic,
+                detail: e.to_string(),
+            }),
+        };
+        self.last_send_ok.store(outcome.is_ok(), Ordering::Relaxed);
+        outcome
+    }
+
+    /// Publishes the next hop of `message` towards its due time (`message.due_ms`, now when
+    /// absent) at `now_ms`: a timer message, a delay level, or nothing when it is due within a
+    /// second. In `auto` mode a refused timer message switches this process to levels and the hop
+    /// is re-sent as a level.
+    ///
+    /// # Errors
+    /// [`TransportError`] when the send fails.
+    pub async fn schedule(
+        &self,
+        message: &TimeoutMessage,
+        now_ms: i64,
+    ) -> Result<Scheduled, TransportError> {
+        let due_ms = message.due_ms.unwrap_or(now_ms);
+        let refused = self.timer_refused.load(Ordering::Relaxed);
+        let hop = self.planner.next_hop(now_ms, due_ms, refused);
+        if let Hop::Now { wait_ms } = hop {
+            return Ok(Scheduled::Now { wait_ms });
+        }
+        match self.send(self.hop_message(message, hop)?).await {
+            Ok(message_id) => Ok(Scheduled::Sent { message_id, hop }),
+            Err(e) if matches!(hop, Hop::Timer(_)) && self.config.delay_mode == crate::config::DelayMode::Auto => {
+                tracing::warn!(error = %e, "timer message refused; using delay levels from now on");
+                self.timer_refused.store(true, Ordering::Relaxed);
+                let hop = self.planner.next_hop(now_ms, due_ms, true);
+                let message_id = self.send(self.hop_message(message, hop)?).await?;
+                Ok(Scheduled::Sent { message_id, hop })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Publishes one notice on `rocketmq.notification_topic`, keyed by its idempotency key (so
+    /// a notice re-sent after a crash can be recognised downstream), tagged with its template.
+    ///
+    /// # Errors
+    /// [`TransportError`] when the send fails.
+    pub async fn publish_notice(
+        &self,
+        idempotency_key: &str,
+        template: &str,
+        body: String,
+    ) -> Result<String, TransportError> {
+        let tag: String = template
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+            .collect();
+        let message = Message::builder()
+            .topic(self.config.notification_topic.as_str())
+            .tags(tag)
+            .key(idempotency_key)
+            .body(body.into_bytes())
+            .build()
+            .map_err(|e| TransportError::Message(e.to_string()))?;
+        self.send(message).await
+    }
+
+    /// The broker message for one hop of `message`.
+    fn hop_message(&self, message: &TimeoutMessage, hop: Hop) -> Result<Message, TransportError> {
+        let bad = |e| TransportError::Message(format!("{e}"));
+        let mut builder = Message::builder()
+            .topic(self.config.topic.as_str())
+            .tags(TAG_TIMEOUT)
+            .key(message.order_id.as_str())
+            .body(codec::encode_body(message))
+            .raw_property(PROP_HOP, (message.hop + 1).to_string())
+            .map_err(bad)?;
+        if let Some(due) = message.due_ms {
+            builder = builder.raw_property(PROP_DUE_MS, due.to_string()).map_err(bad)?;
+        }
+        if let Some(row) = message.row_id {
+            builder = builder.raw_property(PROP_ROW, row.to_string()).map_err(bad)?;
+        }
+        builder = match hop {
+            Hop::Level(level) => builder.delay_level(i32::from(level)),
+            Hop::Timer(at_ms) => builder.deliver_time_ms(at_ms.max(0) as u64),
+            Hop::Now { .. } => builder,
+        };
+        builder.build().map_err(bad)
+    }
+
+    /// Starts a clustering push consumer of `topic` in `group` with `listener`; it is shut
+    /// down with the transport.
+    ///
+    /// # Errors
+    /// [`TransportError::Start`] when subscribing or starting fails.
+    pub async fn start_consumer<L>(
+        &self,
+        group: &str,
+        topic: &str,
+        listener: L,
+    ) -> Result<(), TransportError>
+    where
+        L: MessageListenerConcurrently + 'static,
+    {
+        let mut consumer = DefaultMQPushConsumer::builder(self.client_runtime.clone())
+            .consumer_group(group)
+            .name_server_addr(self.config.namesrv.as_str())
+            .client_config(self.client_config()?)
+            .consume_thread_min(1)
+            .consume_thread_max(self.config.consume_threads)
+            .consume_message_batch_max_size(1)
+            .max_reconsume_times(self.config.max_reconsume as i32)
+            .consume_from_where(match self.config.consume_from {
+                ConsumeFrom::Last => ConsumeFromWhere::ConsumeFromLastOffset,
+                ConsumeFrom::First => ConsumeFromWhere::ConsumeFromFirstOffset,
+            })
+            .build();
+        let topic = topic.to_string();
+        let started = self
+            .on_client(async move {
+                consumer.subscribe(topic.as_str(), "*").await?;
+                consumer.register_message_listener_concurrently(listener);
+                consumer.start().await?;
+                Ok::<_, rocketmq_client_rust::ClientError>(consumer)
+            })
+            .await?
+            .map_err(|e| TransportError::Start(format!("consumer of `{group}`: {e}")))?;
+        self.consumers.lock().await.push(started);
+        Ok(())
+    }
+
+    /// Stops the consumers, the producer and the client runtime. Idempotent.
+    pub async fn shutdown(&self) {
+        let consumers: Vec<_> = self.consumers.lock().await.drain(..).collect();
+        for mut consumer in consumers {
+            let _ = self
+                .on_client(async move { consumer.shutdown().await })
+                .await;
+        }
+        let client_runtime = self.client_runtime.clone();
+        let _ = self
+            .on_client(async move { client_runtime.shutdown().await })
+            .await;
+        if let Some(stop) = self.owner_stop.lock().expect("not poisoned").take() {
+            let _ = stop.send(());
+        }
+        let thread = self.owner_thread.lock().expect("not poisoned").take();
+        if let Some(thread) = thread {
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+    }
+}
+
+fn client_config(config: &RocketMqConfig, instance: &str) -> Result<ClientConfig, TransportError> {
+    ClientConfig::builder()
+        .namesrv_addr(config.namesrv.as_str())
+        .instance_name(instance)
+        .poll_name_server_interval(config.route_refresh.as_millis().min(u32::MAX as u128) as u32)
+        .build()
+        .map_err(|e| TransportError::Start(format!("client config: {e}")))
+}
+
+type Spawned = (
+    Handle,
+    Arc<ClientRuntime>,
+    std::sync::mpsc::Sender<()>,
+    std::thread::JoinHandle<()>,
+);
+
+/// Builds the client's `RuntimeOwner` on its own thread and hands back its handle; the thread
+/// keeps the owner until told to stop, then shuts it down.
+fn spawn_client_runtime(name: &str, consume_threads: usize) -> Result<Spawned, TransportError> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let name = name.to_string();
+    let thread = std::thread::Builder::new()
+        .name("rocketmq-client".into())
+        .spawn(move || {
+            let built = (|| {
+                let mut config = RuntimeConfig::for_parallelism("rocketmq-client", 2)
+                    .with_max_blocking_threads(consume_threads.max(4) * 2 + 16)
+                    .map_err(|e| format!("runtime config: {e:?}"))?;
+                // Listeners and transaction callbacks run on the metadata-io lane.
+                let lane = &mut config.blocking_lane_policies.metadata_io;
+                lane.max_concurrency = consume_threads.max(4) + 8;
+                lane.max_queue_depth = 65_536;
+                lane.queue_timeout = Duration::from_secs(60);
+                lane.task_timeout = Duration::from_secs(120);
+                let owner = RuntimeOwner::plan(config)
+                    .map_err(|e| format!("runtime plan: {e:?}"))?
+                    .build()
+                    .map_err(|e| format!("runtime: {e}"))?;
+                let telemetry = rocketmq_observability::TelemetryRuntimeGuard::noop();
+                let client_runtime = ClientRuntime::try_new(
+                    owner.root_context().component("timeoutd"),
+                    ClientRuntimeConfig::default(),
+                    telemetry.handle(),
+                )
+                .map_err(|e| format!("client runtime: {e}"))?;
+                let handle = owner.block_on(async { Handle::current() });
+                Ok::<_, String>((owner, telemetry, handle, client_runtime))
+            })();
+            match built {
+                Ok((owner, telemetry, handle, client_runtime)) => {
+                    let _ = ready_tx.send(Ok((handle, client_runtime)));
+                    let _ = stop_rx.recv();
+                    if let Err(e) =
+                        owner.shutdown_runtime_blocking_with_timeout(Duration::from_secs(10))
+                    {
+                        tracing::warn!(client = %name, error = %e, "rocketmq client runtime shutdown");
+                    }
+                    drop(telemetry);
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                }
+            }
+        })
+        .map_err(|e| TransportError::Start(format!("thread: {e}")))?;
+    let (handle, client_runtime) = ready_rx
+        .recv()
+        .map_err(|_| TransportError::Start("client runtime thread died".into()))?
+        .map_err(TransportError::Start)?;
+    Ok((handle, client_runtime, stop_tx, thread))
+}

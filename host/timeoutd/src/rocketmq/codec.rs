@@ -1,0 +1,188 @@
+//! Timeout message formats.
+//!
+//! Bodies as the seeds' order services produce them, told apart by their first byte:
+//! - text: the order id alone, e.g. `O-1001`;
+//! - JSON: `{"orderId": "O-1001", "activityId": "A-7", "userId": "u-1", "createTime": 1700000000000,
+//!   "phase": 0}` (`orderId` required; `phase` defaults to 0; the others are informational,
+//!   since the database is the truth).
+//!
+//! The message key (`KEYS`) carries the order id; a key that names another order than the body
+//! makes the message malformed. Messages timeoutd publishes itself are JSON and carry, as user
+//! properties, the absolute due time ([`PROP_DUE_MS`], epoch ms) that chains of delay hops steer
+//! by, and the outbox row they stand for ([`PROP_ROW`]).
+
+use serde::{Deserialize, Serialize};
+
+/// User property: when the timeout is due, epoch ms.
+pub const PROP_DUE_MS: &str = "TIMEOUTD_DUE_MS";
+/// User property: the `order_timeout_msg` row id the message stands for.
+pub const PROP_ROW: &str = "TIMEOUTD_ROW";
+/// User property: hops taken so far (diagnostics).
+pub const PROP_HOP: &str = "TIMEOUTD_HOP";
+/// Longest order id accepted (the `orders.id` column holds 64 characters).
+pub const MAX_ORDER_ID: usize = 64;
+
+/// A decoded timeout message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimeoutMessage {
+    /// Order id.
+    pub order_id: String,
+    /// Phase to decide.
+    pub phase: u32,
+    /// When it is due, epoch ms, if the message says (timeoutd's own messages do).
+    pub due_ms: Option<i64>,
+    /// The outbox row it stands for, if any.
+    pub row_id: Option<i64>,
+    /// Hops taken so far.
+    pub hop: u32,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonBody {
+    order_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    activity_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    user_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    create_time: Option<serde_json::Value>,
+    #[serde(default)]
+    phase: i64,
+}
+
+/// Decodes a message from its body, its `KEYS` and a property lookup.
+///
+/// # Errors
+/// A sentence naming what is wrong (unparseable JSON, an empty or oversized order id, a phase
+/// out of range, a key naming another order, a malformed property); such a message can never
+/// succeed and is dead-lettered.
+pub fn decode(
+    body: &[u8],
+    keys: Option<&str>,
+    property: impl Fn(&str) -> Option<String>,
+) -> Result<TimeoutMessage, String> {
+    let text = std::str::from_utf8(body).map_err(|e| format!("body is not UTF-8: {e}"))?;
+    let trimmed = text.trim();
+    let (order_id, phase) = if trimmed.starts_with('{') {
+        let json: JsonBody =
+            serde_json::from_str(trimmed).map_err(|e| format!("body is not a timeout JSON: {e}"))?;
+        let phase = u32::try_from(json.phase)
+            .map_err(|_| format!("phase {} is outside 0..={}", json.phase, u32::MAX))?;
+        (json.order_id, phase)
+    } else {
+        (trimmed.to_string(), 0)
+    };
+    if order_id.is_empty() {
+        return Err("order id is empty".into());
+    }
+    if order_id.len() > MAX_ORDER_ID || order_id.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(format!(
+            "`{}` is not an order id (≤ {MAX_ORDER_ID} characters, no spaces)",
+            preview(&order_id)
+        ));
+    }
+    if let Some(keys) = keys.filter(|k| !k.trim().is_empty())
+        && !keys.split(' ').any(|k| k == order_id)
+    {
+        return Err(format!(
+            "message key `{}` names another order than the body's `{order_id}`",
+            preview(keys)
+        ));
+    }
+    let number = |name: &str| -> Result<Option<i64>, String> {
+        property(name)
+            .map(|v| {
+                v.parse::<i64>()
+                    .map_err(|_| format!("property {name} = `{}` is not an integer", preview(&v)))
+            })
+            .transpose()
+    };
+    Ok(TimeoutMessage {
+        order_id,
+        phase,
+        due_ms: number(PROP_DUE_MS)?,
+        row_id: number(PROP_ROW)?,
+        hop: number(PROP_HOP)?.unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32,
+    })
+}
+
+/// The JSON body timeoutd publishes for `message`.
+pub fn encode_body(message: &TimeoutMessage) -> Vec<u8> {
+    serde_json::to_vec(&JsonBody {
+        order_id: message.order_id.clone(),
+        activity_id: None,
+        user_id: None,
+        create_time: None,
+        phase: i64::from(message.phase),
+    })
+    .expect("plain struct serialises")
+}
+
+/// The first 80 characters of `s`, for error messages.
+pub fn preview(s: &str) -> String {
+    let mut out: String = s.chars().take(80).collect();
+    if out.len() < s.len() {
+        out.push('…');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn none(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn text_body_is_the_order_id() {
+        let m = decode(b"O-1001\n", Some("O-1001"), none).unwrap();
+        assert_eq!((m.order_id.as_str(), m.phase, m.due_ms), ("O-1001", 0, None));
+    }
+
+    #[test]
+    fn json_body_of_the_seeds() {
+        let body = br#"{"orderId":"O-7","activityId":"A-1","userId":"u","createTime":1700000000000,"phase":1}"#;
+        let m = decode(body, None, none).unwrap();
+        assert_eq!((m.order_id.as_str(), m.phase), ("O-7", 1));
+    }
+
+    #[test]
+    fn own_messages_carry_due_and_row() {
+        let m = TimeoutMessage {
+            order_id: "O-9".into(),
+            phase: 2,
+            due_ms: Some(5),
+            row_id: Some(77),
+            hop: 3,
+        };
+        let body = encode_body(&m);
+        let props = |k: &str| match k {
+            PROP_DUE_MS => Some("5".to_string()),
+            PROP_ROW => Some("77".to_string()),
+            PROP_HOP => Some("3".to_string()),
+            _ => None,
+        };
+        assert_eq!(decode(&body, Some("O-9"), props).unwrap(), m);
+    }
+
+    #[test]
+    fn malformed_messages_name_the_problem() {
+        for (body, keys, expect) in [
+            (&b"{not json"[..], None, "not a timeout JSON"),
+            (b"", None, "empty"),
+            (b"two words", None, "not an order id"),
+            (br#"{"orderId":"O-1","phase":-1}"#, None, "outside"),
+            (b"O-1", Some("O-2"), "another order"),
+            (b"\xff\xfe", None, "not UTF-8"),
+        ] {
+            let err = decode(body, keys, none).unwrap_err();
+            assert!(err.contains(expect), "{err}");
+        }
+        let err = decode(b"O-1", None, |_| Some("soon".into())).unwrap_err();
+        assert!(err.contains("TIMEOUTD_"), "{err}");
+    }
+}

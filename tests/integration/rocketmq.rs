@@ -1,0 +1,723 @@
+//! The RocketMQ transport against the real broker (`scripts/rocketmq start`, name server at
+//! `$TIMEOUTD_ROCKETMQ_NAMESRV`, default 127.0.0.1:19876), MariaDB and SQLite.
+//!
+//! Broker tests take one process-wide lock: one of them stops the broker for 30 s. Each test
+//! uses its own topic and groups (the broker auto-creates them), so nothing leaks between runs.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use rocketmq_client_rust::{
+    ClientResult, ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus,
+    MessageListenerConcurrently,
+};
+use rocketmq_model::common::message::message_ext::MessageExt;
+use rocketmq_model::common::message::message_single::Message;
+use timeoutd::clock::Clock;
+use timeoutd::config::Config;
+use timeoutd::daemon::Daemon;
+use timeoutd::rocketmq::Transport;
+use timeoutd::rocketmq::arming::{ArmListener, Armed, Arming};
+use timeoutd::rocketmq::consumer::{Ack, Received, TimeoutConsumer};
+use timeoutd_runtime::model::CheckVerdict;
+
+use crate::support::{Env, order, repo_root};
+
+static BROKER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The name server the tests use.
+fn namesrv() -> String {
+    std::env::var("TIMEOUTD_ROCKETMQ_NAMESRV").unwrap_or_else(|_| "127.0.0.1:19876".into())
+}
+
+/// Takes the broker lock and checks the name server answers.
+async fn broker() -> tokio::sync::MutexGuard<'static, ()> {
+    let guard = BROKER.lock().await;
+    let addr = namesrv();
+    if tokio::net::TcpStream::connect(&addr).await.is_err() {
+        panic!(
+            "no RocketMQ name server at {addr}: start one with `scripts/rocketmq install && \
+             scripts/rocketmq start` (scripts/test does), or set TIMEOUTD_ROCKETMQ_NAMESRV"
+        );
+    }
+    guard
+}
+
+/// `(topic, consumer group)` private to one test run.
+fn names(test: &str) -> (String, String) {
+    let tag = format!("{:08x}", fastrand::u32(..));
+    (format!("TT_{test}_{tag}"), format!("TG_{test}_{tag}"))
+}
+
+/// A `[rocketmq]` section for `topic`/`group`, `extra` keys appended.
+fn section(topic: &str, group: &str, extra: &str) -> String {
+    format!(
+        "[rocketmq]\nnamesrv = \"{ns}\"\ntopic = \"{topic}\"\nconsumer_group = \"{group}\"\n\
+         producer_group = \"{group}_P\"\ntransaction_group = \"{group}_TX\"\n\
+         notification_topic = \"{topic}_N\"\nroute_refresh = \"10s\"\nconsume_from = \"first\"\n\
+         send_timeout = \"5s\"\n{extra}\n",
+        ns = namesrv()
+    )
+}
+
+/// A producer-only transport for the test to send raw messages with.
+async fn sender(config: &Config) -> Arc<Transport> {
+    let mut c = config.rocketmq.clone().unwrap();
+    c.producer_group = format!("{}_TEST", c.producer_group);
+    Transport::start(&c).await.unwrap()
+}
+
+/// A raw message as an order service would send it.
+fn raw(topic: &str, key: &str, body: &[u8]) -> Message {
+    Message::builder()
+        .topic(topic)
+        .key(key)
+        .body(body.to_vec())
+        .build()
+        .unwrap()
+}
+
+/// Sends, retrying while the broker auto-creates the topic.
+async fn send(t: &Transport, m: Message) {
+    let mut last = None;
+    for _ in 0..10 {
+        match t.send(m.clone()).await {
+            Ok(_) => return,
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    panic!("send failed (see the broker log under the store dir): {last:?}");
+}
+
+/// Polls `check` every 100 ms until it holds or `limit` passes.
+async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("after {limit:?}: {what}");
+}
+
+/// Deletes the orders' outbox rows: these order services rely on their own messages.
+async fn without_rows(env: &Env) {
+    env.db
+        .backend()
+        .query("DELETE FROM order_timeout_msg WHERE phase >= ?")
+        .bind(0i64)
+        .execute(env.db.pool())
+        .await
+        .unwrap();
+}
+
+async fn closes(env: &Env, id: &str) -> i64 {
+    env.int(
+        "SELECT COUNT(*) FROM decision_log WHERE order_id = ? AND outcome = 'closed'",
+        id,
+    )
+    .await
+}
+
+/// Runs `$body` on SQLite and MariaDB with the broker lock held.
+macro_rules! with_broker {
+    (async fn $name:ident($env:ident) $body:block) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            async fn run($env: &crate::support::Env) $body
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite() {
+                let _broker = super::broker().await;
+                let env = crate::support::Env::new(timeoutd::db::Backend::Sqlite).await;
+                run(&env).await;
+                env.cleanup().await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn mariadb() {
+                let _broker = super::broker().await;
+                let env = crate::support::Env::new(timeoutd::db::Backend::MySql).await;
+                run(&env).await;
+                env.cleanup().await;
+            }
+        }
+    };
+}
+
+const ACME: &[crate::support::MerchantSpec<'static>] = &[("acme", "builtin:single-phase", &[])];
+
+with_broker!(
+    async fn seed_formats_close_their_orders_and_a_paid_order_is_a_no_op(env) {
+        let (topic, group) = names("seed");
+        let config = env.config(
+            ACME,
+            &format!(
+                "[outbox]\nenabled = false\n[sweep]\nenabled = false\n{}",
+                section(&topic, &group, "")
+            ),
+        );
+        env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
+        let now = env.db.now_ms().await.unwrap();
+        for id in ["text-1", "json-1", "paid-1"] {
+            env.create(&order(id, "acme", now - 1_000)).await;
+        }
+        without_rows(env).await;
+        assert!(env.pay("paid-1", now).await);
+        let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
+        let tx = sender(&config).await;
+        send(&tx, raw(&topic, "text-1", b"text-1")).await;
+        let json = br#"{"orderId":"json-1","activityId":null,"userId":"user-of-json-1","createTime":1,"phase":0}"#;
+        send(&tx, raw(&topic, "json-1", json)).await;
+        send(&tx, raw(&topic, "paid-1", b"paid-1")).await;
+        eventually(Duration::from_secs(60), "both messages close their orders", || async {
+            env.status("text-1").await == "CLOSED" && env.status("json-1").await == "CLOSED"
+        })
+        .await;
+        eventually(Duration::from_secs(30), "the paid order's message is handled", || async {
+            env.text(
+                "SELECT status FROM order_timeout_msg WHERE order_id = ?",
+                "paid-1",
+            )
+            .await
+                == "PROCESSED"
+        })
+        .await;
+        assert_eq!(env.status("paid-1").await, "PAID");
+        assert_eq!(env.coupon("cpn-paid-1").await, "USED");
+        // 3 orders took 2 + 2 + 2 of sku-a; the two closed gave theirs back.
+        assert_eq!(env.stock("sku-a").await, 98);
+        assert_eq!(env.stock("sku-b").await, 99);
+        assert_eq!(
+            env.text("SELECT closed_by FROM orders WHERE id = ?", "text-1").await,
+            "delay-message"
+        );
+        tx.shutdown().await;
+        daemon.stop().await;
+    }
+);
+
+with_broker!(
+    async fn a_twelve_second_chain_of_levels_closes_within_a_second(env) {
+        let (topic, group) = names("chain");
+        // The outbox timer takes a relayed row back only 20 s late: the broker must do it.
+        let config = env.config(
+            ACME,
+            &section(&topic, &group, "delay_mode = \"levels\"\nfallback_after = \"20s\""),
+        );
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
+        let now = env.db.now_ms().await.unwrap();
+        let deadline = now + 12_000;
+        env.create(&order("chain-1", "acme", deadline)).await;
+        eventually(Duration::from_secs(10), "the relay publishes the row", || async {
+            env.text(
+                "SELECT status FROM order_timeout_msg WHERE order_id = ?",
+                "chain-1",
+            )
+            .await
+                == "SENT"
+        })
+        .await;
+        eventually(Duration::from_secs(40), "the chain closes the order", || async {
+            env.status("chain-1").await == "CLOSED"
+        })
+        .await;
+        let closed_at = env
+            .int("SELECT closed_at_ms FROM orders WHERE id = ?", "chain-1")
+            .await;
+        let late = closed_at - deadline;
+        assert!((0..=1_000).contains(&late), "closed {late} ms after the deadline");
+        assert_eq!(
+            env.text("SELECT closed_by FROM orders WHERE id = ?", "chain-1").await,
+            "delay-message"
+        );
+        daemon.stop().await;
+    }
+);
+
+with_broker!(
+    async fn the_same_message_twice_to_two_consumers_closes_once(env) {
+        let (topic, group) = names("dup");
+        let config = env.config(
+            ACME,
+            &format!(
+                "[outbox]\nenabled = false\n[sweep]\nenabled = false\n{}",
+                section(&topic, &group, "")
+            ),
+        );
+        env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
+        let now = env.db.now_ms().await.unwrap();
+        let ids: Vec<String> = (0..10).map(|i| format!("dup-{i}")).collect();
+        for id in &ids {
+            env.create(&order(id, "acme", now - 1_000)).await;
+        }
+        without_rows(env).await;
+        let a = Daemon::start(&config, Clock::Database).await.unwrap();
+        let b = Daemon::start(&config, Clock::Database).await.unwrap();
+        let tx = sender(&config).await;
+        for id in &ids {
+            for _ in 0..2 {
+                send(&tx, raw(&topic, id, id.as_bytes())).await;
+            }
+        }
+        eventually(Duration::from_secs(60), "every order closes", || async {
+            let mut all = true;
+            for id in &ids {
+                all &= env.status(id).await == "CLOSED";
+            }
+            all
+        })
+        .await;
+        // Let the duplicates arrive and be handled.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        for id in &ids {
+            assert_eq!(closes(env, id).await, 1, "{id} closed once");
+            assert_eq!(
+                env.int(
+                    "SELECT COUNT(*) FROM effect_ledger WHERE order_id = ? AND kind = 'notify'",
+                    id
+                )
+                .await,
+                1
+            );
+        }
+        assert_eq!(env.stock("sku-a").await, 100);
+        assert_eq!(env.stock("sku-b").await, 100);
+        tx.shutdown().await;
+        a.stop().await;
+        b.stop().await;
+    }
+);
+
+/// Handles each message with a [`TimeoutConsumer`], then the first time "crashes" before the
+/// acknowledgement (answers `ReconsumeLater`), so the broker delivers it again.
+struct CrashBeforeAck {
+    app: tokio::runtime::Handle,
+    consumer: Arc<TimeoutConsumer>,
+    seen: Arc<std::sync::Mutex<HashMap<String, u32>>>,
+    acks: Arc<AtomicU32>,
+}
+
+impl MessageListenerConcurrently for CrashBeforeAck {
+    fn consume_message(
+        &self,
+        messages: &[&MessageExt],
+        _context: &ConsumeConcurrentlyContext,
+    ) -> ClientResult<ConsumeConcurrentlyStatus> {
+        let r = Received::of(messages[0]);
+        let consumer = self.consumer.clone();
+        let ack = self.app.block_on(async move { consumer.handle(&r).await });
+        let key = messages[0].message_inner().keys().unwrap_or_default().join(" ");
+        let mut seen = self.seen.lock().unwrap();
+        let n = seen.entry(key).or_insert(0);
+        *n += 1;
+        if *n == 1 {
+            return Ok(ConsumeConcurrentlyStatus::ReconsumeLater);
+        }
+        if ack == Ack::Done {
+            self.acks.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)
+    }
+}
+
+with_broker!(
+    async fn a_redelivery_after_commit_without_ack_is_a_no_op(env) {
+        let (topic, group) = names("redeliver");
+        let config = env.config(
+            ACME,
+            &format!(
+                "[outbox]\nenabled = false\n[sweep]\nenabled = false\n{}",
+                section(&topic, &group, "consume = false")
+            ),
+        );
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        let now = env.db.now_ms().await.unwrap();
+        env.create(&order("redo-1", "acme", now - 1_000)).await;
+        without_rows(env).await;
+        let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
+        let transport = daemon.broker().unwrap().transport.clone();
+        let consumer = Arc::new(TimeoutConsumer::new(
+            daemon.dispatcher().clone(),
+            transport.clone(),
+            Duration::from_secs(30),
+        ));
+        let seen = Arc::new(std::sync::Mutex::new(HashMap::new()));
+        let acks = Arc::new(AtomicU32::new(0));
+        transport
+            .start_consumer(
+                &group,
+                &topic,
+                CrashBeforeAck {
+                    app: tokio::runtime::Handle::current(),
+                    consumer,
+                    seen: seen.clone(),
+                    acks: acks.clone(),
+                },
+            )
+            .await
+            .unwrap();
+        send(&transport, raw(&topic, "redo-1", b"redo-1")).await;
+        eventually(Duration::from_secs(60), "the message is redelivered and acknowledged", || async {
+            acks.load(Ordering::SeqCst) == 1
+        })
+        .await;
+        assert_eq!(seen.lock().unwrap().get("redo-1"), Some(&2));
+        assert_eq!(env.status("redo-1").await, "CLOSED");
+        assert_eq!(closes(env, "redo-1").await, 1);
+        assert_eq!(env.stock("sku-a").await, 10);
+        assert_eq!(env.coupon("cpn-redo-1").await, "AVAILABLE");
+        daemon.stop().await;
+    }
+);
+
+with_broker!(
+    async fn arming_commits_rolls_back_and_check_backs_only_read(env) {
+        let (topic, group) = names("arm");
+        let config = env.config(
+            ACME,
+            &format!(
+                "[sweep]\nenabled = false\n{}",
+                section(&topic, &group, "fallback_after = \"20s\"")
+            ),
+        );
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        let now = env.db.now_ms().await.unwrap();
+        let deadline = now + 6_000;
+        env.create(&order("arm-1", "acme", deadline)).await;
+        without_rows(env).await;
+        let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
+        let arming = daemon.broker().unwrap().arming.clone();
+        // Commit: the local transaction inserted the phase-0 row, due at the deadline.
+        assert_eq!(arming.arm("arm-1").await.unwrap(), Armed::Committed);
+        assert_eq!(
+            env.int("SELECT due_ms FROM order_timeout_msg WHERE order_id = ?", "arm-1")
+                .await,
+            deadline
+        );
+        assert_eq!(
+            env.text("SELECT source FROM order_timeout_msg WHERE order_id = ?", "arm-1")
+                .await,
+            "arm"
+        );
+        // Rollback: no such order, nothing armed.
+        assert_eq!(arming.arm("no-such-order").await.unwrap(), Armed::RolledBack);
+        assert_eq!(
+            env.int(
+                "SELECT COUNT(*) FROM order_timeout_msg WHERE order_id = ?",
+                "no-such-order"
+            )
+            .await,
+            0
+        );
+        // The committed arm closes the order at, never before, its deadline (F15).
+        eventually(Duration::from_secs(40), "the armed order closes", || async {
+            env.status("arm-1").await == "CLOSED"
+        })
+        .await;
+        let closed_at = env.int("SELECT closed_at_ms FROM orders WHERE id = ?", "arm-1").await;
+        assert!(closed_at >= deadline, "closed {} ms early", deadline - closed_at);
+        daemon.stop().await;
+    }
+);
+
+with_broker!(
+    async fn check_backs_answer_from_the_database_and_a_storm_writes_nothing(env) {
+        let (topic, group) = names("check");
+        let config = env.config(ACME, &section(&topic, &group, "consume = false\nrelay = false"));
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        let now = env.db.now_ms().await.unwrap();
+        env.create(&order("due-1", "acme", now - 1_000)).await;
+        env.create(&order("later-1", "acme", now + 600_000)).await;
+        env.create(&order("paid-1", "acme", now + 600_000)).await;
+        assert!(env.pay("paid-1", now).await);
+        let policies = timeoutd::daemon::load_policies(&config).unwrap();
+        let listener = ArmListener::new(
+            tokio::runtime::Handle::current(),
+            env.db.clone(),
+            Clock::Database,
+            policies,
+        );
+        let snapshot = || async {
+            let mut v = Vec::new();
+            for table in ["order_timeout_msg", "effect_ledger", "decision_log", "dead_letter"] {
+                let sql: &'static str = match table {
+                    "order_timeout_msg" => "SELECT COUNT(*) FROM order_timeout_msg WHERE ? = ?",
+                    "effect_ledger" => "SELECT COUNT(*) FROM effect_ledger WHERE ? = ?",
+                    "decision_log" => "SELECT COUNT(*) FROM decision_log WHERE ? = ?",
+                    _ => "SELECT COUNT(*) FROM dead_letter WHERE ? = ?",
+                };
+                let row = env
+                    .db
+                    .backend()
+                    .query(sql)
+                    .bind(1i64)
+                    .bind(1i64)
+                    .fetch_one(env.db.pool())
+                    .await
+                    .unwrap();
+                v.push(sqlx::Row::try_get::<i64, _>(&row, 0).unwrap());
+            }
+            for id in ["due-1", "later-1", "paid-1"] {
+                v.push(env.status(id).await.len() as i64);
+            }
+            v.push(env.stock("sku-a").await);
+            v
+        };
+        let before = snapshot().await;
+        assert_eq!(listener.check_back("due-1", 1).await, CheckVerdict::Commit);
+        assert_eq!(listener.check_back("missing", 1).await, CheckVerdict::Rollback);
+        assert_eq!(listener.check_back("paid-1", 1).await, CheckVerdict::Rollback);
+        // A pending order before its deadline stays unknown until the check count says commit
+        // (two-phase/single-phase `max_checks` default 3).
+        assert_eq!(listener.check_back("later-1", 1).await, CheckVerdict::Unknown);
+        for n in 1..=15 {
+            let v = listener.check_back("later-1", n).await;
+            assert!(v == CheckVerdict::Unknown || v == CheckVerdict::Commit);
+        }
+        assert_eq!(snapshot().await, before, "check-backs wrote nothing");
+
+        // A real check-back from the broker: the local transaction answers unknown, the broker
+        // asks the producer group, the database says commit, and the committed message arms
+        // the order, which the daemon then closes.
+        env.create(&order("due-2", "acme", now - 1_000)).await;
+        env.db
+            .backend()
+            .query("DELETE FROM order_timeout_msg WHERE order_id = ?")
+            .bind("due-2")
+            .execute(env.db.pool())
+            .await
+            .unwrap();
+        let daemon_config = env.config(
+            ACME,
+            &format!("[sweep]\nenabled = false\n{}", section(&topic, &group, "")),
+        );
+        let daemon = Daemon::start(&daemon_config, Clock::Database).await.unwrap();
+        let transport = daemon.broker().unwrap().transport.clone();
+        let unknown = Arming::start(
+            transport.clone(),
+            UnknownFirst(ArmListener::new(
+                tokio::runtime::Handle::current(),
+                env.db.clone(),
+                Clock::Database,
+                timeoutd::daemon::load_policies(&daemon_config).unwrap(),
+            )),
+        )
+        .await
+        .unwrap();
+        assert_eq!(unknown.arm("due-2").await.unwrap(), Armed::Unknown);
+        eventually(
+            Duration::from_secs(90),
+            "the broker checks back, commits, and the order closes",
+            || async { env.status("due-2").await == "CLOSED" },
+        )
+        .await;
+        assert_eq!(closes(env, "due-2").await, 1);
+        daemon.stop().await;
+    }
+);
+
+/// A local transaction whose outcome is lost (unknown); check-backs go to the real listener.
+struct UnknownFirst(ArmListener);
+
+impl rocketmq_client_rust::TransactionListener for UnknownFirst {
+    fn execute_local_transaction(
+        &self,
+        _msg: &dyn rocketmq_model::common::message::MessageTrait,
+        _arg: Option<&(dyn std::any::Any + Send + Sync)>,
+    ) -> rocketmq_client_rust::LocalTransactionState {
+        rocketmq_client_rust::LocalTransactionState::Unknown
+    }
+
+    fn check_local_transaction(
+        &self,
+        msg: &MessageExt,
+    ) -> rocketmq_client_rust::LocalTransactionState {
+        self.0.check_local_transaction(msg)
+    }
+}
+
+with_broker!(
+    async fn a_poison_message_is_dead_lettered_and_others_flow(env) {
+        let (topic, group) = names("poison");
+        let config = env.config(
+            ACME,
+            &format!(
+                "[outbox]\nenabled = false\n[sweep]\nenabled = false\n{}",
+                section(&topic, &group, "")
+            ),
+        );
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        let now = env.db.now_ms().await.unwrap();
+        env.create(&order("ok-1", "acme", now - 1_000)).await;
+        without_rows(env).await;
+        let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
+        let tx = sender(&config).await;
+        send(&tx, raw(&topic, "p-1", b"{\"orderId\": ")).await;
+        send(&tx, raw(&topic, "p-2", b"two words")).await;
+        send(&tx, raw(&topic, "ok-1", b"ok-1")).await;
+        eventually(Duration::from_secs(60), "the good message closes its order", || async {
+            env.status("ok-1").await == "CLOSED"
+        })
+        .await;
+        eventually(Duration::from_secs(30), "both poison messages are dead-lettered", || async {
+            env.int(
+                "SELECT COUNT(*) FROM dead_letter WHERE source = ? AND status = 'OPEN'",
+                "rocketmq",
+            )
+            .await
+                == 2
+        })
+        .await;
+        let reason = env
+            .text("SELECT reason FROM dead_letter WHERE order_id = ?", "p-1")
+            .await;
+        assert!(reason.contains("not a timeout JSON"), "{reason}");
+        let payload = env
+            .text("SELECT payload FROM dead_letter WHERE order_id = ?", "p-2")
+            .await;
+        assert!(payload.contains("two words"), "{payload}");
+        tx.shutdown().await;
+        daemon.stop().await;
+    }
+);
+
+/// Always answers `ReconsumeLater`: a message that never succeeds.
+struct NeverSucceeds;
+
+impl MessageListenerConcurrently for NeverSucceeds {
+    fn consume_message(
+        &self,
+        _messages: &[&MessageExt],
+        _context: &ConsumeConcurrentlyContext,
+    ) -> ClientResult<ConsumeConcurrentlyStatus> {
+        Ok(ConsumeConcurrentlyStatus::ReconsumeLater)
+    }
+}
+
+with_broker!(
+    async fn the_brokers_dlq_is_drained_into_the_dead_letter_table(env) {
+        let (topic, group) = names("dlq");
+        let config = env.config(
+            ACME,
+            &format!(
+                "[outbox]\nenabled = false\n[sweep]\nenabled = false\n{}",
+                section(&topic, &group, "consume = false\nmax_reconsume = 1")
+            ),
+        );
+        let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
+        let transport = daemon.broker().unwrap().transport.clone();
+        transport
+            .start_consumer(&group, &topic, NeverSucceeds)
+            .await
+            .unwrap();
+        let drain = timeoutd::rocketmq::dlq::DlqListener {
+            app: tokio::runtime::Handle::current(),
+            db: env.db.clone(),
+            clock: Clock::Database,
+        };
+        transport
+            .start_consumer(
+                &timeoutd::rocketmq::dlq::drain_group(&group),
+                &timeoutd::rocketmq::dlq::dlq_topic(&group),
+                drain,
+            )
+            .await
+            .unwrap();
+        send(&transport, raw(&topic, "stuck-1", b"stuck-1")).await;
+        eventually(Duration::from_secs(90), "the DLQ message reaches the table", || async {
+            env.int(
+                "SELECT COUNT(*) FROM dead_letter WHERE source = ?",
+                "rocketmq-dlq",
+            )
+            .await
+                == 1
+        })
+        .await;
+        assert_eq!(
+            env.text("SELECT order_id FROM dead_letter WHERE source = ?", "rocketmq-dlq")
+                .await,
+            "stuck-1"
+        );
+        daemon.stop().await;
+    }
+);
+
+/// `scripts/rocketmq <verb>`, which must succeed.
+fn broker_script(verb: &str) {
+    let status = std::process::Command::new(repo_root().join("scripts/rocketmq"))
+        .arg(verb)
+        .status()
+        .unwrap();
+    assert!(status.success(), "scripts/rocketmq {verb} failed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_the_broker_down_the_outbox_closes_on_time_and_late_messages_are_no_ops() {
+    let _broker = broker().await;
+    let env = Env::new(timeoutd::db::Backend::MySql).await;
+    let (topic, group) = names("down");
+    let config = env.config(
+        ACME,
+        &section(&topic, &group, "fallback_after = \"2s\"\nrelay_lead = \"2s\""),
+    );
+    env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
+    let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
+    let now = env.db.now_ms().await.unwrap();
+    let ids: Vec<String> = (0..5).map(|i| format!("down-{i}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        env.create(&order(id, "acme", now + 8_000 + 1_000 * i as i64))
+            .await;
+    }
+    eventually(Duration::from_secs(10), "the relay publishes every row", || async {
+        env.int(
+            "SELECT COUNT(*) FROM order_timeout_msg WHERE status = 'SENT' AND order_id LIKE ?",
+            "down-%",
+        )
+        .await
+            == 5
+    })
+    .await;
+    broker_script("kill-broker");
+    let down_at = Instant::now();
+    eventually(Duration::from_secs(30), "the outbox closes every order", || async {
+        let mut all = true;
+        for id in &ids {
+            all &= env.status(id).await == "CLOSED";
+        }
+        all
+    })
+    .await;
+    for id in &ids {
+        let late = env
+            .int(
+                "SELECT closed_at_ms - deadline_ms FROM orders WHERE id = ?",
+                id,
+            )
+            .await;
+        assert!((0..=3_500).contains(&late), "{id} closed {late} ms late");
+        assert_eq!(
+            env.text("SELECT closed_by FROM orders WHERE id = ?", id).await,
+            "outbox"
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(30).saturating_sub(down_at.elapsed())).await;
+    broker_script("start-broker");
+    // The broker delivers its late timer messages: each finds its row processed.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    for id in &ids {
+        assert_eq!(closes(&env, id).await, 1, "{id} closed once");
+    }
+    assert_eq!(env.stock("sku-a").await, 100);
+    assert_eq!(env.stock("sku-b").await, 100);
+    daemon.stop().await;
+    env.cleanup().await;
+}
