@@ -501,9 +501,10 @@ with_broker!(
             &format!("[sweep]\nenabled = false\n{}", section(&topic, &group, "")),
         );
         let daemon = Daemon::start(&daemon_config, Clock::Database).await.unwrap();
-        let transport = daemon.broker().unwrap().transport.clone();
+        // Another process's producer in the same transaction group (its own client instance).
+        let other = sender(&daemon_config).await;
         let unknown = Arming::start(
-            transport.clone(),
+            other.clone(),
             UnknownFirst(ArmListener::new(
                 tokio::runtime::Handle::current(),
                 env.db.clone(),
@@ -521,6 +522,7 @@ with_broker!(
         )
         .await;
         assert_eq!(closes(env, "due-2").await, 1);
+        other.shutdown().await;
         daemon.stop().await;
     }
 );

@@ -1,4 +1,5 @@
-//! The `timeoutd` command line: `run`, `validate`, `demo`, `arm`.
+//! The `timeoutd` command line: `run`, `validate`, `demo`, `arm`, `plugin` (see
+//! [`crate::plugin_cli`]).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -75,13 +76,20 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A merchant's tools for a plugin file: `check`, `test` (a CASES.toml file), `replay`
+    /// (over the recorded decisions).
+    Plugin {
+        /// What to do with the plugin.
+        #[command(subcommand)]
+        command: crate::plugin_cli::PluginCommand,
+    },
 }
 
 /// Parses the command line and runs it.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let default_level = match cli.command {
-        Command::Demo { .. } => "warn",
+        Command::Demo { .. } | Command::Plugin { .. } => "warn",
         _ => "info",
     };
     init_logging(cli.log_format, default_level);
@@ -97,6 +105,7 @@ pub fn main() -> ExitCode {
                 Ok(config) => arm(&config, &orders).await,
                 Err(code) => code,
             },
+            Command::Plugin { command } => crate::plugin_cli::run(command).await,
             Command::Demo {
                 orders,
                 data_dir,

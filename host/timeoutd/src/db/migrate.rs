@@ -29,6 +29,11 @@ const SQLITE: &[(i64, &str, &str)] = &[
         "rocketmq",
         include_str!("../../migrations/sqlite/0004_rocketmq.sql"),
     ),
+    (
+        5,
+        "decision input",
+        include_str!("../../migrations/sqlite/0005_decision_input.sql"),
+    ),
 ];
 const MYSQL: &[(i64, &str, &str)] = &[
     (
@@ -51,6 +56,11 @@ const MYSQL: &[(i64, &str, &str)] = &[
         "rocketmq",
         include_str!("../../migrations/mysql/0004_rocketmq.sql"),
     ),
+    (
+        5,
+        "decision input",
+        include_str!("../../migrations/mysql/0005_decision_input.sql"),
+    ),
 ];
 const POSTGRES: &[(i64, &str, &str)] = &[
     (
@@ -72,6 +82,11 @@ const POSTGRES: &[(i64, &str, &str)] = &[
         4,
         "rocketmq",
         include_str!("../../migrations/postgres/0004_rocketmq.sql"),
+    ),
+    (
+        5,
+        "decision input",
+        include_str!("../../migrations/postgres/0005_decision_input.sql"),
     ),
 ];
 
