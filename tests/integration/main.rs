@@ -6,5 +6,6 @@ mod e2e;
 mod effects;
 mod fakes;
 mod pipeline;
+mod polyglot;
 mod runtime;
 mod support;
