@@ -6,6 +6,7 @@ mod e2e;
 mod effects;
 mod fakes;
 mod pipeline;
+mod plugin_cli;
 mod polyglot;
 mod runtime;
 mod support;

@@ -18,7 +18,23 @@ use crate::support::{HOSTILE_WASM, T0, order};
 /// `<cargo target dir>/plugins-wasm` (the target dir taken from `$CARGO_TARGET_DIR` or from this
 /// test binary's path, `<target>/<profile>/deps/`).
 pub fn polyglot_wasm(name: &str) -> PathBuf {
-    let dir = std::env::var_os("TIMEOUTD_POLYGLOT_DIR")
+    let path = polyglot_dir().join(format!("{name}.wasm"));
+    assert!(
+        path.is_file(),
+        "{} is missing: build it with `scripts/build-polyglot-plugins` (scripts/test does)",
+        path.display()
+    );
+    path
+}
+
+/// Compiled components, shared by the tests' engines: a 12–18 MB component takes seconds to
+/// compile with the debug-built compiler, and every test here builds its own engine.
+fn cwasm_cache() -> PathBuf {
+    polyglot_dir().join("cwasm-cache")
+}
+
+fn polyglot_dir() -> PathBuf {
+    std::env::var_os("TIMEOUTD_POLYGLOT_DIR")
         .map(PathBuf::from)
         .or_else(|| {
             std::env::var_os("CARGO_TARGET_DIR").map(|t| PathBuf::from(t).join("plugins-wasm"))
@@ -26,14 +42,7 @@ pub fn polyglot_wasm(name: &str) -> PathBuf {
         .unwrap_or_else(|| {
             let exe = std::env::current_exe().unwrap();
             exe.ancestors().nth(3).unwrap().join("plugins-wasm")
-        });
-    let path = dir.join(format!("{name}.wasm"));
-    assert!(
-        path.is_file(),
-        "{} is missing: build it with `scripts/build-polyglot-plugins` (scripts/test does)",
-        path.display()
-    );
-    path
+        })
 }
 
 /// Limits for the JavaScript and Python components: a language runtime needs more memory than
@@ -50,7 +59,7 @@ fn engine(tweak: impl FnOnce(&mut RuntimeLimits)) -> PolicyEngine {
         ..RuntimeLimits::default()
     };
     tweak(&mut limits);
-    PolicyEngine::new(limits, None).unwrap()
+    PolicyEngine::new(limits, Some(&cwasm_cache())).unwrap()
 }
 
 /// The Rust, JavaScript and Python two-phase plugins, in that order.
@@ -195,6 +204,54 @@ fn js_and_python_two_phase_decide_and_check_exactly_like_the_rust_plugin() {
 }
 
 #[test]
+fn js_and_python_two_phase_pass_the_shared_cases_file() {
+    let cases = timeoutd_plugin_harness::cases::CasesFile::load(
+        &crate::support::repo_root().join("plugins/cases/two-phase.toml"),
+    )
+    .unwrap();
+    assert!(cases.cases.len() >= 19, "{} cases", cases.cases.len());
+    let engine = engine(|_| {});
+    for plugin in three(&engine) {
+        let report = cases.run(&plugin);
+        assert!(report.passed(), "{}:\n{report}", plugin.name());
+        assert_eq!(report.failed(), 0);
+    }
+}
+
+/// What a merchant runs: `timeoutd plugin test` with the limits the component needs.
+#[test]
+fn timeoutd_plugin_test_passes_the_js_and_python_components_on_the_shared_cases() {
+    let cases = crate::support::repo_root().join("plugins/cases/two-phase.toml");
+    for name in ["two-phase-js", "two-phase-py"] {
+        let out = std::process::Command::new(crate::support::timeoutd_bin())
+            .args([
+                "plugin",
+                "test",
+                "--deadline",
+                "2s",
+                "--max-memory-mib",
+                "128",
+            ])
+            .arg(polyglot_wasm(name))
+            .arg(&cases)
+            .output()
+            .unwrap();
+        let all = format!(
+            "{name}: exit {:?}\n{}{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(0), "{all}");
+        assert!(all.contains(" 0 failed"), "{all}");
+        assert!(
+            all.contains("ok    a flash-sale order also gives the units back"),
+            "{all}"
+        );
+    }
+}
+
+#[test]
 fn a_warm_instance_decides_the_next_order_as_a_fresh_one_would() {
     let warm = engine(|_| {});
     let fresh = engine(|l| l.warm_min_component_bytes = usize::MAX);
@@ -335,8 +392,9 @@ fn a_plugin_cannot_be_given_more_memory_than_the_engine_pool_holds() {
 /// components by file path, with their own deadline and memory cap (grace 1 s).
 fn polyglot_config(env: &crate::support::Env) -> timeoutd::config::Config {
     let mut toml = format!(
-        "[database]\nurl = \"{}\"\n[runtime]\ndeadline = \"2s\"\n",
-        env.url
+        "[database]\nurl = \"{}\"\n[runtime]\ndeadline = \"2s\"\ncache_dir = \"{}\"\n",
+        env.url,
+        cwasm_cache().display()
     );
     for (id, name) in [("shop-js", "two-phase-js"), ("shop-py", "two-phase-py")] {
         toml += &format!(

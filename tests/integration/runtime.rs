@@ -5,9 +5,12 @@ use std::time::Duration;
 
 use timeoutd::policies::builtin;
 use timeoutd_runtime::model::{Context, Decision, Effect, PolicyError, TriggerKind};
-use timeoutd_runtime::{DecideError, LoadError, Plugin, PolicyEngine, RuntimeLimits, TrapKind};
+use timeoutd_runtime::{
+    API_VERSION_SECTION, DecideError, LoadError, Plugin, PolicyEngine, RuntimeLimits, TrapKind,
+    inspect,
+};
 
-use crate::support::{HOSTILE_WASM, T0, order};
+use crate::support::{FUTURE_API_WASM, HOSTILE_WASM, T0, order};
 
 fn engine() -> PolicyEngine {
     let limits = RuntimeLimits {
@@ -197,6 +200,83 @@ fn non_components_are_refused_with_the_reason() {
         engine.load("text", b"hello world"),
         Err(LoadError::NotAComponent { .. })
     ));
+}
+
+#[test]
+fn the_sdk_stamps_its_api_version_into_every_plugin() {
+    for name in ["single-phase", "two-phase"] {
+        let found = inspect(name, builtin(name).unwrap()).unwrap();
+        assert_eq!(
+            found.stamped_api_version.as_deref(),
+            Some("0.1.0"),
+            "{name}"
+        );
+        assert!(found.core_modules >= 1, "{name}: {found:?}");
+    }
+    assert_eq!(API_VERSION_SECTION, "timeout:policy-api");
+}
+
+#[test]
+fn a_plugin_stamped_with_an_unsupported_version_is_refused_before_compilation() {
+    let cache = tempfile::tempdir().unwrap();
+    let engine = PolicyEngine::new(RuntimeLimits::default(), Some(cache.path())).unwrap();
+    let err = engine.load("future", FUTURE_API_WASM).unwrap_err();
+    match &err {
+        LoadError::UnsupportedVersion {
+            plugin,
+            found,
+            supported,
+        } => assert_eq!(
+            (plugin.as_str(), found.as_str(), supported.as_str()),
+            ("future", "0.2.0", "0.1.0")
+        ),
+        other => panic!("{other:?}"),
+    }
+    let message = err.to_string();
+    assert!(
+        message.contains("timeout:policy@0.2.0") && message.contains("supports 0.1.0"),
+        "{message}"
+    );
+    // Nothing was compiled: a compile would have left its artifact in the cache.
+    assert!(walk(cache.path()).is_empty(), "{:?}", walk(cache.path()));
+}
+
+#[test]
+fn a_truncated_component_is_malformed_naming_the_offset() {
+    let engine = engine();
+    let bytes = builtin("two-phase").unwrap();
+    let cut = &bytes[..bytes.len() / 2];
+    match engine.load("cut", cut) {
+        Err(LoadError::Malformed {
+            plugin,
+            offset,
+            reason,
+        }) => {
+            assert_eq!(plugin, "cut");
+            assert!(offset > 0 && offset <= cut.len(), "{offset}");
+            assert!(!reason.is_empty());
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_core_module_with_code_is_refused_as_not_a_component() {
+    // (module (func (export "decide") (result i32) i32.const 0))
+    let core: &[u8] = &[
+        0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, 0x01, 0x05, 0x01, 0x60, 0x00, 0x01, 0x7f,
+        0x03, 0x02, 0x01, 0x00, 0x07, 0x0a, 0x01, 0x06, b'd', b'e', b'c', b'i', b'd', b'e', 0x00,
+        0x00, 0x0a, 0x06, 0x01, 0x04, 0x00, 0x41, 0x00, 0x0b,
+    ];
+    let err = engine().load("core", core).unwrap_err();
+    assert!(
+        matches!(&err, LoadError::NotAComponent { detail, .. } if detail == "a core module"),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("build it for wasm32-wasip2"),
+        "{err}"
+    );
 }
 
 #[test]

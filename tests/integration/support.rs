@@ -15,6 +15,9 @@ use timeoutd_runtime::model::{Order, OrderItem, OrderStatus};
 /// The misbehaving test plugin, built by `build.rs`.
 pub const HOSTILE_WASM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hostile.wasm"));
 
+/// A plugin stamped `timeout:policy@0.2.0` (`plugins/future-api`), built by `build.rs`.
+pub const FUTURE_API_WASM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/future_api.wasm"));
+
 /// Runs `$body` once per backend: `mod $name { sqlite, mariadb, postgres }`.
 macro_rules! each_backend {
     ($(#[$m:meta])* async fn $name:ident($env:ident) $body:block) => {

@@ -25,14 +25,26 @@ pub enum LoadError {
         /// What the bytes looked like.
         detail: String,
     },
-    /// The component exports no supported version of the `timeout:policy` world.
+    /// The bytes start like wasm but cannot be parsed (truncated or corrupt), or carry an
+    /// unreadable API-version stamp. Found before compiling.
+    #[error("plugin `{plugin}`: malformed WebAssembly at byte {offset}: {reason}")]
+    Malformed {
+        /// Plugin name.
+        plugin: String,
+        /// Byte offset of the problem in the file.
+        offset: usize,
+        /// The parser's message.
+        reason: String,
+    },
+    /// The component was built against a `timeout:policy` version this host does not run: read
+    /// from the SDK's stamp before compiling, or else from its imports after.
     #[error(
-        "plugin `{plugin}`: exports timeout:policy@{found}, but this host supports {supported}"
+        "plugin `{plugin}`: built against timeout:policy@{found}, but this host supports {supported}"
     )]
     UnsupportedVersion {
         /// Plugin name.
         plugin: String,
-        /// Version found in the component (or "none").
+        /// Version the component says it was built against.
         found: String,
         /// Supported versions, comma-separated.
         supported: String,

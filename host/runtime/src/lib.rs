@@ -8,8 +8,8 @@
 //! Shape of a call:
 //! 1. [`PolicyEngine::new`] builds the one [`wasmtime::Engine`] (pooling allocator, epoch
 //!    interruption) and starts its epoch ticker.
-//! 2. [`PolicyEngine::load`] checks that the bytes are a component of a supported API version,
-//!    compiles it once (cached on disk, keyed by the engine's compatibility hash and the component's
+//! 2. [`PolicyEngine::load`] checks that the bytes are a component of a supported API version
+//!    (the SDK's stamp, read by [`inspect()`] before anything is compiled), compiles it once (cached on disk, keyed by the engine's compatibility hash and the component's
 //!    digest) and links it into an `InstancePre`.
 //! 3. [`Plugin::decide`] / [`Plugin::check`] instantiate a fresh `Store` per call, with a memory
 //!    cap, an epoch deadline and a WASI clock set to the decision's `now`, and convert the answer
@@ -24,6 +24,8 @@ mod bindings;
 mod cache;
 mod engine;
 mod error;
+pub mod guard;
+mod inspect;
 pub mod model;
 mod plugin;
 mod state;
@@ -31,6 +33,7 @@ mod warm;
 
 pub use engine::{InstanceMode, PluginLimits, PolicyEngine, RuntimeLimits};
 pub use error::{DecideError, LoadError, TrapKind};
+pub use inspect::{API_VERSION_SECTION, Inspection, inspect};
 pub use plugin::Plugin;
 
 /// The WIT API versions this host can run, newest last (`timeout:policy@<version>`).

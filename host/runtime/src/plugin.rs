@@ -17,10 +17,6 @@ use crate::warm::Warm;
 /// Ids of plugin loads, the owners of warm instances.
 static NEXT_LOAD_ID: AtomicU64 = AtomicU64::new(1);
 
-/// The layer/version field of a component's preamble (`\0asm` then `0d 00 01 00`), as opposed
-/// to a core module's `01 00 00 00` (component-model binary format, `Binary.md`).
-const COMPONENT_PREAMBLE: [u8; 8] = [0x00, 0x61, 0x73, 0x6d, 0x0d, 0x00, 0x01, 0x00];
-
 /// A compiled, linked policy plugin. Cheap to clone. Each call runs in a fresh `Store`, or —
 /// for a heavy component, see [`InstanceMode`] — on a warm instance under the same limits.
 #[derive(Clone)]
@@ -80,17 +76,10 @@ impl Plugin {
         limits: PluginLimits,
     ) -> Result<Self, LoadError> {
         let plugin = name.to_string();
-        if bytes.len() < 8 || bytes[..4] != COMPONENT_PREAMBLE[..4] {
-            return Err(LoadError::NotAComponent {
-                plugin,
-                detail: "no WebAssembly magic number".into(),
-            });
-        }
-        if bytes[4..8] != COMPONENT_PREAMBLE[4..8] {
-            return Err(LoadError::NotAComponent {
-                plugin,
-                detail: "a core module".into(),
-            });
+        // Before compiling: a component, and (when the SDK stamped it) a version this host runs.
+        let inspection = crate::inspect::inspect(name, bytes)?;
+        if let Some(found) = inspection.stamped_api_version {
+            check_supported(name, &found)?;
         }
         let digest = hex::encode(Sha256::digest(bytes));
         let component = crate::cache::compile(&engine, bytes, &digest).map_err(|reason| {
@@ -342,16 +331,9 @@ fn link(
     component: &Component,
     plugin: &str,
 ) -> Result<VersionedPre, LoadError> {
-    let found = policy_import_version(engine, component);
-    let supported = crate::SUPPORTED_API_VERSIONS;
-    if let Some(v) = &found
-        && !supported.contains(&v.as_str())
-    {
-        return Err(LoadError::UnsupportedVersion {
-            plugin: plugin.to_string(),
-            found: v.clone(),
-            supported: supported.join(", "),
-        });
+    // The fallback for components without the SDK's stamp: the version of our imports.
+    if let Some(found) = policy_import_version(engine, component) {
+        check_supported(plugin, &found)?;
     }
     let link_err = |reason: String| LoadError::Compile {
         plugin: plugin.to_string(),
@@ -374,6 +356,20 @@ fn link(
         ))
     })?;
     Ok(VersionedPre::V0_1_0(pre))
+}
+
+/// Refuses a version not in [`crate::SUPPORTED_API_VERSIONS`], naming both.
+fn check_supported(plugin: &str, found: &str) -> Result<(), LoadError> {
+    let supported = crate::SUPPORTED_API_VERSIONS;
+    if supported.contains(&found) {
+        Ok(())
+    } else {
+        Err(LoadError::UnsupportedVersion {
+            plugin: plugin.to_string(),
+            found: found.to_string(),
+            supported: supported.join(", "),
+        })
+    }
 }
 
 /// The version `X` of the first `timeout:policy/...@X` import, if any.

@@ -1,4 +1,4 @@
-//! The `timeoutd` command line: `run`, `validate`, `demo`.
+//! The `timeoutd` command line: `run`, `validate`, `demo`, `plugin` (see [`crate::plugin_cli`]).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -64,13 +64,20 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A merchant's tools for a plugin file: `check`, `test` (a CASES.toml file), `replay`
+    /// (over the recorded decisions).
+    Plugin {
+        /// What to do with the plugin.
+        #[command(subcommand)]
+        command: crate::plugin_cli::PluginCommand,
+    },
 }
 
 /// Parses the command line and runs it.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let default_level = match cli.command {
-        Command::Demo { .. } => "warn",
+        Command::Demo { .. } | Command::Plugin { .. } => "warn",
         _ => "info",
     };
     init_logging(cli.log_format, default_level);
@@ -82,6 +89,7 @@ pub fn main() -> ExitCode {
         match cli.command {
             Command::Validate { config } => validate(&config),
             Command::Run { config } => run(&config).await,
+            Command::Plugin { command } => crate::plugin_cli::run(command).await,
             Command::Demo {
                 orders,
                 data_dir,

@@ -120,6 +120,9 @@ struct Decided<'a> {
     trigger: &'a Trigger,
     now_ms: i64,
     latency_us: i64,
+    /// The call's input and the plugin's answer, JSON, as `decision_log.input` / `answer`.
+    input: String,
+    answer: String,
 }
 
 impl Decided<'_> {
@@ -142,6 +145,8 @@ impl Decided<'_> {
             detail,
             latency_us: self.latency_us,
             decided_at_ms: self.now_ms,
+            input: Some(&self.input),
+            answer: Some(&self.answer),
         }
     }
 }
@@ -248,6 +253,7 @@ impl Dispatcher {
             attempt: trigger.attempt,
             settings: policy.settings.clone(),
         };
+        let input = serde_json::json!({ "order": &order, "context": &ctx }).to_string();
         let (answer, latency_us) = {
             let (plugin, order) = (policy.plugin.clone(), order.clone());
             tokio::task::spawn_blocking(move || {
@@ -281,6 +287,11 @@ impl Dispatcher {
             trigger,
             now_ms,
             latency_us,
+            input,
+            answer: match &answer {
+                Ok(decision) => serde_json::to_string(decision).expect("a decision serialises"),
+                Err(e) => serde_json::json!({ "error": e.to_string() }).to_string(),
+            },
         };
         match answer {
             Err(e) => {

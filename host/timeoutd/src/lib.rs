@@ -8,7 +8,7 @@
 //! Parts, one module each: [`config`] (the file and its validation), [`db`] (schema and
 //! queries per table), [`clock`] (the only place time is read), [`policies`] (plugins per
 //! merchant), [`dispatch`] (trigger → decision → transaction), [`effects`] (carrying out ledger
-//! rows: notices, Redis, payments), [`http`] (payment callbacks), [`sources`] (outbox timer, sweep), [`daemon`] (wiring), [`demo`] and [`cli`].
+//! rows: notices, Redis, payments), [`http`] (payment callbacks), [`sources`] (outbox timer, sweep), [`daemon`] (wiring), [`demo`], [`cli`] and [`plugin_cli`] (`timeoutd plugin check|test|replay`).
 
 pub mod admin;
 pub mod alerts;
@@ -23,6 +23,7 @@ pub mod effects;
 pub mod events;
 pub mod gauges;
 pub mod http;
+pub mod plugin_cli;
 pub mod policies;
 pub mod retry;
 pub mod sources;

@@ -10,6 +10,9 @@
 //! ```
 //!
 //! Build with `cargo build --target wasm32-wasip2 --release`; the output `.wasm` is a component.
+//! The SDK stamps the API version its bindings were generated from ([`API_VERSION`]) into the
+//! component as the custom section `timeout:policy-api`; the host reads it before compiling and
+//! refuses a version it does not run, naming both.
 //! Plugins are pure: they see the order and the context (whose `now-ms` is the database clock)
 //! and return a decision. The host checks every effect against the order.
 
@@ -24,6 +27,16 @@ pub mod bindings {
         default_bindings_module: "timeoutd_policy_sdk::bindings",
     });
 }
+
+/// The `timeout:policy` version these bindings were generated from (`wit/v0.1.0`).
+pub const API_VERSION: &str = "0.1.0";
+
+/// The API-version stamp: a custom section `timeout:policy-api` holding [`API_VERSION`],
+/// kept by the linker (`#[used]`) in every plugin built with this SDK.
+#[cfg(target_family = "wasm")]
+#[used]
+#[unsafe(link_section = "timeout:policy-api")]
+static API_VERSION_STAMP: [u8; API_VERSION.len()] = *b"0.1.0";
 
 pub use bindings::timeout::policy::host::log;
 pub use bindings::timeout::policy::types::*;

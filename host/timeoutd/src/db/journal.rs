@@ -31,6 +31,10 @@ pub struct DecisionRecord<'a> {
     pub latency_us: i64,
     /// Database time of the decision, epoch ms.
     pub decided_at_ms: i64,
+    /// What the plugin was given, JSON `{"order": …, "context": …}` (for `plugin replay`).
+    pub input: Option<&'a str>,
+    /// What it answered, JSON: a decision (`{"decision": "wait", …}`) or `{"error": "…"}`.
+    pub answer: Option<&'a str>,
 }
 
 /// Appends to `decision_log`.
@@ -40,7 +44,8 @@ pub struct DecisionRecord<'a> {
 pub async fn log_decision(conn: &mut AnyConnection, r: &DecisionRecord<'_>) -> Result<(), DbError> {
     Backend::of(conn).query(
         "INSERT INTO decision_log (order_id, merchant_id, plugin, plugin_digest, trigger_kind, phase, \
-         attempt, decision, outcome, detail, latency_us, decided_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+         attempt, decision, outcome, detail, latency_us, decided_at_ms, input, answer) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(r.order_id)
     .bind(r.merchant_id)
@@ -54,6 +59,8 @@ pub async fn log_decision(conn: &mut AnyConnection, r: &DecisionRecord<'_>) -> R
     .bind(&r.detail)
     .bind(r.latency_us)
     .bind(r.decided_at_ms)
+    .bind(r.input)
+    .bind(r.answer)
     .execute(&mut *conn)
     .await?;
     Ok(())

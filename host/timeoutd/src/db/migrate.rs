@@ -24,6 +24,12 @@ const SQLITE: &[(i64, &str, &str)] = &[
         "admin audit",
         include_str!("../../migrations/sqlite/0003_admin_audit.sql"),
     ),
+    // 4 is taken on main (RocketMQ).
+    (
+        5,
+        "decision input",
+        include_str!("../../migrations/sqlite/0005_decision_input.sql"),
+    ),
 ];
 const MYSQL: &[(i64, &str, &str)] = &[
     (
@@ -41,6 +47,12 @@ const MYSQL: &[(i64, &str, &str)] = &[
         "admin audit",
         include_str!("../../migrations/mysql/0003_admin_audit.sql"),
     ),
+    // 4 is taken on main (RocketMQ).
+    (
+        5,
+        "decision input",
+        include_str!("../../migrations/mysql/0005_decision_input.sql"),
+    ),
 ];
 const POSTGRES: &[(i64, &str, &str)] = &[
     (
@@ -57,6 +69,12 @@ const POSTGRES: &[(i64, &str, &str)] = &[
         3,
         "admin audit",
         include_str!("../../migrations/postgres/0003_admin_audit.sql"),
+    ),
+    // 4 is taken on main (RocketMQ).
+    (
+        5,
+        "decision input",
+        include_str!("../../migrations/postgres/0005_decision_input.sql"),
     ),
 ];
 

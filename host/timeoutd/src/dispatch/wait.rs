@@ -20,11 +20,9 @@ impl Dispatcher {
         let decision = serde_json::json!({
             "decision": "wait", "after_ms": after_ms, "next_phase": next_phase, "reminder": reminder,
         });
-        if next_phase <= d.trigger.phase || after_ms == 0 {
-            let reason = format!(
-                "wait must name a later phase and a positive delay (phase {} → {next_phase}, after {after_ms} ms)",
-                d.trigger.phase
-            );
+        if let Err(reason) =
+            timeoutd_runtime::guard::check_wait(d.trigger.phase, after_ms, next_phase)
+        {
             let refused = timeoutd_runtime::model::Decision::Wait {
                 after_ms,
                 next_phase,

@@ -1,0 +1,231 @@
+//! The host's check of a plugin's effects against the order: a plugin can only give back what
+//! the order took. Every problem is reported, each naming the effect by position.
+//!
+//! A pure rule over [`crate::model`] types, shared by the daemon (which refuses a decision that
+//! breaks it) and the merchant test harness (which fails a test on it), so both apply one rule.
+
+use std::collections::HashMap;
+
+use crate::model::{Effect, Order};
+
+/// Checks `effects` against `order`:
+/// - `restore-stock`: only the order's SKUs, in total at most each line's quantity;
+/// - `restore-flash-stock`: only the order's activity, in total at most the order's units;
+/// - `release-flash-slot`: only the order's activity and buyer, once;
+/// - `release-coupon`: only the order's coupon, once;
+/// - `close-payment`: only the order's payment reference, once.
+///
+/// # Errors
+/// Every violation, as `effects[i] kind(args): problem`.
+pub fn check(order: &Order, effects: &[Effect]) -> Result<(), Vec<String>> {
+    let mut problems = Vec::new();
+    let mut stock_left: HashMap<&str, u64> = HashMap::new();
+    for item in &order.items {
+        *stock_left.entry(item.sku.as_str()).or_default() += u64::from(item.quantity);
+    }
+    let mut flash_left: u64 = order.items.iter().map(|i| u64::from(i.quantity)).sum();
+    let (mut slot_released, mut coupon_released, mut payment_closed) = (false, false, false);
+    for (i, effect) in effects.iter().enumerate() {
+        let mut fail =
+            |what: String| problems.push(format!("effects[{i}] {}: {what}", describe(effect)));
+        match effect {
+            Effect::RestoreStock { sku, quantity } => match stock_left.get_mut(sku.as_str()) {
+                None => fail(format!("sku `{sku}` is not in order `{}`", order.id)),
+                Some(left) if u64::from(*quantity) > *left => fail(format!(
+                    "restores {quantity} but the order locked only {left} more of `{sku}`"
+                )),
+                Some(left) => *left -= u64::from(*quantity),
+            },
+            Effect::RestoreFlashStock { activity, quantity } => {
+                if order.flash_activity.as_deref() != Some(activity) {
+                    fail(format!(
+                        "order `{}` is not in activity `{activity}`",
+                        order.id
+                    ));
+                } else if u64::from(*quantity) > flash_left {
+                    fail(format!(
+                        "restores {quantity} but the order holds only {flash_left} more units"
+                    ));
+                } else {
+                    flash_left -= u64::from(*quantity);
+                }
+            }
+            Effect::ReleaseFlashSlot { activity, user } => {
+                if order.flash_activity.as_deref() != Some(activity) {
+                    fail(format!(
+                        "order `{}` is not in activity `{activity}`",
+                        order.id
+                    ));
+                } else if *user != order.user {
+                    fail(format!(
+                        "the order's buyer is `{}`, not `{user}`",
+                        order.user
+                    ));
+                } else if std::mem::replace(&mut slot_released, true) {
+                    fail("the slot is already released by an earlier effect".into());
+                }
+            }
+            Effect::ReleaseCoupon { coupon } => {
+                if order.coupon.as_deref() != Some(coupon) {
+                    fail(format!(
+                        "coupon `{coupon}` is not held by order `{}`",
+                        order.id
+                    ));
+                } else if std::mem::replace(&mut coupon_released, true) {
+                    fail("the coupon is already released by an earlier effect".into());
+                }
+            }
+            Effect::ClosePayment { payment_ref } => {
+                if order.payment_ref.as_deref() != Some(payment_ref) {
+                    fail(format!(
+                        "payment `{payment_ref}` is not order `{}`'s",
+                        order.id
+                    ));
+                } else if std::mem::replace(&mut payment_closed, true) {
+                    fail("the payment is already closed by an earlier effect".into());
+                }
+            }
+            Effect::Notify(_) => {}
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems)
+    }
+}
+
+/// Checks a `wait` decided for `phase`: it must name a later phase and a positive delay.
+///
+/// # Errors
+/// What is wrong, naming both phases and the delay.
+pub fn check_wait(phase: u32, after_ms: u64, next_phase: u32) -> Result<(), String> {
+    if next_phase <= phase || after_ms == 0 {
+        Err(format!(
+            "wait must name a later phase and a positive delay (phase {phase} → {next_phase}, after {after_ms} ms)"
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// An effect as `kind(args)`, e.g. `restore-stock(sku-a, 2)`, as the guard's messages name it.
+pub fn describe(effect: &Effect) -> String {
+    match effect {
+        Effect::RestoreStock { sku, quantity } => format!("restore-stock({sku}, {quantity})"),
+        Effect::RestoreFlashStock { activity, quantity } => {
+            format!("restore-flash-stock({activity}, {quantity})")
+        }
+        Effect::ReleaseFlashSlot { activity, user } => {
+            format!("release-flash-slot({activity}, {user})")
+        }
+        Effect::ReleaseCoupon { coupon } => format!("release-coupon({coupon})"),
+        Effect::ClosePayment { payment_ref } => format!("close-payment({payment_ref})"),
+        Effect::Notify(n) => format!("notify({}, {})", n.channel, n.template),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{OrderItem, OrderStatus};
+
+    fn order() -> Order {
+        Order {
+            id: "o1".into(),
+            merchant: "m".into(),
+            user: "u1".into(),
+            status: OrderStatus::Pending,
+            created_at_ms: 0,
+            deadline_ms: 10,
+            total_cents: 300,
+            items: vec![
+                OrderItem {
+                    sku: "a".into(),
+                    quantity: 2,
+                    unit_price_cents: 100,
+                },
+                OrderItem {
+                    sku: "b".into(),
+                    quantity: 1,
+                    unit_price_cents: 100,
+                },
+            ],
+            coupon: Some("c1".into()),
+            flash_activity: Some("fs".into()),
+            payment_ref: Some("p1".into()),
+        }
+    }
+
+    #[test]
+    fn effects_within_the_order_pass() {
+        let effects = vec![
+            Effect::RestoreStock {
+                sku: "a".into(),
+                quantity: 1,
+            },
+            Effect::RestoreStock {
+                sku: "a".into(),
+                quantity: 1,
+            },
+            Effect::RestoreStock {
+                sku: "b".into(),
+                quantity: 1,
+            },
+            Effect::RestoreFlashStock {
+                activity: "fs".into(),
+                quantity: 3,
+            },
+            Effect::ReleaseFlashSlot {
+                activity: "fs".into(),
+                user: "u1".into(),
+            },
+            Effect::ReleaseCoupon {
+                coupon: "c1".into(),
+            },
+            Effect::ClosePayment {
+                payment_ref: "p1".into(),
+            },
+        ];
+        assert_eq!(check(&order(), &effects), Ok(()));
+    }
+
+    #[test]
+    fn every_excess_is_named_by_position() {
+        let effects = vec![
+            Effect::RestoreStock {
+                sku: "a".into(),
+                quantity: 3,
+            },
+            Effect::RestoreStock {
+                sku: "zz".into(),
+                quantity: 1,
+            },
+            Effect::ReleaseCoupon {
+                coupon: "someone-elses".into(),
+            },
+            Effect::ReleaseFlashSlot {
+                activity: "fs".into(),
+                user: "u2".into(),
+            },
+            Effect::RestoreFlashStock {
+                activity: "fs".into(),
+                quantity: 4,
+            },
+            Effect::ClosePayment {
+                payment_ref: "p1".into(),
+            },
+            Effect::ClosePayment {
+                payment_ref: "p1".into(),
+            },
+        ];
+        let problems = check(&order(), &effects).unwrap_err();
+        assert_eq!(problems.len(), 6, "{problems:#?}");
+        assert!(problems[0].starts_with("effects[0] restore-stock(a, 3)"));
+        assert!(problems[1].contains("sku `zz` is not in order"));
+        assert!(problems[2].contains("coupon `someone-elses`"));
+        assert!(problems[3].contains("buyer is `u1`"));
+        assert!(problems[4].contains("only 3 more units"));
+        assert!(problems[5].starts_with("effects[6]"));
+    }
+}

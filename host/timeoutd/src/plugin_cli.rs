@@ -1,0 +1,118 @@
+//! `timeoutd plugin …`: the merchant's tools for a plugin file, off-line or against the
+//! decisions a daemon recorded.
+//!
+//! - `check FILE.wasm` — is it a component, which API version, does it export the world,
+//!   how long it takes to compile, how big it is ([`check`]);
+//! - `test FILE.wasm CASES.toml` — runs a cases file ([`timeoutd_plugin_harness::cases`]) and
+//!   prints pass/fail per case ([`test`]);
+//! - `replay FILE.wasm --config CONFIG` — re-runs the plugin over `decision_log` and prints where
+//!   it decides differently ([`replay`]).
+//!
+//! Exit statuses: 0 success; 1 a plugin that does not load, a failing case or a differing
+//! decision; 64 a bad cases file or configuration.
+
+mod check;
+mod replay;
+mod test;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use timeoutd_runtime::{PolicyEngine, RuntimeLimits};
+
+/// `timeoutd plugin` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum PluginCommand {
+    /// Inspect a plugin file: component or not, API version, exported world, compile time, size.
+    Check {
+        /// The plugin (a wasm32-wasip2 component).
+        file: PathBuf,
+        /// Limits it is loaded under.
+        #[command(flatten)]
+        limits: LimitArgs,
+    },
+    /// Run a CASES.toml file against a plugin; one line per case, exit 1 if any fails.
+    Test {
+        /// The plugin (a wasm32-wasip2 component).
+        file: PathBuf,
+        /// The cases file (format: plugins/README.md, "Cases files").
+        cases: PathBuf,
+        /// Limits it runs under.
+        #[command(flatten)]
+        limits: LimitArgs,
+    },
+    /// Re-run a plugin over the decisions recorded in `decision_log` and print where it decides
+    /// differently; exit 1 if any does.
+    Replay {
+        /// The new plugin version.
+        file: PathBuf,
+        /// The daemon's configuration (its database and merchant settings).
+        #[arg(long)]
+        config: PathBuf,
+        /// Only this merchant's decisions.
+        #[arg(long)]
+        merchant: Option<String>,
+        /// At most this many decisions, newest first.
+        #[arg(long, default_value_t = 1000)]
+        limit: u32,
+    },
+}
+
+/// The per-call limits, as `[runtime]` in the config (defaults: the config's defaults).
+#[derive(Debug, Clone, Args)]
+pub struct LimitArgs {
+    /// Deadline of one call (`runtime.deadline`), e.g. `50ms`, `2s`.
+    #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
+    pub deadline: Duration,
+    /// Memory cap of one call, MiB (`runtime.max_memory_mib`).
+    #[arg(long, default_value_t = 64)]
+    pub max_memory_mib: u32,
+}
+
+impl LimitArgs {
+    fn limits(&self) -> RuntimeLimits {
+        RuntimeLimits {
+            deadline: self.deadline,
+            max_memory_bytes: self.max_memory_mib as usize * (1 << 20),
+            ..RuntimeLimits::default()
+        }
+    }
+}
+
+/// Exit status of a bad cases file or configuration.
+const EXIT_BAD_INPUT: u8 = crate::cli::EXIT_BAD_CONFIG;
+
+/// Runs a `timeoutd plugin` subcommand.
+pub async fn run(command: PluginCommand) -> ExitCode {
+    match command {
+        PluginCommand::Check { file, limits } => check::run(&file, &limits.limits()),
+        PluginCommand::Test {
+            file,
+            cases,
+            limits,
+        } => test::run(&file, &cases, &limits.limits()),
+        PluginCommand::Replay {
+            file,
+            config,
+            merchant,
+            limit,
+        } => replay::run(&file, &config, merchant.as_deref(), limit).await,
+    }
+}
+
+/// An engine without a compile cache: these commands measure and judge the file itself.
+fn engine(limits: &RuntimeLimits) -> Result<PolicyEngine, ExitCode> {
+    PolicyEngine::new(limits.clone(), None).map_err(|e| {
+        eprintln!("timeoutd plugin: cannot create the policy engine: {e}");
+        ExitCode::FAILURE
+    })
+}
+
+/// The name a plugin file is loaded under: its file stem.
+fn plugin_name(file: &Path) -> &str {
+    file.file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("plugin")
+}

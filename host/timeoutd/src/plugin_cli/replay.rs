@@ -1,0 +1,289 @@
+//! `timeoutd plugin replay FILE.wasm --config CONFIG [--merchant M] [--limit N]`.
+//!
+//! Re-runs a plugin over the calls recorded in `decision_log`, newest first, and prints each
+//! one where it answers differently from what was recorded. The input of a call is the row's
+//! `input` (the order and context exactly as given, migration 0005); rows written before that
+//! migration are reconstructed from the `orders` row (as PENDING, the only state the daemon asks
+//! about), the row's trigger, phase, attempt and time, and the merchant's settings in today's
+//! config, and are marked `reconstructed`.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use serde::Deserialize;
+use sqlx::Row;
+use timeoutd_plugin_harness::cases::summary;
+use timeoutd_runtime::model::{Context, Decision, Order, OrderStatus, TriggerKind};
+use timeoutd_runtime::{DecideError, Plugin, PolicyEngine};
+
+use crate::config::Config;
+use crate::db::{Db, DbError, orders};
+use crate::policies;
+
+/// One recorded call, as read from `decision_log`.
+struct Recorded {
+    id: i64,
+    order_id: String,
+    merchant_id: String,
+    plugin_digest: String,
+    trigger_kind: String,
+    phase: u32,
+    attempt: u32,
+    decision: String,
+    detail: String,
+    decided_at_ms: i64,
+    input: Option<String>,
+    answer: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Input {
+    order: Order,
+    context: Context,
+}
+
+/// What the recorded call answered, comparable with a new answer.
+#[derive(Debug, PartialEq)]
+enum Answer {
+    Decision(Decision),
+    Error(String),
+}
+
+impl Answer {
+    fn of(result: &Result<Decision, DecideError>) -> Answer {
+        match result {
+            Ok(d) => Answer::Decision(d.clone()),
+            Err(e) => Answer::Error(e.to_string()),
+        }
+    }
+
+    fn same_as(&self, other: &Answer) -> bool {
+        match (self, other) {
+            (Answer::Decision(a), Answer::Decision(b)) => a == b,
+            // Error texts carry engine detail (backtraces, plugin names); the tier is what counts.
+            (Answer::Error(_), Answer::Error(_)) => true,
+            _ => false,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Answer::Decision(d) => summary(d),
+            Answer::Error(e) => format!("error: {}", e.lines().next().unwrap_or_default()),
+        }
+    }
+}
+
+pub(super) async fn run(
+    file: &Path,
+    config: &Path,
+    merchant: Option<&str>,
+    limit: u32,
+) -> ExitCode {
+    let config = match Config::load(config) {
+        Ok(c) => c,
+        Err(problems) => {
+            eprintln!("{}: {problems}", config.display());
+            return ExitCode::from(super::EXIT_BAD_INPUT);
+        }
+    };
+    let engine = match PolicyEngine::new(policies::limits(&config), None) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("timeoutd plugin replay: cannot create the policy engine: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let plugin = match engine.load_file(super::plugin_name(file), file) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match replay(&config, &plugin, merchant, limit).await {
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("timeoutd plugin replay: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Replays and prints; returns how many calls were answered differently.
+async fn replay(
+    config: &Config,
+    plugin: &Plugin,
+    merchant: Option<&str>,
+    limit: u32,
+) -> Result<usize, DbError> {
+    let db = Db::connect(&config.database.url, 2).await?;
+    let rows = recorded(&db, merchant, limit).await?;
+    let (mut same, mut differ, mut skipped, mut reconstructed) = (0, 0, 0, 0);
+    for row in &rows {
+        let (order, ctx, rebuilt) = match input_of(&db, config, row).await? {
+            Ok(found) => found,
+            Err(why) => {
+                println!(
+                    "skip  decision_log#{} order {}: {why}",
+                    row.id, row.order_id
+                );
+                skipped += 1;
+                continue;
+            }
+        };
+        reconstructed += usize::from(rebuilt);
+        let Some(was) = recorded_answer(row) else {
+            println!(
+                "skip  decision_log#{} order {}: the recorded answer cannot be read",
+                row.id, row.order_id
+            );
+            skipped += 1;
+            continue;
+        };
+        let now = Answer::of(&plugin.decide(&order, &ctx));
+        if was.same_as(&now) {
+            same += 1;
+            continue;
+        }
+        differ += 1;
+        println!(
+            "DIFF  decision_log#{} merchant {} order {} phase {} ({}, attempt {}, at {} ms{}), \
+             recorded with plugin {}:\n        was: {}\n        now: {}",
+            row.id,
+            row.merchant_id,
+            row.order_id,
+            ctx.phase,
+            ctx.trigger.as_str(),
+            ctx.attempt,
+            ctx.now_ms,
+            if rebuilt { ", input reconstructed" } else { "" },
+            &row.plugin_digest[..row.plugin_digest.len().min(12)],
+            was.describe(),
+            now.describe(),
+        );
+    }
+    println!(
+        "replayed {} decision(s) with {} ({}): {same} same, {differ} different, {skipped} skipped, \
+         {reconstructed} with reconstructed input",
+        rows.len() - skipped,
+        plugin.name(),
+        &plugin.digest()[..12],
+    );
+    db.close().await;
+    Ok(differ)
+}
+
+async fn recorded(db: &Db, merchant: Option<&str>, limit: u32) -> Result<Vec<Recorded>, DbError> {
+    let sql = match merchant {
+        Some(_) => {
+            "SELECT id, order_id, merchant_id, plugin_digest, trigger_kind, phase, attempt, \
+                    decision, detail, decided_at_ms, input, answer FROM decision_log \
+                    WHERE merchant_id = ? ORDER BY id DESC LIMIT ?"
+        }
+        None => {
+            "SELECT id, order_id, merchant_id, plugin_digest, trigger_kind, phase, attempt, \
+                 decision, detail, decided_at_ms, input, answer FROM decision_log \
+                 ORDER BY id DESC LIMIT ?"
+        }
+    };
+    let mut query = db.backend().query(sql);
+    if let Some(m) = merchant {
+        query = query.bind(m);
+    }
+    let rows = query.bind(i64::from(limit)).fetch_all(db.pool()).await?;
+    rows.into_iter()
+        .map(|r| {
+            let phase: i64 = r.try_get("phase")?;
+            let attempt: i64 = r.try_get("attempt")?;
+            Ok(Recorded {
+                id: r.try_get("id")?,
+                order_id: r.try_get("order_id")?,
+                merchant_id: r.try_get("merchant_id")?,
+                plugin_digest: r.try_get("plugin_digest")?,
+                trigger_kind: r.try_get("trigger_kind")?,
+                phase: u32::try_from(phase).unwrap_or(u32::MAX),
+                attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
+                decision: r.try_get("decision")?,
+                detail: r.try_get("detail")?,
+                decided_at_ms: r.try_get("decided_at_ms")?,
+                input: r.try_get("input")?,
+                answer: r.try_get("answer")?,
+            })
+        })
+        .collect()
+}
+
+/// The call's input: recorded, or reconstructed (`true`) for rows older than migration 0005.
+/// `Ok(Err(why))` when neither is possible.
+async fn input_of(
+    db: &Db,
+    config: &Config,
+    row: &Recorded,
+) -> Result<Result<(Order, Context, bool), String>, DbError> {
+    if let Some(input) = &row.input {
+        return Ok(serde_json::from_str::<Input>(input)
+            .map(|i| (i.order, i.context, false))
+            .map_err(|e| format!("unreadable recorded input: {e}")));
+    }
+    let mut conn = db.pool().acquire().await?;
+    let Some(mut order) = orders::load(&mut conn, &row.order_id).await? else {
+        return Ok(Err("the order no longer exists".into()));
+    };
+    order.status = OrderStatus::Pending;
+    let Some(trigger) = trigger_kind(&row.trigger_kind) else {
+        return Ok(Err(format!("unknown trigger kind `{}`", row.trigger_kind)));
+    };
+    let settings = config
+        .merchants
+        .get(&row.merchant_id)
+        .map(|m| {
+            m.settings
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let ctx = Context {
+        now_ms: row.decided_at_ms,
+        trigger,
+        phase: row.phase,
+        attempt: row.attempt,
+        settings,
+    };
+    Ok(Ok((order, ctx, true)))
+}
+
+/// The recorded answer: the `answer` column, or for older rows the decision in `detail`.
+fn recorded_answer(row: &Recorded) -> Option<Answer> {
+    if let Some(answer) = &row.answer {
+        let value: serde_json::Value = serde_json::from_str(answer).ok()?;
+        if let Some(error) = value.get("error").and_then(|e| e.as_str()) {
+            return Some(Answer::Error(error.to_string()));
+        }
+        return serde_json::from_value(value).ok().map(Answer::Decision);
+    }
+    if row.decision == "error" {
+        return Some(Answer::Error(row.detail.clone()));
+    }
+    let detail: serde_json::Value = serde_json::from_str(&row.detail).ok()?;
+    // A refused decision is nested under "decision"; the others are the decision itself.
+    let decision = match detail.get("decision") {
+        Some(inner @ serde_json::Value::Object(_)) => inner.clone(),
+        _ => detail,
+    };
+    serde_json::from_value(decision).ok().map(Answer::Decision)
+}
+
+fn trigger_kind(s: &str) -> Option<TriggerKind> {
+    [
+        TriggerKind::DelayMessage,
+        TriggerKind::Outbox,
+        TriggerKind::Sweep,
+        TriggerKind::CheckBack,
+        TriggerKind::Manual,
+    ]
+    .into_iter()
+    .find(|k| k.as_str() == s)
+}

@@ -1,0 +1,208 @@
+//! A plugin played along an order's life the way the daemon plays it.
+//!
+//! The daemon asks phase 0 at the order's deadline. A `wait` schedules its `next-phase`
+//! `after-ms` later (attempt 0); an `ignore` or a failure asks the same phase again with the
+//! attempt counted up, after the default `[dispatch]` backoff (1 s doubling to 5 min, at most 8
+//! attempts, then the trigger is dead-lettered); a `cancel` within the order closes it; a cancel
+//! exceeding the order, or a wait that does not move on, is refused (dead-lettered). After a
+//! close, refusal or dead letter nothing more is asked.
+
+use std::time::Duration;
+
+use timeoutd_runtime::guard;
+use timeoutd_runtime::model::{Decision, Order, OrderStatus, TriggerKind};
+
+use crate::decided::human_offset;
+use crate::{Decided, Harness, context, ms};
+
+/// Attempts of one trigger before the daemon dead-letters it (`dispatch.max_attempts` default).
+const MAX_ATTEMPTS: u32 = 8;
+/// Backoff of a retried trigger (`dispatch.retry_initial` / `retry_max` defaults), ms.
+const RETRY_INITIAL_MS: i64 = 1_000;
+const RETRY_MAX_MS: i64 = 300_000;
+
+/// One trigger the timeline fired.
+#[derive(Debug)]
+pub struct Step {
+    /// When it fired, ms after the order's creation.
+    pub at_ms: i64,
+    /// The call and its answer (its context has the phase, attempt and trigger).
+    pub decided: Decided,
+}
+
+/// Where the order stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum State {
+    /// A trigger for `phase` is due at `due_ms` (epoch ms).
+    Due {
+        phase: u32,
+        attempt: u32,
+        due_ms: i64,
+    },
+    /// Closed by a cancel.
+    Closed,
+    /// Refused or dead-lettered: left for an operator.
+    Stuck(String),
+}
+
+/// An order's timeline under a plugin; see the module documentation for the rules.
+#[derive(Debug)]
+pub struct Timeline<'h> {
+    harness: &'h Harness,
+    order: Order,
+    trigger: TriggerKind,
+    state: State,
+    now_ms: i64,
+}
+
+impl<'h> Timeline<'h> {
+    pub(crate) fn new(harness: &'h Harness, order: Order) -> Self {
+        let due_ms = order.deadline_ms;
+        let now_ms = order.created_at_ms;
+        Timeline {
+            harness,
+            order,
+            trigger: TriggerKind::Outbox,
+            state: State::Due {
+                phase: 0,
+                attempt: 0,
+                due_ms,
+            },
+            now_ms,
+        }
+    }
+
+    /// The trigger kind every call is made with (default `outbox`).
+    pub fn trigger(mut self, trigger: TriggerKind) -> Self {
+        self.trigger = trigger;
+        self
+    }
+
+    /// Moves the clock to `after_creation` past the order's creation and fires every trigger
+    /// due by then, each at its due time, in order. Returns the steps fired (none when nothing
+    /// was due: the daemon does not ask before the deadline).
+    ///
+    /// # Panics
+    /// When `after_creation` is earlier than the timeline's clock.
+    pub fn advance_to(&mut self, after_creation: Duration) -> Vec<Step> {
+        let target = self.order.created_at_ms + ms(after_creation);
+        assert!(
+            target >= self.now_ms,
+            "timeline for order `{}` is at created + {}; it cannot go back to created + {}",
+            self.order.id,
+            human_offset(self.now_ms - self.order.created_at_ms),
+            human_offset(target - self.order.created_at_ms)
+        );
+        let mut steps = Vec::new();
+        while let State::Due { due_ms, .. } = self.state {
+            if due_ms > target {
+                break;
+            }
+            steps.push(self.fire());
+        }
+        self.now_ms = target;
+        steps
+    }
+
+    /// Fires triggers until the order is closed or left for an operator, at most `max_steps`.
+    /// Returns every step.
+    ///
+    /// # Panics
+    /// When the order is still open after `max_steps` triggers (the plugin never closes it).
+    pub fn run_to_end(&mut self, max_steps: usize) -> Vec<Step> {
+        let mut steps = Vec::new();
+        while matches!(self.state, State::Due { .. }) {
+            assert!(
+                steps.len() < max_steps,
+                "order `{}` still open after {max_steps} triggers; last: {}",
+                self.order.id,
+                steps
+                    .last()
+                    .map_or("none".into(), |s: &Step| s.decided.describe())
+            );
+            steps.push(self.fire());
+        }
+        steps
+    }
+
+    /// Whether a cancel closed the order.
+    pub fn closed(&self) -> bool {
+        self.state == State::Closed
+    }
+
+    /// Why the order was left for an operator (a refused decision or exhausted retries).
+    pub fn stuck(&self) -> Option<&str> {
+        match &self.state {
+            State::Stuck(reason) => Some(reason),
+            _ => None,
+        }
+    }
+
+    /// When the next trigger is due, ms after creation, and for which phase.
+    pub fn next_due(&self) -> Option<(i64, u32)> {
+        match self.state {
+            State::Due { phase, due_ms, .. } => Some((due_ms - self.order.created_at_ms, phase)),
+            _ => None,
+        }
+    }
+
+    fn fire(&mut self) -> Step {
+        let State::Due {
+            phase,
+            attempt,
+            due_ms,
+        } = self.state
+        else {
+            unreachable!("fire is only called with a trigger due")
+        };
+        self.now_ms = due_ms;
+        let ctx = context()
+            .now_ms(due_ms)
+            .trigger(self.trigger)
+            .phase(phase)
+            .attempt(attempt)
+            .settings(self.harness.settings())
+            .build();
+        let decided = self.harness.decide_with(&self.order, &ctx);
+        let retry = |why: String| {
+            let attempts = attempt + 1;
+            if attempts >= MAX_ATTEMPTS {
+                State::Stuck(format!("gave up after {attempts} attempt(s): {why}"))
+            } else {
+                let delay = (RETRY_INITIAL_MS << (attempts - 1).min(30)).min(RETRY_MAX_MS);
+                State::Due {
+                    phase,
+                    attempt: attempts,
+                    due_ms: due_ms + delay,
+                }
+            }
+        };
+        self.state = match &decided.result {
+            Err(e) => retry(e.to_string()),
+            Ok(Decision::Ignore { reason }) => retry(format!("ignored: {reason}")),
+            Ok(Decision::Wait {
+                after_ms,
+                next_phase,
+                ..
+            }) => match guard::check_wait(phase, *after_ms, *next_phase) {
+                Ok(()) => State::Due {
+                    phase: *next_phase,
+                    attempt: 0,
+                    due_ms: due_ms.saturating_add(i64::try_from(*after_ms).unwrap_or(i64::MAX)),
+                },
+                Err(reason) => State::Stuck(format!("refused: {reason}")),
+            },
+            Ok(Decision::Cancel { effects, .. }) => match guard::check(&self.order, effects) {
+                Ok(()) => {
+                    self.order.status = OrderStatus::Closed;
+                    State::Closed
+                }
+                Err(problems) => State::Stuck(format!("refused: {}", problems.join("; "))),
+            },
+        };
+        Step {
+            at_ms: due_ms - self.order.created_at_ms,
+            decided,
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! `timeoutd plugin check | test | replay`, run as the built binary like a merchant runs it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use timeoutd::clock::Clock;
+use timeoutd::db::Backend;
+use timeoutd::dispatch::Outcome;
+use timeoutd::policies::builtin;
+
+use crate::support::{Env, FUTURE_API_WASM, T0, order, repo_root, timeoutd_bin};
+
+fn plugin_cmd(args: &[&std::ffi::OsStr]) -> Output {
+    Command::new(timeoutd_bin())
+        .arg("plugin")
+        .args(args)
+        .output()
+        .expect("run timeoutd")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Writes `bytes` as `dir/name`.
+fn file(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+#[test]
+fn check_reports_version_world_and_size_and_refuses_what_would_not_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = file(dir.path(), "two_phase.wasm", builtin("two-phase").unwrap());
+    let out = plugin_cmd(&["check".as_ref(), good.as_os_str()]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    for want in [
+        "component:   yes",
+        "api stamp:   timeout:policy@0.1.0",
+        "exported",
+        "compile:",
+        &format!("{} bytes", builtin("two-phase").unwrap().len()),
+    ] {
+        assert!(all.contains(want), "missing `{want}` in\n{all}");
+    }
+
+    let future = file(dir.path(), "future.wasm", FUTURE_API_WASM);
+    let out = plugin_cmd(&["check".as_ref(), future.as_os_str()]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(
+        all.contains("timeout:policy@0.2.0") && all.contains("supports 0.1.0"),
+        "{all}"
+    );
+
+    let bytes = builtin("two-phase").unwrap();
+    let cut = file(dir.path(), "cut.wasm", &bytes[..bytes.len() / 3]);
+    let out = plugin_cmd(&["check".as_ref(), cut.as_os_str()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("malformed WebAssembly at byte"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn test_runs_the_cases_file_and_fails_on_a_policy_that_differs() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = repo_root().join("plugins/cases/two-phase.toml");
+    let two = file(dir.path(), "two_phase.wasm", builtin("two-phase").unwrap());
+    let out = plugin_cmd(&["test".as_ref(), two.as_os_str(), cases.as_os_str()]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    assert!(
+        all.contains("ok    at the deadline it waits the grace and reminds the buyer"),
+        "{all}"
+    );
+    assert!(all.contains(" 0 failed"), "{all}");
+
+    // The single-phase policy closes at the deadline: the two-phase cases must catch it.
+    let one = file(
+        dir.path(),
+        "single_phase.wasm",
+        builtin("single-phase").unwrap(),
+    );
+    let out = plugin_cmd(&["test".as_ref(), one.as_os_str(), cases.as_os_str()]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(
+        all.contains("FAIL  at the deadline it waits the grace and reminds the buyer"),
+        "{all}"
+    );
+    assert!(all.contains("expected decision wait, got cancel"), "{all}");
+
+    let bad = file(
+        dir.path(),
+        "bad.toml",
+        b"[[case]]\nname = \"a\"\nexpect = { decision = \"wait\", effect_kinds = [\"restore-stok\"] }\n",
+    );
+    let out = plugin_cmd(&["test".as_ref(), two.as_os_str(), bad.as_os_str()]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(64), "{all}");
+    assert!(
+        all.contains("`effect_kinds` needs decision = cancel"),
+        "{all}"
+    );
+    assert!(all.contains("unknown kind `restore-stok`"), "{all}");
+}
+
+/// A decision recorded by a dispatcher is replayed: the same plugin agrees; a different one is
+/// reported with both answers; rows older than migration 0005 are reconstructed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_prints_where_a_new_version_decides_differently() {
+    let env = Env::new(Backend::Sqlite).await;
+    env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+    env.create(&order("r1", "flashy", T0)).await;
+    let settings: &[(&str, &str)] = &[("grace", "5m")];
+    let config = env.config(&[("flashy", "builtin:two-phase", settings)], "");
+    let (clock, _now) = Clock::manual(T0 + 200);
+    let d = env.dispatcher(&config, clock).await;
+    assert!(matches!(
+        env.process(&d, T0 + 200).await[..],
+        [Outcome::Waiting { .. }]
+    ));
+    let input = env
+        .text("SELECT input FROM decision_log WHERE order_id = ?", "r1")
+        .await;
+    assert!(
+        input.contains("\"grace\"") && input.contains("\"now_ms\""),
+        "{input}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let config_file = file(
+        dir.path(),
+        "timeoutd.toml",
+        format!(
+            "[database]\nurl = \"{}\"\nmigrate = false\n[merchants.flashy]\nplugin = \"builtin:two-phase\"\n\
+             [merchants.flashy.settings]\ngrace = \"5m\"\n",
+            env.url
+        )
+        .as_bytes(),
+    );
+    let replay = |wasm: &Path| {
+        plugin_cmd(&[
+            "replay".as_ref(),
+            wasm.as_os_str(),
+            "--config".as_ref(),
+            config_file.as_os_str(),
+            "--merchant".as_ref(),
+            "flashy".as_ref(),
+        ])
+    };
+    let two = file(dir.path(), "two_phase.wasm", builtin("two-phase").unwrap());
+    let out = replay(&two);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("1 same, 0 different"), "{}", text(&out));
+
+    let one = file(
+        dir.path(),
+        "single_phase.wasm",
+        builtin("single-phase").unwrap(),
+    );
+    let out = replay(&one);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(
+        all.contains("DIFF") && all.contains("order r1 phase 0"),
+        "{all}"
+    );
+    assert!(all.contains("was: wait 299800 ms"), "{all}");
+    assert!(all.contains("now: cancel (payment window lapsed)"), "{all}");
+
+    // A row written before migration 0005 has no input: it is rebuilt from the order.
+    sqlx::query("UPDATE decision_log SET input = NULL, answer = NULL")
+        .execute(env.db.pool())
+        .await
+        .unwrap();
+    let out = replay(&two);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    assert!(all.contains("1 with reconstructed input"), "{all}");
+    env.cleanup().await;
+}
