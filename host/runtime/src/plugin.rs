@@ -195,6 +195,7 @@ impl Plugin {
             Some(w) => {
                 let mut store = w.store;
                 store.data_mut().begin_call(&order.id, ctx.now_ms);
+                store.set_epoch_deadline(inner.deadline_ticks);
                 (store, w.instance, w.calls)
             }
             None => {
@@ -206,8 +207,8 @@ impl Plugin {
                 );
                 let mut store = Store::new(inner.engine.engine(), state);
                 store.limiter(|s| &mut s.limits);
-                // Instantiation runs guest code (start functions) and counts against the
-                // deadline too.
+                // One deadline for instantiation (it runs guest code: start functions) and the
+                // call together, as before warm instances existed.
                 store.set_epoch_deadline(inner.deadline_ticks);
                 inner.instantiations.fetch_add(1, Ordering::Relaxed);
                 let instance = inner
@@ -217,7 +218,6 @@ impl Plugin {
                 (store, instance, 0)
             }
         };
-        store.set_epoch_deadline(inner.deadline_ticks);
         let answer = match call {
             Call::Decide(..) => instance
                 .decide(&mut store, order, ctx)
