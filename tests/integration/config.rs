@@ -120,3 +120,52 @@ plugin = "builtin:single-phase"
         assert!(keys.contains(&key), "{key} not reported:\n{problems}");
     }
 }
+
+#[test]
+fn merchant_plugin_error_rules_and_granted_effects_are_checked() {
+    let raw = r#"
+        [database]
+        url = "sqlite://x.db"
+        [merchants.a]
+        plugin = "builtin:two-phase"
+        on_plugin_error = "fallback"
+        granted_effects = ["restore-stock", "refund-everything", "notify", "teleport"]
+        [merchants.b]
+        plugin = "builtin:single-phase"
+        on_plugin_error = "dead_letter"
+    "#;
+    let problems = Config::from_toml(raw, std::path::Path::new("."), &|_| None).unwrap_err();
+    let keys: Vec<&str> = problems.problems.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "merchants.a.granted_effects[1]",
+            "merchants.a.granted_effects[3]"
+        ],
+        "{problems}"
+    );
+    assert!(
+        problems
+            .to_string()
+            .contains("`teleport` is not an effect kind (one of restore-stock"),
+        "{problems}"
+    );
+
+    let ok = raw
+        .replace(", \"refund-everything\"", "")
+        .replace(", \"teleport\"", "");
+    let config = Config::from_toml(&ok, std::path::Path::new("."), &|_| None).unwrap();
+    use timeoutd::config::OnPluginError;
+    assert_eq!(
+        config.merchants["a"].on_plugin_error,
+        OnPluginError::Fallback
+    );
+    assert_eq!(
+        config.merchants["b"].on_plugin_error,
+        OnPluginError::DeadLetter
+    );
+
+    let bad_rule = raw.replace("\"fallback\"", "\"shrug\"");
+    let err = Config::from_toml(&bad_rule, std::path::Path::new("."), &|_| None).unwrap_err();
+    assert!(err.to_string().contains("shrug"), "{err}");
+}

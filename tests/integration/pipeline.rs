@@ -411,3 +411,152 @@ each_backend! {
         assert_eq!(env.status("tripwire").await, "PENDING");
     }
 }
+
+each_backend! {
+    /// `on_plugin_error = "fallback"`: a trapping plugin's order is closed by the built-in
+    /// close-at-deadline policy, releasing everything it holds, in the one close transaction.
+    async fn failing_plugin_with_fallback_closes_at_the_deadline_releasing_everything(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&order("fb", "evil", T0)).await;
+        let config = env.config_for(&[("evil", "hostile", &[("mode", "panic")])], "on_plugin_error = \"fallback\"", "");
+        let (clock, _) = Clock::manual(T0 + 5);
+        let d = env.dispatcher(&config, clock).await;
+        assert_eq!(env.process(&d, T0 + 5).await, vec![Outcome::Closed { lateness_ms: 5 }]);
+        assert_eq!(env.status("fb").await, "CLOSED");
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (10, 10));
+        assert_eq!(env.coupon("cpn-fb").await, "AVAILABLE");
+        assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE kind = 'close-payment' AND order_id = ?", "fb").await, 1);
+        assert_eq!(env.text("SELECT outcome FROM decision_log WHERE order_id = ?", "fb").await, "closed");
+        assert!(env.text("SELECT detail FROM decision_log WHERE order_id = ?", "fb").await.contains("fallback close at the deadline; the plugin failed"));
+        assert!(env.text("SELECT answer FROM decision_log WHERE order_id = ?", "fb").await.contains("trapped (fault)"));
+    }
+}
+
+each_backend! {
+    /// `on_plugin_error = "dead_letter"`: the first failure dead-letters, no retry.
+    async fn failing_plugin_with_dead_letter_gives_up_at_once(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&order("dl", "evil", T0)).await;
+        let config = env.config_for(&[("evil", "hostile", &[("mode", "error")])], "on_plugin_error = \"dead_letter\"", "");
+        let (clock, _) = Clock::manual(T0);
+        let d = env.dispatcher(&config, clock).await;
+        let outcomes = env.process(&d, T0).await;
+        let [Outcome::DeadLettered { reason }] = &outcomes[..] else { panic!("{outcomes:?}") };
+        assert!(reason.contains("on_plugin_error = dead_letter") && reason.contains("hostile plugin refuses"), "{reason}");
+        assert_eq!(env.status("dl").await, "PENDING");
+        assert_eq!(env.int("SELECT COUNT(*) FROM dead_letter WHERE order_id = ?", "dl").await, 1);
+        assert_eq!(env.text("SELECT status FROM order_timeout_msg WHERE order_id = ?", "dl").await, "PROCESSED");
+        assert_eq!(env.text("SELECT outcome FROM decision_log WHERE order_id = ?", "dl").await, "dead-lettered");
+    }
+}
+
+each_backend! {
+    /// A merchant that granted no `close-payment`: a cancel asking for one is refused, typed
+    /// like an effect beyond the order, and nothing is applied.
+    async fn effect_of_a_kind_the_merchant_did_not_grant_is_refused(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&order("ng", "acme", T0)).await;
+        let config = env.config_for(
+            &[("acme", "builtin:single-phase", &[])],
+            "granted_effects = [\"restore-stock\", \"release-coupon\", \"notify\"]",
+            "",
+        );
+        let (clock, _) = Clock::manual(T0 + 1);
+        let d = env.dispatcher(&config, clock).await;
+        let outcomes = env.process(&d, T0 + 1).await;
+        let [Outcome::Refused { reason }] = &outcomes[..] else { panic!("{outcomes:?}") };
+        assert!(reason.contains("close-payment(pay-ng): effect kind `close-payment` is not granted"), "{reason}");
+        assert_eq!(env.status("ng").await, "PENDING");
+        assert_eq!(env.stock("sku-a").await, 8);
+        assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE order_id = ?", "ng").await, 0);
+        assert_eq!(env.text("SELECT outcome FROM decision_log WHERE order_id = ?", "ng").await, "refused");
+    }
+}
+
+each_backend! {
+    /// A plugin releasing another order's coupon is refused; that coupon stays locked.
+    async fn releasing_another_orders_coupon_is_refused(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&order("mine", "evil", T0)).await;
+        env.create(&order("other", "evil", T0 + 3_600_000)).await;
+        let config = env.config(&[("evil", "hostile", &[("mode", "coupon")])], "");
+        let (clock, _) = Clock::manual(T0 + 1);
+        let d = env.dispatcher(&config, clock).await;
+        let outcomes = env.process(&d, T0 + 1).await;
+        let [Outcome::Refused { reason }] = &outcomes[..] else { panic!("{outcomes:?}") };
+        assert!(reason.contains("coupon `cpn-other` is not held by order `mine`"), "{reason}");
+        assert_eq!(env.status("mine").await, "PENDING");
+        assert_ne!(env.coupon("cpn-other").await, "AVAILABLE");
+    }
+}
+
+each_backend! {
+    /// Hot reload under load: the merchant's plugin file is swapped and reloaded while four
+    /// workers are deciding; no decision fails, every order closes once, and each
+    /// `decision_log` row names the digest of the version it ran on (both appear).
+    async fn plugin_swapped_while_decisions_flow_fails_none_and_logs_each_digest(env) {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use timeoutd::db::Db;
+        use timeoutd::dispatch::Dispatcher;
+        use timeoutd::effects::EffectRunner;
+
+        const ORDERS: usize = 80;
+        const WORKERS: usize = 4;
+        env.stock_up(&[("sku-a", 1_000), ("sku-b", 1_000)]).await;
+        for i in 0..ORDERS {
+            env.create(&order(&format!("hr{i}"), "swap", T0)).await;
+        }
+        let path = env.dir.path().join("swap.wasm");
+        std::fs::write(&path, timeoutd::policies::builtin("single-phase").unwrap()).unwrap();
+        let config = env.config(&[("swap", path.to_str().unwrap(), &[])], "");
+        let policies = timeoutd::daemon::load_policies(&config).unwrap();
+        let old = policies.get("swap").unwrap().plugin.digest().to_string();
+        let (clock, _) = Clock::manual(T0 + 1);
+        let db = Db::connect(&env.url, 8).await.unwrap();
+        let effects = EffectRunner::from_config(db.clone(), clock.clone(), &config).await.unwrap();
+        let d = Arc::new(Dispatcher::new(db, clock, policies.clone(), config.dispatch.clone(), effects));
+        let triggers = env.claim(T0 + 1).await;
+        assert_eq!(triggers.len(), ORDERS);
+        // Each worker decides its share; its last 5 wait for the swap, so both versions serve.
+        let swapped = Arc::new(AtomicBool::new(false));
+        let mut workers = tokio::task::JoinSet::new();
+        for share in triggers.chunks(ORDERS / WORKERS) {
+            let (d, share, swapped) = (d.clone(), share.to_vec(), swapped.clone());
+            workers.spawn(async move {
+                let mut outcomes = Vec::new();
+                for (i, t) in share.iter().enumerate() {
+                    while i + 5 >= share.len() && !swapped.load(Ordering::SeqCst) {
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                    outcomes.push(d.handle(t).await);
+                }
+                outcomes
+            });
+        }
+        while env.int("SELECT COUNT(*) FROM decision_log WHERE merchant_id = ?", "swap").await < 10 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        // The new version: `hostile` in its default mode closes releasing everything.
+        std::fs::write(&path, crate::support::HOSTILE_WASM).unwrap();
+        let reloader = policies.clone();
+        let report = tokio::task::spawn_blocking(move || reloader.reload(true)).await.unwrap();
+        assert!(report[0].changed && report[0].refused.is_none(), "{report:?}");
+        let new = report[0].digest.clone();
+        swapped.store(true, Ordering::SeqCst);
+        let mut outcomes = Vec::new();
+        while let Some(done) = workers.join_next().await {
+            outcomes.extend(done.unwrap());
+        }
+        assert_eq!(outcomes.len(), ORDERS);
+        let failed: Vec<_> = outcomes.iter().filter(|o| !matches!(o, Outcome::Closed { .. })).collect();
+        assert!(failed.is_empty(), "{failed:?}");
+        let on_old = env.int("SELECT COUNT(*) FROM decision_log WHERE plugin_digest = ?", &old).await;
+        let on_new = env.int("SELECT COUNT(*) FROM decision_log WHERE plugin_digest = ?", &new).await;
+        assert!(on_old >= 10 && on_new >= (WORKERS * 5) as i64, "old {on_old}, new {on_new}");
+        assert_eq!(on_old + on_new, ORDERS as i64, "every row names one of the two versions");
+        assert_eq!(env.int("SELECT COUNT(*) FROM orders WHERE status = ?", "CLOSED").await, ORDERS as i64);
+        assert_eq!(env.int("SELECT COUNT(*) FROM decision_log WHERE outcome <> ?", "closed").await, 0);
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (1_000, 1_000));
+    }
+}

@@ -59,6 +59,7 @@ fn check_reports_version_world_and_size_and_refuses_what_would_not_load() {
         all.contains("timeout:policy@0.2.0") && all.contains("supports 0.1.0"),
         "{all}"
     );
+    assert!(all.contains("refused before compiling"), "{all}");
 
     let bytes = builtin("two-phase").unwrap();
     let cut = file(dir.path(), "cut.wasm", &bytes[..bytes.len() / 3]);

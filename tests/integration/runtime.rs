@@ -143,6 +143,7 @@ fn traps_are_classified_and_discard_only_their_store() {
         ("spin", TrapKind::Deadline),
         ("grow", TrapKind::Memory),
         ("panic", TrapKind::Fault),
+        ("recurse", TrapKind::Fault),
     ] {
         match plugin.decide(&o, &ctx(T0, 0, &[("mode", mode)])) {
             Err(DecideError::Trap { kind, plugin, .. }) => {

@@ -129,6 +129,17 @@ impl Env {
 
     /// A config over this database with `merchants`, `extra` TOML prepended.
     pub fn config(&self, merchants: &[MerchantSpec<'_>], extra: &str) -> Config {
+        self.config_for(merchants, "", extra)
+    }
+
+    /// As [`Env::config`], with `merchant_keys` (TOML lines such as
+    /// `on_plugin_error = "fallback"`) added to every merchant's table.
+    pub fn config_for(
+        &self,
+        merchants: &[MerchantSpec<'_>],
+        merchant_keys: &str,
+        extra: &str,
+    ) -> Config {
         let hostile = self.dir.path().join("hostile.wasm");
         std::fs::write(&hostile, HOSTILE_WASM).unwrap();
         let mut toml = format!(
@@ -142,8 +153,9 @@ impl Env {
             } else {
                 plugin.to_string()
             };
-            toml +=
-                &format!("[merchants.{id}]\nplugin = \"{plugin}\"\n[merchants.{id}.settings]\n");
+            toml += &format!(
+                "[merchants.{id}]\nplugin = \"{plugin}\"\n{merchant_keys}\n[merchants.{id}.settings]\n"
+            );
             for (k, v) in *settings {
                 toml += &format!("{k} = \"{v}\"\n");
             }

@@ -95,6 +95,42 @@ pub fn check(order: &Order, effects: &[Effect]) -> Result<(), Vec<String>> {
     }
 }
 
+/// Every effect kind, as [`Effect::kind`] names them (and `granted_effects` in the config).
+pub const EFFECT_KINDS: [&str; 6] = [
+    "restore-stock",
+    "restore-flash-stock",
+    "release-flash-slot",
+    "release-coupon",
+    "close-payment",
+    "notify",
+];
+
+/// Checks that every effect is of a kind the merchant granted its plugin (`granted`, kinds as
+/// in [`EFFECT_KINDS`]). A reminder sent with a `wait` counts as `notify`.
+///
+/// # Errors
+/// Every effect of an ungranted kind, as `effects[i] kind(args): ...`.
+pub fn check_granted(effects: &[Effect], granted: &[String]) -> Result<(), Vec<String>> {
+    let problems: Vec<String> = effects
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| !granted.iter().any(|g| g == e.kind()))
+        .map(|(i, e)| {
+            format!(
+                "effects[{i}] {}: effect kind `{}` is not granted to this merchant's plugin (granted: {})",
+                describe(e),
+                e.kind(),
+                if granted.is_empty() { "none".to_string() } else { granted.join(", ") }
+            )
+        })
+        .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems)
+    }
+}
+
 /// Checks a `wait` decided for `phase`: it must name a later phase and a positive delay.
 ///
 /// # Errors
@@ -188,6 +224,28 @@ mod tests {
             },
         ];
         assert_eq!(check(&order(), &effects), Ok(()));
+    }
+
+    #[test]
+    fn an_ungranted_kind_is_named_with_what_was_granted() {
+        let effects = vec![
+            Effect::RestoreStock {
+                sku: "a".into(),
+                quantity: 1,
+            },
+            Effect::ClosePayment {
+                payment_ref: "p1".into(),
+            },
+        ];
+        let granted = vec!["restore-stock".to_string(), "notify".to_string()];
+        let problems = check_granted(&effects, &granted).unwrap_err();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].starts_with(
+            "effects[1] close-payment(p1): effect kind `close-payment` is not granted"
+        ));
+        assert!(problems[0].ends_with("(granted: restore-stock, notify)"));
+        let all: Vec<String> = EFFECT_KINDS.iter().map(|k| k.to_string()).collect();
+        assert_eq!(check_granted(&effects, &all), Ok(()));
     }
 
     #[test]

@@ -364,6 +364,23 @@ impl PaidAfterClose {
     }
 }
 
+/// What to do with a trigger when the merchant's plugin fails (a trap, its own `policy-error`,
+/// an oversized answer or a host problem).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnPluginError {
+    /// Retry with `[dispatch]` backoff, then dead-letter when attempts run out.
+    #[default]
+    Retry,
+    /// Decide with the built-in close-at-deadline policy instead: at or after the deadline,
+    /// cancel releasing everything the order holds (stock, coupon, flash-sale units and slot,
+    /// payment); before it, wait until it. Its effects pass the same guard.
+    Fallback,
+    /// Dead-letter the trigger at once, for an operator.
+    #[serde(alias = "dead-letter")]
+    DeadLetter,
+}
+
 /// `[merchants.<id>]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -389,13 +406,23 @@ pub struct MerchantConfig {
     /// A payment that succeeded after the close: `refund` (default) or `manual-review`.
     #[serde(default)]
     pub on_paid_after_close: PaidAfterClose,
+    /// When the plugin fails: `retry` (default: backoff, then dead-letter), `fallback` (the
+    /// built-in close-at-deadline policy) or `dead_letter` (at once).
+    #[serde(default)]
+    pub on_plugin_error: OnPluginError,
+    /// Effect kinds this merchant's plugin may ask for (`restore-stock`, `restore-flash-stock`,
+    /// `release-flash-slot`, `release-coupon`, `close-payment`, `notify`; a reminder counts as
+    /// `notify`). Default: all. A decision with an effect of another kind is refused like one
+    /// exceeding the order.
+    #[serde(default)]
+    pub granted_effects: Option<Vec<String>>,
     /// Wall time one call of this merchant's plugin may take, when it differs from
     /// `runtime.deadline` (at most 10s). A JavaScript or Python plugin carries its language
     /// runtime and needs more than a Rust one: give it e.g. `"250ms"`.
     #[serde(default, with = "duration::option")]
     pub plugin_deadline: Option<Duration>,
     /// Memory cap of this merchant's plugin, MiB, when it differs from `runtime.max_memory_mib`
-    /// (1–4096). JavaScript plugins need about 64 MiB, Python ones about 128 MiB.
+    /// (1–4096). The example JavaScript and Python plugins start at 9–13 MiB; 64 MiB suffices.
     #[serde(default)]
     pub plugin_max_memory_mib: Option<u32>,
 }

@@ -10,11 +10,15 @@
 //!   in the same transaction; losing the compare-and-set (paid in between, F12; a concurrent
 //!   duplicate, F9) changes nothing;
 //! - `wait` → [`wait`]: the next phase's outbox row and the reminder, in one transaction;
-//! - effects beyond the order are refused ([`guard`]) and the decision dead-lettered;
-//! - failures retry with backoff up to `dispatch.max_attempts`, then dead-letter ([`failure`]).
+//! - effects beyond the order, or of a kind the merchant did not grant, are refused ([`guard`])
+//!   and the decision dead-lettered;
+//! - a plugin failure follows the merchant's `on_plugin_error`: retry with backoff up to
+//!   `dispatch.max_attempts`, then dead-letter (`retry`, [`failure`]); the built-in
+//!   close-at-deadline policy ([`fallback`]); or dead-letter at once (`dead_letter`).
 
 mod close;
 mod failure;
+pub mod fallback;
 pub mod guard;
 mod wait;
 
@@ -23,13 +27,13 @@ pub use wait::REMIND;
 use std::sync::Arc;
 
 use serde::Serialize;
-use timeoutd_runtime::model::{Context, Decision, Order, OrderStatus, TriggerKind};
+use timeoutd_runtime::model::{Context, Decision, Effect, Order, OrderStatus, TriggerKind};
 
 use timeoutd_runtime::DecideError;
 use tracing::Instrument;
 
 use crate::clock::{Clock, Stopwatch};
-use crate::config::DispatchConfig;
+use crate::config::{DispatchConfig, OnPluginError};
 use crate::db::{Db, DbError, journal, orders, outbox};
 use crate::effects::EffectRunner;
 use crate::events::{Event, emit};
@@ -293,14 +297,26 @@ impl Dispatcher {
                 Err(e) => serde_json::json!({ "error": e.to_string() }).to_string(),
             },
         };
+        let answer = match answer {
+            Ok(decision) => decision,
+            Err(e) => match policy.on_plugin_error {
+                OnPluginError::Retry => {
+                    let transient = e.is_transient();
+                    return Ok(self
+                        .failed(trigger, Some(&decided), e.to_string(), transient)
+                        .await);
+                }
+                OnPluginError::DeadLetter => {
+                    return self.give_up(&decided, &e.to_string()).await;
+                }
+                OnPluginError::Fallback => {
+                    tracing::warn!(merchant = %order.merchant, error = %e, "plugin failed; deciding with the fallback policy");
+                    fallback::decide(&order, now_ms, trigger.phase, &e)
+                }
+            },
+        };
         match answer {
-            Err(e) => {
-                let transient = e.is_transient();
-                Ok(self
-                    .failed(trigger, Some(&decided), e.to_string(), transient)
-                    .await)
-            }
-            Ok(Decision::Ignore { reason }) => {
+            Decision::Ignore { reason } => {
                 let mut tx = self.db.begin().await?;
                 let detail = serde_json::json!({ "decision": "ignore", "reason": reason });
                 journal::log_decision(
@@ -318,12 +334,26 @@ impl Dispatcher {
                 }
                 Ok(Outcome::Ignored)
             }
-            Ok(Decision::Wait {
+            Decision::Wait {
                 after_ms,
                 next_phase,
                 reminder,
-            }) => self.wait(&decided, after_ms, next_phase, reminder).await,
-            Ok(Decision::Cancel { reason, effects }) => match guard::check(&order, &effects) {
+            } => {
+                let notice: Vec<Effect> = reminder.iter().cloned().map(Effect::Notify).collect();
+                match permitted(&policy, &order, &notice) {
+                    Ok(()) => self.wait(&decided, after_ms, next_phase, reminder).await,
+                    Err(problems) => {
+                        let decision = Decision::Wait {
+                            after_ms,
+                            next_phase,
+                            reminder,
+                        };
+                        let reason = format!("reminder: {}", problems.join("; "));
+                        self.refuse(&decided, &decision, reason).await
+                    }
+                }
+            }
+            Decision::Cancel { reason, effects } => match permitted(&policy, &order, &effects) {
                 Ok(()) => self.close(&decided, &reason, &effects).await,
                 Err(problems) => {
                     let decision = Decision::Cancel { reason, effects };
@@ -340,5 +370,27 @@ impl Dispatcher {
             tx.commit().await?;
         }
         Ok(())
+    }
+}
+
+/// The guard over `effects`: within the order ([`guard::check`]) and of kinds the merchant
+/// granted ([`guard::check_granted`]); every problem of both.
+fn permitted(
+    policy: &MerchantPolicy,
+    order: &Order,
+    effects: &[Effect],
+) -> Result<(), Vec<String>> {
+    let mut problems = guard::check(order, effects).err().unwrap_or_default();
+    if let Some(granted) = &policy.granted_effects {
+        problems.extend(
+            guard::check_granted(effects, granted)
+                .err()
+                .unwrap_or_default(),
+        );
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems)
     }
 }

@@ -18,7 +18,7 @@ use timeoutd_runtime::{LoadError, Plugin, PluginLimits, PolicyEngine, RuntimeLim
 
 pub use breaker::{Breaker, BreakerState};
 
-use crate::config::{Config, MerchantConfig, PluginSource};
+use crate::config::{Config, MerchantConfig, OnPluginError, PluginSource};
 
 /// The example plugins compiled into the binary by `build.rs` (`builtin:<name>` in the config).
 pub fn builtin(name: &str) -> Option<&'static [u8]> {
@@ -43,6 +43,10 @@ pub struct MerchantPolicy {
     pub settings: Vec<(String, String)>,
     /// Trips after consecutive failures (shared across reloads of this merchant's plugin).
     pub breaker: Arc<Breaker>,
+    /// What a plugin failure leads to (`merchants.<id>.on_plugin_error`).
+    pub on_plugin_error: OnPluginError,
+    /// Effect kinds the plugin may ask for (`merchants.<id>.granted_effects`); `None` = all.
+    pub granted_effects: Option<Vec<String>>,
 }
 
 /// Where a merchant's plugin comes from, and the file's stamp when it was last loaded.
@@ -156,6 +160,8 @@ impl Policies {
                                 .map(|(k, v)| (k.clone(), v.clone()))
                                 .collect(),
                             breaker,
+                            on_plugin_error: merchant.on_plugin_error,
+                            granted_effects: merchant.granted_effects.clone(),
                         }),
                     );
                     sources.insert(id.clone(), Source { stamp, ..source });
@@ -250,6 +256,8 @@ impl Policies {
                         plugin,
                         settings: current.settings.clone(),
                         breaker: current.breaker.clone(),
+                        on_plugin_error: current.on_plugin_error,
+                        granted_effects: current.granted_effects.clone(),
                     });
                     next.breaker.reset();
                     self.by_merchant

@@ -7,6 +7,8 @@
 //! - `exceed` — cancels restoring 1000 units of its first SKU and another order's coupon;
 //! - `flood` — cancels with 10 000 effects;
 //! - `stall` — waits with `next-phase` equal to the current phase;
+//! - `recurse` — recurses without end (the guest's stack overflows: a trap);
+//! - `coupon` — cancels releasing its own stock and the coupon of another order (`cpn-other`);
 //! - `clock` — ignores, giving the WASI wall clock's reading (epoch ms) as the reason;
 //! - `snoop` — ignores, reporting what it could reach: environment variables, the filesystem
 //!   root, a TCP socket;
@@ -65,6 +67,13 @@ impl Guest for Hostile {
                 std::fs::read_dir("/").is_ok(),
                 std::net::TcpStream::connect("127.0.0.1:5432").is_ok()
             ))),
+            "recurse" => Ok(Decision::Ignore(format!("depth {}", recurse(0)))),
+            "coupon" => {
+                let mut effects = release_everything(&order, false, None);
+                effects.retain(|e| !matches!(e, Effect::ReleaseCoupon(_)));
+                effects.push(Effect::ReleaseCoupon("cpn-other".into()));
+                cancel(effects)
+            }
             "stall" => Ok(Decision::Wait(Wait {
                 after_ms: 1000,
                 next_phase: ctx.phase,
@@ -77,6 +86,14 @@ impl Guest for Hostile {
     fn check(_order: Order, _ctx: Context) -> CheckVerdict {
         CheckVerdict::Unknown
     }
+}
+
+/// Recurses until the stack runs out; the frame's array and `black_box` defeat tail calls and
+/// inlining.
+#[allow(unconditional_recursion)]
+fn recurse(depth: u64) -> u64 {
+    let frame = std::hint::black_box([depth; 16]);
+    recurse(depth + 1) + frame[depth as usize % 16]
 }
 
 timeoutd_policy_sdk::export_policy!(Hostile with_types_in timeoutd_policy_sdk::bindings);

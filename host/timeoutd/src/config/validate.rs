@@ -136,6 +136,19 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
             );
         }
     }
+    for (id, merchant) in &c.merchants {
+        for (i, kind) in merchant.granted_effects.iter().flatten().enumerate() {
+            if !timeoutd_runtime::guard::EFFECT_KINDS.contains(&kind.as_str()) {
+                p.push(
+                    format!("merchants.{id}.granted_effects[{i}]"),
+                    format!(
+                        "`{kind}` is not an effect kind (one of {})",
+                        timeoutd_runtime::guard::EFFECT_KINDS.join(", ")
+                    ),
+                );
+            }
+        }
+    }
     if let Some(admin) = &c.admin {
         if admin.tokens.is_empty() {
             p.push(

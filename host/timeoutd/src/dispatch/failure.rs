@@ -66,6 +66,21 @@ impl Dispatcher {
         })
     }
 
+    /// A plugin failure under `on_plugin_error = "dead_letter"`: the call is logged and the
+    /// trigger dead-lettered at once, without retries.
+    pub(super) async fn give_up(&self, d: &Decided<'_>, error: &str) -> Result<Outcome, DbError> {
+        let detail = serde_json::json!({ "error": error, "on_plugin_error": "dead_letter" });
+        let mut tx = self.db.begin().await?;
+        journal::log_decision(
+            &mut tx,
+            &d.record("error", "dead-lettered", detail.to_string()),
+        )
+        .await?;
+        tx.commit().await?;
+        let reason = format!("plugin failed (on_plugin_error = dead_letter): {error}");
+        self.dead_letter(d.trigger, d.now_ms, &reason).await
+    }
+
     /// Dead-letters a trigger found malformed before dispatch (a bad outbox row).
     pub async fn reject(&self, trigger: &Trigger, reason: &str) -> Outcome {
         let result = async {

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 use std::process::ExitCode;
-use timeoutd_runtime::{RuntimeLimits, SUPPORTED_API_VERSIONS, inspect};
+use timeoutd_runtime::{LoadError, RuntimeLimits, SUPPORTED_API_VERSIONS, inspect};
 
 /// Reads the file, inspects it without compiling, then loads it (compile + link against the
 /// world) and prints what it found. Exit 1 when it would not load in the daemon.
@@ -61,6 +61,13 @@ pub(super) fn run(file: &Path, limits: &RuntimeLimits) -> ExitCode {
             println!("sha256:      {}", plugin.digest());
             println!("ok");
             ExitCode::SUCCESS
+        }
+        Err(e @ (LoadError::UnsupportedVersion { .. } | LoadError::Malformed { .. }))
+            if inspection.stamped_api_version.is_some() =>
+        {
+            println!("compile:     not attempted (refused before compiling)");
+            eprintln!("{e}");
+            ExitCode::FAILURE
         }
         Err(e) => {
             println!("compile:     failed after {compile_ms:.1} ms");
