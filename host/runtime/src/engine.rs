@@ -32,8 +32,8 @@ pub struct RuntimeLimits {
     pub max_plugin_memory_bytes: usize,
     /// Components of at least this many bytes are *heavy* and run on warm instances (see
     /// [`InstanceMode`]); smaller ones get a fresh instance per call. The default, 2 MiB, puts
-    /// Rust plugins (tens to hundreds of KiB, ~20 µs to instantiate) on fresh instances and
-    /// JavaScript / Python ones (12–18 MiB: a language runtime, ~0.5–1 ms to instantiate) on
+    /// Rust plugins (tens to hundreds of KiB, ~10 µs to instantiate) on fresh instances and
+    /// JavaScript / Python ones (12–18 MiB: a language runtime, ~0.35 / ~1.4 ms to instantiate) on
     /// warm ones. `usize::MAX` turns warm instances off.
     pub warm_min_component_bytes: usize,
     /// Idle warm instances kept across all plugins; the least recently used goes first.

@@ -187,11 +187,11 @@ impl Plugin {
         };
         let inner = &self.inner;
         let pool = inner.engine.warm();
-        let mut warm = match inner.mode {
+        let warm = match inner.mode {
             InstanceMode::Warm => pool.take(inner.id),
             InstanceMode::Fresh => None,
         };
-        let (mut store, instance, calls) = match warm.take() {
+        let (mut store, instance, calls) = match warm {
             Some(w) => {
                 let mut store = w.store;
                 store.data_mut().begin_call(&order.id, ctx.now_ms);
