@@ -7,6 +7,7 @@ mod effects;
 mod fakes;
 mod pipeline;
 mod plugin_cli;
+mod polyglot;
 mod rocketmq;
 mod runtime;
 mod support;

@@ -28,7 +28,27 @@ impl VersionedPre {
         }
     }
 
-    /// Instantiates into `store` and calls `decide`.
+    /// Instantiates the plugin into `store`.
+    pub(crate) fn instantiate(
+        &self,
+        store: &mut Store<CallState>,
+    ) -> wasmtime::Result<VersionedInstance> {
+        match self {
+            VersionedPre::V0_1_0(pre) => {
+                v0_1_0::instantiate(pre, store).map(VersionedInstance::V0_1_0)
+            }
+        }
+    }
+}
+
+/// An instance of a plugin of some supported API version, living in one `Store`.
+pub(crate) enum VersionedInstance {
+    /// `timeout:policy@0.1.0`.
+    V0_1_0(v0_1_0::World),
+}
+
+impl VersionedInstance {
+    /// Calls `decide`.
     pub(crate) fn decide(
         &self,
         store: &mut Store<CallState>,
@@ -36,11 +56,11 @@ impl VersionedPre {
         ctx: &Context,
     ) -> wasmtime::Result<Result<Decision, PolicyError>> {
         match self {
-            VersionedPre::V0_1_0(pre) => v0_1_0::decide(pre, store, order, ctx),
+            VersionedInstance::V0_1_0(i) => v0_1_0::decide(i, store, order, ctx),
         }
     }
 
-    /// Instantiates into `store` and calls `check`.
+    /// Calls `check`.
     pub(crate) fn check(
         &self,
         store: &mut Store<CallState>,
@@ -48,7 +68,7 @@ impl VersionedPre {
         ctx: &Context,
     ) -> wasmtime::Result<CheckVerdict> {
         match self {
-            VersionedPre::V0_1_0(pre) => v0_1_0::check(pre, store, order, ctx),
+            VersionedInstance::V0_1_0(i) => v0_1_0::check(i, store, order, ctx),
         }
     }
 }

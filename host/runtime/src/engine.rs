@@ -9,6 +9,7 @@ use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAlloc
 
 use crate::error::LoadError;
 use crate::plugin::Plugin;
+use crate::warm::WarmPool;
 
 /// Limits applied to every plugin call.
 #[derive(Debug, Clone)]
@@ -26,6 +27,42 @@ pub struct RuntimeLimits {
     pub max_effects: usize,
     /// Longest string a plugin may return in any field, bytes.
     pub max_string_bytes: usize,
+    /// Largest memory cap any one plugin may be given with [`PluginLimits`], bytes: the size of
+    /// the pooling allocator's memory slots. Raised to `max_memory_bytes` when smaller.
+    pub max_plugin_memory_bytes: usize,
+    /// Components of at least this many bytes are *heavy* and run on warm instances (see
+    /// [`InstanceMode`]); smaller ones get a fresh instance per call. The default, 2 MiB, puts
+    /// Rust plugins (tens to hundreds of KiB, ~10 µs to instantiate) on fresh instances and
+    /// JavaScript / Python ones (12–18 MiB: a language runtime, ~0.35 / ~1.4 ms to instantiate) on
+    /// warm ones. `usize::MAX` turns warm instances off.
+    pub warm_min_component_bytes: usize,
+    /// Idle warm instances kept across all plugins; the least recently used goes first.
+    pub max_warm_instances: usize,
+    /// Calls one warm instance serves before it is dropped and a fresh one takes its place
+    /// (bounds whatever a language runtime accumulates, e.g. a fragmented heap).
+    pub warm_max_calls: u32,
+}
+
+/// The limits of one plugin's calls, when they differ from the engine's defaults
+/// ([`PolicyEngine::load_with`]): a JavaScript or Python plugin needs a larger memory cap and
+/// deadline than a Rust one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PluginLimits {
+    /// Wall time one call may run before it traps.
+    pub deadline: std::time::Duration,
+    /// Largest linear memory the plugin may grow to, bytes; at most
+    /// [`RuntimeLimits::max_plugin_memory_bytes`].
+    pub max_memory_bytes: usize,
+}
+
+/// How a plugin's calls get their instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstanceMode {
+    /// A fresh instance (and `Store`) per call, dropped after it.
+    Fresh,
+    /// Warm instances from the engine's bounded pool (heavy components, see
+    /// [`RuntimeLimits::warm_min_component_bytes`]).
+    Warm,
 }
 
 impl Default for RuntimeLimits {
@@ -37,6 +74,10 @@ impl Default for RuntimeLimits {
             max_concurrent_instances: 256,
             max_effects: 64,
             max_string_bytes: 4096,
+            max_plugin_memory_bytes: 64 << 20,
+            warm_min_component_bytes: 2 << 20,
+            max_warm_instances: 8,
+            warm_max_calls: 1000,
         }
     }
 }
@@ -52,6 +93,7 @@ struct Inner {
     limits: RuntimeLimits,
     cache_dir: Option<PathBuf>,
     ticker_stop: Arc<AtomicBool>,
+    warm: WarmPool,
 }
 
 impl Drop for Inner {
@@ -74,7 +116,7 @@ impl PolicyEngine {
             .total_core_instances(limits.max_concurrent_instances * 8)
             .total_memories(limits.max_concurrent_instances * 2)
             .total_tables(limits.max_concurrent_instances * 4)
-            .max_memory_size(limits.max_memory_bytes)
+            .max_memory_size(limits.max_memory_bytes.max(limits.max_plugin_memory_bytes))
             // Keep the first pages of a released slot resident and reset them in place instead of
             // unmapping: re-instantiating the same plugin then faults in nothing. A Rust guest's
             // 1 MiB shadow stack sits below its data and heap, so 4 MiB covers what a decision
@@ -100,9 +142,10 @@ impl PolicyEngine {
         Ok(PolicyEngine {
             inner: Arc::new(Inner {
                 engine,
-                limits,
                 cache_dir: cache_dir.map(Path::to_path_buf),
                 ticker_stop,
+                warm: WarmPool::new(limits.max_warm_instances),
+                limits,
             }),
         })
     }
@@ -121,19 +164,60 @@ impl PolicyEngine {
         self.inner.cache_dir.as_deref()
     }
 
-    /// Deadline in epoch ticks (at least 1).
-    pub(crate) fn deadline_ticks(&self) -> u64 {
-        let l = &self.inner.limits;
-        let tick = l.epoch_tick.as_nanos().max(1);
-        (l.deadline.as_nanos().div_ceil(tick) as u64).max(1)
+    pub(crate) fn warm(&self) -> &WarmPool {
+        &self.inner.warm
     }
 
-    /// Loads a plugin from bytes: version check, compile (or cache hit), link.
+    /// `deadline` in epoch ticks (at least 1).
+    pub(crate) fn deadline_ticks(&self, deadline: Duration) -> u64 {
+        let tick = self.inner.limits.epoch_tick.as_nanos().max(1);
+        (deadline.as_nanos().div_ceil(tick) as u64).max(1)
+    }
+
+    /// The engine's default per-plugin limits (`deadline`, `max_memory_bytes`).
+    pub fn default_plugin_limits(&self) -> PluginLimits {
+        PluginLimits {
+            deadline: self.inner.limits.deadline,
+            max_memory_bytes: self.inner.limits.max_memory_bytes,
+        }
+    }
+
+    /// Loads a plugin from bytes under the engine's default limits: version check, compile (or
+    /// cache hit), link.
     ///
     /// # Errors
     /// [`LoadError`] naming the plugin and what was wrong.
     pub fn load(&self, name: &str, bytes: &[u8]) -> Result<Plugin, LoadError> {
-        Plugin::load(self.clone(), name, bytes)
+        Plugin::load(self.clone(), name, bytes, self.default_plugin_limits())
+    }
+
+    /// Loads a plugin whose calls run under `limits` instead of the engine's defaults.
+    ///
+    /// # Errors
+    /// As [`PolicyEngine::load`]; [`LoadError::Limits`] when `limits.max_memory_bytes` exceeds
+    /// [`RuntimeLimits::max_plugin_memory_bytes`].
+    pub fn load_with(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        limits: PluginLimits,
+    ) -> Result<Plugin, LoadError> {
+        let ceiling = self
+            .inner
+            .limits
+            .max_memory_bytes
+            .max(self.inner.limits.max_plugin_memory_bytes);
+        if limits.max_memory_bytes > ceiling {
+            return Err(LoadError::Limits {
+                plugin: name.to_string(),
+                reason: format!(
+                    "memory cap {} MiB exceeds the engine's max_plugin_memory_bytes ({} MiB)",
+                    limits.max_memory_bytes >> 20,
+                    ceiling >> 20
+                ),
+            });
+        }
+        Plugin::load(self.clone(), name, bytes, limits)
     }
 
     /// Loads a plugin from a file.
@@ -141,12 +225,25 @@ impl PolicyEngine {
     /// # Errors
     /// [`LoadError::Read`] when the file cannot be read, else as [`PolicyEngine::load`].
     pub fn load_file(&self, name: &str, path: &Path) -> Result<Plugin, LoadError> {
+        self.load_file_with(name, path, self.default_plugin_limits())
+    }
+
+    /// Loads a plugin from a file under `limits`.
+    ///
+    /// # Errors
+    /// [`LoadError::Read`] when the file cannot be read, else as [`PolicyEngine::load_with`].
+    pub fn load_file_with(
+        &self,
+        name: &str,
+        path: &Path,
+        limits: PluginLimits,
+    ) -> Result<Plugin, LoadError> {
         let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
             plugin: name.to_string(),
             path: path.display().to_string(),
             source,
         })?;
-        self.load(name, &bytes)
+        self.load_with(name, &bytes, limits)
     }
 }
 

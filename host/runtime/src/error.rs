@@ -49,6 +49,14 @@ pub enum LoadError {
         /// Supported versions, comma-separated.
         supported: String,
     },
+    /// The plugin's limits cannot be honoured by this engine.
+    #[error("plugin `{plugin}`: {reason}")]
+    Limits {
+        /// Plugin name.
+        plugin: String,
+        /// Which limit, and the engine's ceiling.
+        reason: String,
+    },
     /// Compilation or linking failed (bad wasm, missing exports, imports the host does not give).
     #[error("plugin `{plugin}`: {stage} failed: {reason}")]
     Compile {

@@ -14,7 +14,8 @@
 //! 3. [`Plugin::decide`] / [`Plugin::check`] instantiate a fresh `Store` per call, with a memory
 //!    cap, an epoch deadline and a WASI clock set to the decision's `now`, and convert the answer
 //!    into the version-independent types of [`model`]. A trap throws that `Store` away and nothing
-//!    else.
+//!    else. Heavy components (JavaScript, Python: a language runtime inside) instead reuse warm
+//!    instances from a bounded LRU pool, under the same per-call limits ([`InstanceMode`]).
 //!
 //! Failures come in three tiers, kept apart in [`DecideError`]: the guest's own domain error
 //! (`policy-error`), a trap (deadline, memory, panic), and host-side problems.
@@ -28,8 +29,9 @@ mod inspect;
 pub mod model;
 mod plugin;
 mod state;
+mod warm;
 
-pub use engine::{PolicyEngine, RuntimeLimits};
+pub use engine::{InstanceMode, PluginLimits, PolicyEngine, RuntimeLimits};
 pub use error::{DecideError, LoadError, TrapKind};
 pub use inspect::{API_VERSION_SECTION, Inspection, inspect};
 pub use plugin::Plugin;

@@ -1,18 +1,24 @@
 //! A loaded plugin and the per-call sandbox around `decide` and `check`.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Store, Trap};
 
 use crate::bindings::{VersionedPre, latest, v0_1_0};
-use crate::engine::PolicyEngine;
+use crate::engine::{InstanceMode, PluginLimits, PolicyEngine};
 use crate::error::{DecideError, LoadError, TrapKind};
 use crate::model::{CheckVerdict, Context, Decision, Effect, Notice, Order};
 use crate::state::CallState;
+use crate::warm::Warm;
 
-/// A compiled, linked policy plugin. Cheap to clone; every call gets a fresh `Store`.
+/// Ids of plugin loads, the owners of warm instances.
+static NEXT_LOAD_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A compiled, linked policy plugin. Cheap to clone. Each call runs in a fresh `Store`, or —
+/// for a heavy component, see [`InstanceMode`] — on a warm instance under the same limits.
 #[derive(Clone)]
 pub struct Plugin {
     inner: Arc<Inner>,
@@ -23,6 +29,33 @@ struct Inner {
     digest: String,
     engine: PolicyEngine,
     pre: VersionedPre,
+    limits: PluginLimits,
+    deadline_ticks: u64,
+    mode: InstanceMode,
+    /// Owner id of this load's warm instances.
+    id: u64,
+    /// Instances created so far (fresh or warm).
+    instantiations: AtomicU64,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if self.mode == InstanceMode::Warm {
+            self.engine.warm().purge(self.id);
+        }
+    }
+}
+
+/// Which export a call runs.
+enum Call<'a> {
+    Decide(&'a Order, &'a Context),
+    Check(&'a Order, &'a Context),
+}
+
+/// What a call returned, before it is judged.
+enum Answer {
+    Decision(Result<Decision, crate::model::PolicyError>),
+    Verdict(CheckVerdict),
 }
 
 impl std::fmt::Debug for Plugin {
@@ -36,7 +69,12 @@ impl std::fmt::Debug for Plugin {
 }
 
 impl Plugin {
-    pub(crate) fn load(engine: PolicyEngine, name: &str, bytes: &[u8]) -> Result<Self, LoadError> {
+    pub(crate) fn load(
+        engine: PolicyEngine,
+        name: &str,
+        bytes: &[u8],
+        limits: PluginLimits,
+    ) -> Result<Self, LoadError> {
         let plugin = name.to_string();
         // Before compiling: a component, and (when the SDK stamped it) a version this host runs.
         let inspection = crate::inspect::inspect(name, bytes)?;
@@ -52,14 +90,48 @@ impl Plugin {
             }
         })?;
         let pre = link(&engine, &component, &plugin)?;
+        let mode = if bytes.len() >= engine.limits().warm_min_component_bytes
+            && engine.limits().max_warm_instances > 0
+        {
+            InstanceMode::Warm
+        } else {
+            InstanceMode::Fresh
+        };
         Ok(Plugin {
             inner: Arc::new(Inner {
                 name: name.into(),
                 digest,
+                deadline_ticks: engine.deadline_ticks(limits.deadline),
                 engine,
                 pre,
+                limits,
+                mode,
+                id: NEXT_LOAD_ID.fetch_add(1, Ordering::Relaxed),
+                instantiations: AtomicU64::new(0),
             }),
         })
+    }
+
+    /// The limits its calls run under.
+    pub fn limits(&self) -> PluginLimits {
+        self.inner.limits
+    }
+
+    /// Fresh instance per call, or warm instances (decided at load from the component's size).
+    pub fn instance_mode(&self) -> InstanceMode {
+        self.inner.mode
+    }
+
+    /// Instances created for this plugin so far: one per call in [`InstanceMode::Fresh`]; in
+    /// [`InstanceMode::Warm`], one per warm instance (a new one after a failed call, after
+    /// `warm_max_calls` calls, or when the pool had none idle).
+    pub fn instantiations(&self) -> u64 {
+        self.inner.instantiations.load(Ordering::Relaxed)
+    }
+
+    /// Idle warm instances of this plugin in the engine's pool.
+    pub fn warm_instances(&self) -> usize {
+        self.inner.engine.warm().idle(self.inner.id)
     }
 
     /// The name it was loaded under (the merchant's plugin name in the config).
@@ -79,23 +151,20 @@ impl Plugin {
 
     /// Asks the plugin what to do with `order` now.
     ///
-    /// Runs in a fresh `Store` under the engine's [`crate::RuntimeLimits`]; blocks the calling
-    /// thread for at most about the deadline.
+    /// Runs under the plugin's [`PluginLimits`] (deadline, memory cap) on a fresh instance or a
+    /// warm one ([`Plugin::instance_mode`]); blocks the calling thread for at most about the
+    /// deadline.
     ///
     /// # Errors
     /// [`DecideError`]: the guest's own error, a trap, an oversized answer or a host problem.
     pub fn decide(&self, order: &Order, ctx: &Context) -> Result<Decision, DecideError> {
-        let mut store = self.store(order, ctx);
-        match self.inner.pre.decide(&mut store, order, ctx) {
-            Ok(Ok(decision)) => {
-                self.check_size(&decision)?;
-                Ok(decision)
-            }
-            Ok(Err(error)) => Err(DecideError::Policy {
+        match self.run(Call::Decide(order, ctx))? {
+            Answer::Decision(Ok(decision)) => Ok(decision),
+            Answer::Decision(Err(error)) => Err(DecideError::Policy {
                 plugin: self.name().to_string(),
                 error,
             }),
-            Err(e) => Err(self.classify(e)),
+            Answer::Verdict(_) => unreachable!("decide answers a decision"),
         }
     }
 
@@ -104,25 +173,74 @@ impl Plugin {
     /// # Errors
     /// As [`Plugin::decide`], minus the guest's domain error (`check` has none).
     pub fn check(&self, order: &Order, ctx: &Context) -> Result<CheckVerdict, DecideError> {
-        let mut store = self.store(order, ctx);
-        self.inner
-            .pre
-            .check(&mut store, order, ctx)
-            .map_err(|e| self.classify(e))
+        match self.run(Call::Check(order, ctx))? {
+            Answer::Verdict(verdict) => Ok(verdict),
+            Answer::Decision(_) => unreachable!("check answers a verdict"),
+        }
     }
 
-    fn store(&self, order: &Order, ctx: &Context) -> Store<CallState> {
-        let engine = &self.inner.engine;
-        let state = CallState::new(
-            self.inner.name.clone(),
-            order.id.clone(),
-            ctx.now_ms,
-            engine.limits().max_memory_bytes,
-        );
-        let mut store = Store::new(engine.engine(), state);
-        store.limiter(|s| &mut s.limits);
-        store.set_epoch_deadline(engine.deadline_ticks());
-        store
+    /// One call: get an instance (warm or fresh), set the deadline, call, judge the answer, and
+    /// give a warm instance back only when the call fully succeeded.
+    fn run(&self, call: Call<'_>) -> Result<Answer, DecideError> {
+        let (order, ctx) = match call {
+            Call::Decide(o, c) | Call::Check(o, c) => (o, c),
+        };
+        let inner = &self.inner;
+        let pool = inner.engine.warm();
+        let warm = match inner.mode {
+            InstanceMode::Warm => pool.take(inner.id),
+            InstanceMode::Fresh => None,
+        };
+        let (mut store, instance, calls) = match warm {
+            Some(w) => {
+                let mut store = w.store;
+                store.data_mut().begin_call(&order.id, ctx.now_ms);
+                store.set_epoch_deadline(inner.deadline_ticks);
+                (store, w.instance, w.calls)
+            }
+            None => {
+                let state = CallState::new(
+                    inner.name.clone(),
+                    order.id.clone(),
+                    ctx.now_ms,
+                    inner.limits.max_memory_bytes,
+                );
+                let mut store = Store::new(inner.engine.engine(), state);
+                store.limiter(|s| &mut s.limits);
+                // One deadline for instantiation (it runs guest code: start functions) and the
+                // call together, as before warm instances existed.
+                store.set_epoch_deadline(inner.deadline_ticks);
+                inner.instantiations.fetch_add(1, Ordering::Relaxed);
+                let instance = inner
+                    .pre
+                    .instantiate(&mut store)
+                    .map_err(|e| self.classify(e))?;
+                (store, instance, 0)
+            }
+        };
+        let answer = match call {
+            Call::Decide(..) => instance
+                .decide(&mut store, order, ctx)
+                .map(Answer::Decision),
+            Call::Check(..) => instance.check(&mut store, order, ctx).map(Answer::Verdict),
+        }
+        .map_err(|e| self.classify(e))?;
+        if let Answer::Decision(Ok(decision)) = &answer {
+            self.check_size(decision)?;
+        }
+        let succeeded = !matches!(answer, Answer::Decision(Err(_)));
+        if inner.mode == InstanceMode::Warm
+            && succeeded
+            && calls + 1 < inner.engine.limits().warm_max_calls
+        {
+            pool.put(Warm {
+                owner: inner.id,
+                store,
+                instance,
+                calls: calls + 1,
+            });
+        }
+        Ok(answer)
     }
 
     fn classify(&self, e: wasmtime::Error) -> DecideError {

@@ -166,6 +166,15 @@ pub struct RuntimeConfig {
     /// How often plugin files are checked for a new version (hot reload); `0s` turns it off.
     #[serde(default = "defaults::watch_plugins", with = "duration")]
     pub watch_plugins: Duration,
+    /// Idle warm instances kept for heavy plugins (JavaScript, Python: components of 2 MiB or
+    /// more), across all merchants; the least recently used is dropped first. `0` gives every
+    /// call a fresh instance.
+    #[serde(default = "defaults::warm_instances")]
+    pub warm_instances: u32,
+    /// Calls one warm instance serves before a fresh one replaces it (an instance is also
+    /// dropped after any failed call).
+    #[serde(default = "defaults::warm_max_calls")]
+    pub warm_max_calls: u32,
     /// Directory for precompiled plugins, created if missing (a relative path is relative to the
     /// working directory, like a SQLite path); without it every start compiles every plugin.
     #[serde(default)]
@@ -415,6 +424,15 @@ pub struct MerchantConfig {
     /// exceeding the order.
     #[serde(default)]
     pub granted_effects: Option<Vec<String>>,
+    /// Wall time one call of this merchant's plugin may take, when it differs from
+    /// `runtime.deadline` (at most 10s). A JavaScript or Python plugin carries its language
+    /// runtime and needs more than a Rust one: give it e.g. `"250ms"`.
+    #[serde(default, with = "duration::option")]
+    pub plugin_deadline: Option<Duration>,
+    /// Memory cap of this merchant's plugin, MiB, when it differs from `runtime.max_memory_mib`
+    /// (1–4096). The example JavaScript and Python plugins start at 9–13 MiB; 64 MiB suffices.
+    #[serde(default)]
+    pub plugin_max_memory_mib: Option<u32>,
 }
 
 impl Config {
@@ -518,6 +536,12 @@ mod defaults {
     }
     pub fn max_memory_mib() -> u32 {
         64
+    }
+    pub fn warm_instances() -> u32 {
+        8
+    }
+    pub fn warm_max_calls() -> u32 {
+        1000
     }
     pub fn effect_attempts() -> u32 {
         12

@@ -14,11 +14,11 @@ use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
 use serde::Serialize;
-use timeoutd_runtime::{LoadError, Plugin, PolicyEngine, RuntimeLimits};
+use timeoutd_runtime::{LoadError, Plugin, PluginLimits, PolicyEngine, RuntimeLimits};
 
 pub use breaker::{Breaker, BreakerState};
 
-use crate::config::{Config, OnPluginError, PluginSource};
+use crate::config::{Config, MerchantConfig, OnPluginError, PluginSource};
 
 /// The example plugins compiled into the binary by `build.rs` (`builtin:<name>` in the config).
 pub fn builtin(name: &str) -> Option<&'static [u8]> {
@@ -54,6 +54,7 @@ pub struct MerchantPolicy {
 struct Source {
     name: String,
     source: PluginSource,
+    limits: PluginLimits,
     stamp: Option<(SystemTime, u64)>,
 }
 
@@ -85,12 +86,36 @@ impl std::fmt::Debug for Policies {
     }
 }
 
-/// The engine limits a config asks for.
+/// The engine limits a config asks for. The pool's memory slots are sized for the largest cap
+/// any merchant's plugin is given.
 pub fn limits(config: &Config) -> RuntimeLimits {
+    let mib = |m: u32| m as usize * (1 << 20);
+    let largest = config
+        .merchants
+        .values()
+        .filter_map(|m| m.plugin_max_memory_mib)
+        .chain([config.runtime.max_memory_mib])
+        .max()
+        .unwrap_or(config.runtime.max_memory_mib);
     RuntimeLimits {
         deadline: config.runtime.deadline,
-        max_memory_bytes: config.runtime.max_memory_mib as usize * (1 << 20),
+        max_memory_bytes: mib(config.runtime.max_memory_mib),
+        max_plugin_memory_bytes: mib(largest),
+        max_warm_instances: config.runtime.warm_instances as usize,
+        warm_max_calls: config.runtime.warm_max_calls,
         ..RuntimeLimits::default()
+    }
+}
+
+/// The limits of one merchant's plugin calls: its own `plugin_deadline` and
+/// `plugin_max_memory_mib` when set, else `[runtime]`'s.
+pub fn merchant_limits(config: &Config, merchant: &MerchantConfig) -> PluginLimits {
+    PluginLimits {
+        deadline: merchant.plugin_deadline.unwrap_or(config.runtime.deadline),
+        max_memory_bytes: merchant
+            .plugin_max_memory_mib
+            .unwrap_or(config.runtime.max_memory_mib) as usize
+            * (1 << 20),
     }
 }
 
@@ -100,7 +125,7 @@ impl Policies {
     /// # Errors
     /// Every plugin that failed, each naming its merchant and why.
     pub fn load(config: &Config, engine: &PolicyEngine) -> Result<Policies, Vec<String>> {
-        let mut loaded: HashMap<PluginSource, Plugin> = HashMap::new();
+        let mut loaded: HashMap<(PluginSource, PluginLimits), Plugin> = HashMap::new();
         let mut map = HashMap::new();
         let mut sources = HashMap::new();
         let mut problems = Vec::new();
@@ -108,16 +133,18 @@ impl Policies {
             let source = Source {
                 name: merchant.plugin.clone(),
                 source: config.plugin_source(merchant),
+                limits: merchant_limits(config, merchant),
                 stamp: None,
             };
             let stamp = stamp(&source.source);
-            let plugin = match loaded.get(&source.source) {
+            let key = (source.source.clone(), source.limits);
+            let plugin = match loaded.get(&key) {
                 Some(p) => Ok(p.clone()),
-                None => load_source(engine, &source.name, &source.source),
+                None => load_source(engine, &source),
             };
             match plugin {
                 Ok(plugin) => {
-                    loaded.insert(source.source.clone(), plugin.clone());
+                    loaded.insert(key, plugin.clone());
                     let breaker = Arc::new(Breaker::new(
                         config.runtime.trip_after,
                         config.runtime.trip_for.as_millis() as i64,
@@ -212,7 +239,7 @@ impl Policies {
                 });
                 continue;
             }
-            match load_source(&self.engine, &source.name, &source.source) {
+            match load_source(&self.engine, &source) {
                 Ok(plugin) if plugin.digest() == current.plugin.digest() => {
                     self.remember(&merchant, now_stamp);
                     report.push(Reloaded {
@@ -286,19 +313,16 @@ fn stamp(source: &PluginSource) -> Option<(SystemTime, u64)> {
     }
 }
 
-fn load_source(
-    engine: &PolicyEngine,
-    name: &str,
-    source: &PluginSource,
-) -> Result<Plugin, LoadError> {
-    match source {
+fn load_source(engine: &PolicyEngine, source: &Source) -> Result<Plugin, LoadError> {
+    let name = &source.name;
+    match &source.source {
         PluginSource::Builtin(builtin_name) => {
             let bytes = builtin(builtin_name).ok_or_else(|| LoadError::NotAComponent {
                 plugin: name.to_string(),
                 detail: format!("no built-in plugin named `{builtin_name}`"),
             })?;
-            engine.load(name, bytes)
+            engine.load_with(name, bytes, source.limits)
         }
-        PluginSource::File(path) => engine.load_file(name, path),
+        PluginSource::File(path) => engine.load_file_with(name, path, source.limits),
     }
 }

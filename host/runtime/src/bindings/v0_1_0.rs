@@ -25,25 +25,33 @@ pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<
     World::add_to_linker::<CallState, HasSelf<CallState>>(linker, |s| s)
 }
 
-pub(crate) fn decide(
+/// Instantiates the plugin into `store`.
+pub(crate) fn instantiate(
     pre: &PolicyPre<CallState>,
+    store: &mut Store<CallState>,
+) -> wasmtime::Result<World> {
+    pre.instantiate(store)
+}
+
+/// Calls `decide` on an instance living in `store`.
+pub(crate) fn decide(
+    instance: &World,
     store: &mut Store<CallState>,
     order: &model::Order,
     ctx: &model::Context,
 ) -> wasmtime::Result<Result<model::Decision, model::PolicyError>> {
-    let instance = pre.instantiate(&mut *store)?;
-    let answer = instance.call_decide(&mut *store, &order_in(order), &context_in(ctx))?;
+    let answer = instance.call_decide(store, &order_in(order), &context_in(ctx))?;
     Ok(answer.map(decision_out).map_err(error_out))
 }
 
+/// Calls `check` on an instance living in `store`.
 pub(crate) fn check(
-    pre: &PolicyPre<CallState>,
+    instance: &World,
     store: &mut Store<CallState>,
     order: &model::Order,
     ctx: &model::Context,
 ) -> wasmtime::Result<model::CheckVerdict> {
-    let instance = pre.instantiate(&mut *store)?;
-    let verdict = instance.call_check(&mut *store, &order_in(order), &context_in(ctx))?;
+    let verdict = instance.call_check(store, &order_in(order), &context_in(ctx))?;
     Ok(match verdict {
         wit::CheckVerdict::Commit => model::CheckVerdict::Commit,
         wit::CheckVerdict::Rollback => model::CheckVerdict::Rollback,

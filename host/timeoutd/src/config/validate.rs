@@ -70,6 +70,7 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
         ("sweep.batch", c.sweep.batch),
         ("dispatch.max_attempts", c.dispatch.max_attempts),
         ("runtime.max_memory_mib", c.runtime.max_memory_mib),
+        ("runtime.warm_max_calls", c.runtime.warm_max_calls),
     ] {
         if value == 0 {
             p.push(key, "must be at least 1");
@@ -282,6 +283,22 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
                     format!("`{template}` has no `<activity>` placeholder"),
                 );
             }
+        }
+        if let Some(d) = m.plugin_deadline
+            && (d.is_zero() || d > std::time::Duration::from_secs(10))
+        {
+            p.push(
+                format!("merchants.{id}.plugin_deadline"),
+                "must be longer than 0ms and at most 10s (a decision holds a worker thread)",
+            );
+        }
+        if let Some(mib) = m.plugin_max_memory_mib
+            && !(1..=4096).contains(&mib)
+        {
+            p.push(
+                format!("merchants.{id}.plugin_max_memory_mib"),
+                "must be 1 to 4096 (the engine reserves 4 GiB per memory)",
+            );
         }
         if m.payment_window.is_some_and(|w| w.is_zero()) {
             p.push(
