@@ -18,7 +18,10 @@ use timeoutd_runtime::model::{Order, OrderItem, OrderStatus};
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
     let n: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(2000);
     let mode = args.get(1).cloned().unwrap_or_else(|| "timer".into());
     let namesrv =
@@ -31,7 +34,10 @@ async fn main() -> anyhow::Result<()> {
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
         .execute(admin.pool())
         .await?;
-    let url = format!("{}/{name}", server.rsplit_once('/').map_or(server.as_str(), |(b, _)| b));
+    let url = format!(
+        "{}/{name}",
+        server.rsplit_once('/').map_or(server.as_str(), |(b, _)| b)
+    );
     let toml = format!(
         "[database]\nurl = \"{url}\"\nmax_connections = 32\n\
          [sweep]\nenabled = false\n[runtime]\ndeadline = \"2s\"\n\
@@ -77,7 +83,11 @@ async fn main() -> anyhow::Result<()> {
         }
         tx.commit().await?;
     }
-    eprintln!("{n} orders created in {:?}; deadline in {} ms", created.elapsed(), deadline - db.now_ms().await?);
+    eprintln!(
+        "{n} orders created in {:?}; deadline in {} ms",
+        created.elapsed(),
+        deadline - db.now_ms().await?
+    );
     let limit = Instant::now() + Duration::from_secs(120 + n as u64 / 50);
     loop {
         let open: i64 = db

@@ -165,7 +165,9 @@ pub fn emit(event: Event<'_>) {
         }
         Event::Relayed { outcome, error } => {
             match error {
-                Some(error) => tracing::warn!(error, "outbox relay send failed; the row stays PENDING"),
+                Some(error) => {
+                    tracing::warn!(error, "outbox relay send failed; the row stays PENDING")
+                }
                 None => tracing::debug!("outbox row relayed to the broker"),
             }
             counter!("timeoutd_relay_total", "outcome" => outcome.to_string()).increment(1);

@@ -37,7 +37,9 @@ pub async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
     };
     (
         status,
-        Json(json!({ "ready": ready, "database": database, "redis": redis, "broker": broker, "plugins": plugins })),
+        Json(
+            json!({ "ready": ready, "database": database, "redis": redis, "broker": broker, "plugins": plugins }),
+        ),
     )
 }
 

@@ -217,14 +217,15 @@ pub async fn finish(
 /// [`DbError::Sql`] on query failure.
 pub async fn defer(db: &Db, id: i64, due_ms: i64) -> Result<(), DbError> {
     let _gate = db.write_gate().await;
-    db.backend().query(
-        "UPDATE order_timeout_msg SET due_ms = ?, status = 'PENDING', claim_token = NULL, \
+    db.backend()
+        .query(
+            "UPDATE order_timeout_msg SET due_ms = ?, status = 'PENDING', claim_token = NULL, \
          claim_until_ms = NULL WHERE id = ? AND status <> 'PROCESSED'",
-    )
-    .bind(due_ms)
-    .bind(id)
-    .execute(db.pool())
-    .await?;
+        )
+        .bind(due_ms)
+        .bind(id)
+        .execute(db.pool())
+        .await?;
     Ok(())
 }
 

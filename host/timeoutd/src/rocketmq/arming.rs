@@ -16,9 +16,7 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use rocketmq_client_rust::{
-    LocalTransactionState, TransactionListener, TransactionMQProducer,
-};
+use rocketmq_client_rust::{LocalTransactionState, TransactionListener, TransactionMQProducer};
 use rocketmq_model::common::message::MessageTrait;
 use rocketmq_model::common::message::message_ext::MessageExt;
 use rocketmq_model::common::message::message_single::Message;
@@ -80,8 +78,15 @@ impl ArmListener {
                 tx.rollback().await?;
                 return Ok(Armed::RolledBack);
             }
-            outbox::insert_row(&mut tx, self.db.backend(), order_id, 0, order.deadline_ms, SOURCE_ARM)
-                .await?;
+            outbox::insert_row(
+                &mut tx,
+                self.db.backend(),
+                order_id,
+                0,
+                order.deadline_ms,
+                SOURCE_ARM,
+            )
+            .await?;
             tx.commit().await?;
             Ok(Armed::Committed)
         }
@@ -157,7 +162,9 @@ impl TransactionListener for ArmListener {
         msg: &dyn MessageTrait,
         _arg: Option<&(dyn Any + Send + Sync)>,
     ) -> LocalTransactionState {
-        let keys = msg.get_keys().map(|k| k.as_str().split(' ').map(str::to_string).collect());
+        let keys = msg
+            .get_keys()
+            .map(|k| k.as_str().split(' ').map(str::to_string).collect());
         let Some(order_id) = order_of(keys, msg.get_body()) else {
             return LocalTransactionState::RollbackMessage;
         };
@@ -241,7 +248,11 @@ impl Arming {
         let topic = config.topic.clone();
         let result = self
             .transport
-            .on_client(async move { producer.send_message_in_transaction::<(), _>(message, None).await })
+            .on_client(async move {
+                producer
+                    .send_message_in_transaction::<(), _>(message, None)
+                    .await
+            })
             .await?
             .map_err(|e| TransportError::Send {
                 topic,

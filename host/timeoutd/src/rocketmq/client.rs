@@ -243,7 +243,10 @@ impl Transport {
         }
         match self.send(self.hop_message(message, hop)?).await {
             Ok(message_id) => Ok(Scheduled::Sent { message_id, hop }),
-            Err(e) if matches!(hop, Hop::Timer(_)) && self.config.delay_mode == crate::config::DelayMode::Auto => {
+            Err(e)
+                if matches!(hop, Hop::Timer(_))
+                    && self.config.delay_mode == crate::config::DelayMode::Auto =>
+            {
                 tracing::warn!(error = %e, "timer message refused; using delay levels from now on");
                 self.timer_refused.store(true, Ordering::Relaxed);
                 let hop = self.planner.next_hop(now_ms, due_ms, true);
@@ -267,7 +270,13 @@ impl Transport {
     ) -> Result<String, TransportError> {
         let tag: String = template
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
             .collect();
         let message = Message::builder()
             .topic(self.config.notification_topic.as_str())
@@ -290,10 +299,14 @@ impl Transport {
             .raw_property(PROP_HOP, (message.hop + 1).to_string())
             .map_err(bad)?;
         if let Some(due) = message.due_ms {
-            builder = builder.raw_property(PROP_DUE_MS, due.to_string()).map_err(bad)?;
+            builder = builder
+                .raw_property(PROP_DUE_MS, due.to_string())
+                .map_err(bad)?;
         }
         if let Some(row) = message.row_id {
-            builder = builder.raw_property(PROP_ROW, row.to_string()).map_err(bad)?;
+            builder = builder
+                .raw_property(PROP_ROW, row.to_string())
+                .map_err(bad)?;
         }
         builder = match hop {
             Hop::Level(level) => builder.delay_level(i32::from(level)),

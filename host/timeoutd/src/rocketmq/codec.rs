@@ -65,8 +65,8 @@ pub fn decode(
     let text = std::str::from_utf8(body).map_err(|e| format!("body is not UTF-8: {e}"))?;
     let trimmed = text.trim();
     let (order_id, phase) = if trimmed.starts_with('{') {
-        let json: JsonBody =
-            serde_json::from_str(trimmed).map_err(|e| format!("body is not a timeout JSON: {e}"))?;
+        let json: JsonBody = serde_json::from_str(trimmed)
+            .map_err(|e| format!("body is not a timeout JSON: {e}"))?;
         let phase = u32::try_from(json.phase)
             .map_err(|_| format!("phase {} is outside 0..={}", json.phase, u32::MAX))?;
         (json.order_id, phase)
@@ -76,7 +76,10 @@ pub fn decode(
     if order_id.is_empty() {
         return Err("order id is empty".into());
     }
-    if order_id.len() > MAX_ORDER_ID || order_id.chars().any(|c| c.is_whitespace() || c.is_control())
+    if order_id.len() > MAX_ORDER_ID
+        || order_id
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control())
     {
         return Err(format!(
             "`{}` is not an order id (≤ {MAX_ORDER_ID} characters, no spaces)",
@@ -140,7 +143,10 @@ mod tests {
     #[test]
     fn text_body_is_the_order_id() {
         let m = decode(b"O-1001\n", Some("O-1001"), none).unwrap();
-        assert_eq!((m.order_id.as_str(), m.phase, m.due_ms), ("O-1001", 0, None));
+        assert_eq!(
+            (m.order_id.as_str(), m.phase, m.due_ms),
+            ("O-1001", 0, None)
+        );
     }
 
     #[test]

@@ -151,7 +151,10 @@ impl TimeoutConsumer {
         }
     }
 
-    async fn handle_decoded(&self, message: &TimeoutMessage) -> Result<(Ack, &'static str), DbError> {
+    async fn handle_decoded(
+        &self,
+        message: &TimeoutMessage,
+    ) -> Result<(Ack, &'static str), DbError> {
         let now_ms = self.dispatcher.clock().now_ms(self.db()).await?;
         if let Some(due_ms) = message.due_ms {
             match self.transport.schedule(message, now_ms).await {
@@ -220,7 +223,10 @@ impl TimeoutConsumer {
         let result = async {
             let now_ms = self.dispatcher.clock().now_ms(self.db()).await?;
             let mut conn = self.db().pool().acquire().await?;
-            let order = received.keys.as_deref().filter(|k| !k.is_empty() && k.len() <= 64);
+            let order = received
+                .keys
+                .as_deref()
+                .filter(|k| !k.is_empty() && k.len() <= 64);
             journal::dead_letter_message(
                 &mut conn,
                 &DeadLetter {

@@ -2,7 +2,6 @@
 //! the broker puts a message after `rocketmq.max_reconsume` deliveries) into the `dead_letter`
 //! table, once per message, so operators see and re-drive them like every other dead letter.
 
-
 use rocketmq_client_rust::{
     ClientResult, ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus,
     MessageListenerConcurrently,

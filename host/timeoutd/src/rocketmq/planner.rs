@@ -155,7 +155,10 @@ mod tests {
     #[test]
     fn every_delay_up_to_five_hours_is_exact() {
         for s in (0..5 * 3600).step_by(7) {
-            assert_eq!(level_hops(s).iter().map(|&l| level_seconds(l)).sum::<u64>(), s);
+            assert_eq!(
+                level_hops(s).iter().map(|&l| level_seconds(l)).sum::<u64>(),
+                s
+            );
         }
     }
 
@@ -173,8 +176,14 @@ mod tests {
             timer_max: Duration::from_secs(3 * 86_400),
         };
         assert_eq!(levels.next_hop(0, 12_400, false), Hop::Level(3));
-        assert_eq!(levels.next_hop(11_000, 12_400, false), Hop::Now { wait_ms: 400 });
-        assert_eq!(levels.next_hop(13_000, 12_400, false), Hop::Now { wait_ms: 0 });
+        assert_eq!(
+            levels.next_hop(11_000, 12_400, false),
+            Hop::Now { wait_ms: 400 }
+        );
+        assert_eq!(
+            levels.next_hop(13_000, 12_400, false),
+            Hop::Now { wait_ms: 0 }
+        );
         let timer = Planner {
             mode: DelayMode::Timer,
             timer_max: Duration::from_secs(86_400),

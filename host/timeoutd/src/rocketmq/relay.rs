@@ -24,7 +24,12 @@ use crate::retry::Backoff;
 const IDLE: Duration = Duration::from_millis(250);
 
 /// Runs the relay until `shutdown` turns true.
-pub async fn run(db: Db, clock: Clock, transport: Arc<Transport>, mut shutdown: watch::Receiver<bool>) {
+pub async fn run(
+    db: Db,
+    clock: Clock,
+    transport: Arc<Transport>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let config = transport.config().clone();
     let backoff = Backoff {
         initial: Duration::from_secs(1),
@@ -72,7 +77,8 @@ pub async fn relay_once(
     let handled = rows.len();
     let mut set = JoinSet::new();
     for row in rows {
-        let (db, transport, token, backoff) = (db.clone(), transport.clone(), token.clone(), *backoff);
+        let (db, transport, token, backoff) =
+            (db.clone(), transport.clone(), token.clone(), *backoff);
         set.spawn(async move { publish(&db, &transport, &token, &backoff, row, now_ms).await });
     }
     while set.join_next().await.is_some() {}
@@ -104,7 +110,14 @@ async fn publish(
         }
         Ok(Scheduled::Now { .. }) => {
             // Due within a second after all: the outbox timer has it.
-            relay::relay_failed(db, row.id, token, "due within a second; left to the outbox timer", row.due_ms).await
+            relay::relay_failed(
+                db,
+                row.id,
+                token,
+                "due within a second; left to the outbox timer",
+                row.due_ms,
+            )
+            .await
         }
         Err(e) => {
             let error = e.to_string();
