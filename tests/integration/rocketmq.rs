@@ -315,7 +315,11 @@ impl MessageListenerConcurrently for CrashBeforeAck {
         let r = Received::of(messages[0]);
         let consumer = self.consumer.clone();
         let ack = self.app.block_on(async move { consumer.handle(&r).await });
-        let key = messages[0].message_inner().keys().unwrap_or_default().join(" ");
+        let key = messages[0]
+            .message_inner()
+            .keys()
+            .unwrap_or_default()
+            .join(" ");
         let mut seen = self.seen.lock().unwrap();
         let n = seen.entry(key).or_insert(0);
         *n += 1;
@@ -669,7 +673,11 @@ async fn with_the_broker_down_the_outbox_closes_on_time_and_late_messages_are_no
     let (topic, group) = names("down");
     let config = env.config(
         ACME,
-        &section(&topic, &group, "fallback_after = \"2s\"\nrelay_lead = \"2s\""),
+        &section(
+            &topic,
+            &group,
+            "fallback_after = \"2s\"\nrelay_lead = \"2s\"",
+        ),
     );
     env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
     let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
@@ -679,24 +687,32 @@ async fn with_the_broker_down_the_outbox_closes_on_time_and_late_messages_are_no
         env.create(&order(id, "acme", now + 8_000 + 1_000 * i as i64))
             .await;
     }
-    eventually(Duration::from_secs(10), "the relay publishes every row", || async {
-        env.int(
-            "SELECT COUNT(*) FROM order_timeout_msg WHERE status = 'SENT' AND order_id LIKE ?",
-            "down-%",
-        )
-        .await
-            == 5
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the relay publishes every row",
+        || async {
+            env.int(
+                "SELECT COUNT(*) FROM order_timeout_msg WHERE status = 'SENT' AND order_id LIKE ?",
+                "down-%",
+            )
+            .await
+                == 5
+        },
+    )
     .await;
     broker_script("kill-broker");
     let down_at = Instant::now();
-    eventually(Duration::from_secs(30), "the outbox closes every order", || async {
-        let mut all = true;
-        for id in &ids {
-            all &= env.status(id).await == "CLOSED";
-        }
-        all
-    })
+    eventually(
+        Duration::from_secs(30),
+        "the outbox closes every order",
+        || async {
+            let mut all = true;
+            for id in &ids {
+                all &= env.status(id).await == "CLOSED";
+            }
+            all
+        },
+    )
     .await;
     for id in &ids {
         let late = env
@@ -707,7 +723,8 @@ async fn with_the_broker_down_the_outbox_closes_on_time_and_late_messages_are_no
             .await;
         assert!((0..=3_500).contains(&late), "{id} closed {late} ms late");
         assert_eq!(
-            env.text("SELECT closed_by FROM orders WHERE id = ?", id).await,
+            env.text("SELECT closed_by FROM orders WHERE id = ?", id)
+                .await,
             "outbox"
         );
     }
