@@ -63,40 +63,57 @@ pub async fn claim_due_with_sent(
     // i64::MIN: no SENT row qualifies (no broker configured).
     let sent_cutoff = sent_due_before_ms.unwrap_or(i64::MIN);
     let token = format!("{:016x}{:08x}", fastrand::u64(..), std::process::id());
-    let until = now_ms + lease_ms;
+    claim(
+        db,
+        "SELECT id FROM order_timeout_msg WHERE ((status = 'PENDING' AND due_ms <= ?) \
+         OR (status = 'SENT' AND due_ms <= ?)) \
+         AND (claim_until_ms IS NULL OR claim_until_ms < ?) ORDER BY due_ms LIMIT ?",
+        &[now_ms, sent_cutoff, now_ms, i64::from(batch)],
+        &token,
+        now_ms + lease_ms,
+    )
+    .await
+}
+
+/// Claims the rows `candidates` selects (a `SELECT id … LIMIT ?` over `order_timeout_msg`, its
+/// placeholders bound to `binds` in order) for `token` until `until_ms`, and returns them: one
+/// `UPDATE` on SQLite (one writer), `FOR UPDATE SKIP LOCKED` on MySQL/PostgreSQL so concurrent
+/// claimers take disjoint rows. The one claim rule of the outbox timer and the relay.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub(crate) async fn claim(
+    db: &Db,
+    candidates: &str,
+    binds: &[i64],
+    token: &str,
+    until_ms: i64,
+) -> Result<Vec<DueRow>, DbError> {
     match db.backend() {
         Backend::Sqlite => {
             let _gate = db.write_gate().await;
-            db.backend()
-                .query(
-                    "UPDATE order_timeout_msg SET claim_token = ?, claim_until_ms = ? WHERE id IN (\
-                 SELECT id FROM order_timeout_msg WHERE ((status = 'PENDING' AND due_ms <= ?) \
-                 OR (status = 'SENT' AND due_ms <= ?)) \
-                 AND (claim_until_ms IS NULL OR claim_until_ms < ?) ORDER BY due_ms LIMIT ?)",
-                )
-                .bind(&token)
-                .bind(until)
-                .bind(now_ms)
-                .bind(sent_cutoff)
-                .bind(now_ms)
-                .bind(i64::from(batch))
-                .execute(db.pool())
-                .await?;
+            let mut q = db
+                .backend()
+                .query_owned(format!(
+                    "UPDATE order_timeout_msg SET claim_token = ?, claim_until_ms = ? \
+                     WHERE id IN ({candidates})"
+                ))
+                .bind(token.to_string())
+                .bind(until_ms);
+            for b in binds {
+                q = q.bind(*b);
+            }
+            q.execute(db.pool()).await?;
         }
         Backend::MySql | Backend::Postgres => {
             let mut tx = db.begin().await?;
-            let ids: Vec<i64> = db
+            let mut q = db
                 .backend()
-                .query(
-                    "SELECT id FROM order_timeout_msg WHERE ((status = 'PENDING' AND due_ms <= ?) \
-                 OR (status = 'SENT' AND due_ms <= ?)) \
-                 AND (claim_until_ms IS NULL OR claim_until_ms < ?) ORDER BY due_ms LIMIT ? \
-                 FOR UPDATE SKIP LOCKED",
-                )
-                .bind(now_ms)
-                .bind(sent_cutoff)
-                .bind(now_ms)
-                .bind(i64::from(batch))
+                .query_owned(format!("{candidates} FOR UPDATE SKIP LOCKED"));
+            for b in binds {
+                q = q.bind(*b);
+            }
+            let ids: Vec<i64> = q
                 .fetch_all(&mut *tx)
                 .await?
                 .iter()
@@ -107,23 +124,33 @@ pub async fn claim_due_with_sent(
                 return Ok(Vec::new());
             }
             let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
-            db.backend().query_owned(format!(
-                "UPDATE order_timeout_msg SET claim_token = ?, claim_until_ms = ? WHERE id IN ({list})"
-            ))
-            .bind(&token)
-            .bind(until)
-            .execute(&mut *tx)
-            .await?;
+            db.backend()
+                .query_owned(format!(
+                    "UPDATE order_timeout_msg SET claim_token = ?, claim_until_ms = ? \
+                     WHERE id IN ({list})"
+                ))
+                .bind(token.to_string())
+                .bind(until_ms)
+                .execute(&mut *tx)
+                .await?;
             tx.commit().await?;
         }
     }
+    held_by(db, token).await
+}
+
+/// The rows claimed under `token`, by due time.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub(crate) async fn held_by(db: &Db, token: &str) -> Result<Vec<DueRow>, DbError> {
     let rows = db
         .backend()
         .query(
             "SELECT id, order_id, phase, attempts, due_ms, source FROM order_timeout_msg \
          WHERE claim_token = ? ORDER BY due_ms",
         )
-        .bind(&token)
+        .bind(token.to_string())
         .fetch_all(db.pool())
         .await?;
     rows.iter()

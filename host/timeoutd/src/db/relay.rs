@@ -3,8 +3,8 @@
 
 use sqlx::Row;
 
-use super::outbox::DueRow;
-use super::{Backend, Db, DbError};
+use super::outbox::{self, DueRow};
+use super::{Db, DbError};
 
 /// Rows put in the table by the consumer for a message that named no row (an order service
 /// sending its own delay messages): the row makes every later step durable.
@@ -24,83 +24,17 @@ pub async fn claim_for_relay(
     lease_ms: i64,
 ) -> Result<(String, Vec<DueRow>), DbError> {
     let token = format!("r{:016x}{:08x}", fastrand::u64(..), std::process::id());
-    let until = now_ms + lease_ms;
-    const CANDIDATES: &str = "SELECT id FROM order_timeout_msg WHERE status = 'PENDING' \
-        AND due_ms > ? AND (relay_after_ms IS NULL OR relay_after_ms <= ?) \
-        AND (claim_until_ms IS NULL OR claim_until_ms < ?) ORDER BY due_ms LIMIT ?";
-    match db.backend() {
-        Backend::Sqlite => {
-            let _gate = db.write_gate().await;
-            db.backend()
-                .query_owned(format!(
-                    "UPDATE order_timeout_msg SET claim_token = ?, claim_until_ms = ? \
-                     WHERE id IN ({CANDIDATES})"
-                ))
-                .bind(&token)
-                .bind(until)
-                .bind(now_ms + lead_ms)
-                .bind(now_ms)
-                .bind(now_ms)
-                .bind(i64::from(batch))
-                .execute(db.pool())
-                .await?;
-        }
-        Backend::MySql | Backend::Postgres => {
-            let mut tx = db.begin().await?;
-            let ids: Vec<i64> = db
-                .backend()
-                .query_owned(format!("{CANDIDATES} FOR UPDATE SKIP LOCKED"))
-                .bind(now_ms + lead_ms)
-                .bind(now_ms)
-                .bind(now_ms)
-                .bind(i64::from(batch))
-                .fetch_all(&mut *tx)
-                .await?
-                .iter()
-                .map(|r| r.try_get::<i64, _>(0))
-                .collect::<Result<_, _>>()?;
-            if ids.is_empty() {
-                tx.rollback().await?;
-                return Ok((token, Vec::new()));
-            }
-            let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
-            db.backend()
-                .query_owned(format!(
-                    "UPDATE order_timeout_msg SET claim_token = ?, claim_until_ms = ? WHERE id IN ({list})"
-                ))
-                .bind(&token)
-                .bind(until)
-                .execute(&mut *tx)
-                .await?;
-            tx.commit().await?;
-        }
-    }
-    let rows = held_by(db, &token).await?;
+    let rows = outbox::claim(
+        db,
+        "SELECT id FROM order_timeout_msg WHERE status = 'PENDING' \
+         AND due_ms > ? AND (relay_after_ms IS NULL OR relay_after_ms <= ?) \
+         AND (claim_until_ms IS NULL OR claim_until_ms < ?) ORDER BY due_ms LIMIT ?",
+        &[now_ms + lead_ms, now_ms, now_ms, i64::from(batch)],
+        &token,
+        now_ms + lease_ms,
+    )
+    .await?;
     Ok((token, rows))
-}
-
-async fn held_by(db: &Db, token: &str) -> Result<Vec<DueRow>, DbError> {
-    let rows = db
-        .backend()
-        .query(
-            "SELECT id, order_id, phase, attempts, due_ms, source FROM order_timeout_msg \
-             WHERE claim_token = ? ORDER BY due_ms",
-        )
-        .bind(token)
-        .fetch_all(db.pool())
-        .await?;
-    rows.iter()
-        .map(|r| {
-            Ok(DueRow {
-                id: r.try_get("id")?,
-                order_id: r.try_get("order_id")?,
-                phase: r.try_get::<i64, _>("phase")?,
-                attempts: r.try_get::<i64, _>("attempts")?.clamp(0, u32::MAX as i64) as u32,
-                due_ms: r.try_get("due_ms")?,
-                source: r.try_get("source")?,
-            })
-        })
-        .collect()
 }
 
 /// The relay published row `id` (message `message_id`): SENT, claim dropped. Nothing happens
@@ -212,7 +146,7 @@ pub async fn claim_row(db: &Db, id: i64, now_ms: i64, lease_ms: i64) -> Result<R
             .rows_affected()
     };
     if claimed == 1 {
-        let mut rows = held_by(db, &token).await?;
+        let mut rows = outbox::held_by(db, &token).await?;
         return Ok(rows.pop().map_or(RowClaim::Missing, RowClaim::Claimed));
     }
     let status: Option<String> = db

@@ -176,9 +176,11 @@ mod tests {
             timer_max: Duration::from_secs(3 * 86_400),
         };
         assert_eq!(levels.next_hop(0, 12_400, false), Hop::Level(3));
+        // 1.4 s left: one more 1 s level; then 0.9 s is waited out locally.
+        assert_eq!(levels.next_hop(11_000, 12_400, false), Hop::Level(1));
         assert_eq!(
-            levels.next_hop(11_000, 12_400, false),
-            Hop::Now { wait_ms: 400 }
+            levels.next_hop(11_500, 12_400, false),
+            Hop::Now { wait_ms: 900 }
         );
         assert_eq!(
             levels.next_hop(13_000, 12_400, false),
