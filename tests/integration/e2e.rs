@@ -112,8 +112,285 @@ fn validate_lists_every_problem_and_exits_64() {
         "{}",
         String::from_utf8_lossy(&good.stderr)
     );
+    let stdout = String::from_utf8_lossy(&good.stdout);
+    assert!(stdout.contains("merchant flashy: plugin builtin:two-phase (timeout:policy@0.1.0"));
+    // No [redis] and no [payment]: the effects only those run are named, per merchant.
     assert!(
-        String::from_utf8_lossy(&good.stdout)
-            .contains("merchant flashy: plugin builtin:two-phase (timeout:policy@0.1.0")
+        stdout.contains(
+            "warning: merchants.flashy: its plugin may ask for restore-flash-stock, \
+             release-flash-slot, but [redis] is not configured"
+        ),
+        "{stdout}"
     );
+    assert!(
+        stdout.contains("warning: merchants.acme: its plugin may ask for close-payment, but [payment] is not configured"),
+        "{stdout}"
+    );
+    // A merchant granted only what the database does itself gets no warning.
+    let narrow = dir.path().join("narrow.toml");
+    std::fs::write(
+        &narrow,
+        "[database]\nurl = \"sqlite://x.db\"\n[merchants.a]\nplugin = \"builtin:single-phase\"\n\
+         granted_effects = [\"restore-stock\", \"release-coupon\", \"notify\"]\n",
+    )
+    .unwrap();
+    let out = Command::new(timeoutd_bin())
+        .args(["validate", "--config"])
+        .arg(&narrow)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && !stdout.contains("warning"),
+        "{stdout}"
+    );
+}
+
+/// CPU time (user + system) of process `pid` so far, from `/proc/<pid>/stat`, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    let per_second = Command::new("getconf").arg("CLK_TCK").output().ok();
+    let per_second: f64 = per_second
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0);
+    ticks as f64 / per_second
+}
+
+/// What one shipped config did as a daemon on an empty database.
+struct Idle {
+    config: String,
+    ready_s: f64,
+    idle_cpu_s: f64,
+    log_lines: usize,
+    stop_s: f64,
+    exit: std::process::ExitStatus,
+    log: String,
+}
+
+/// Runs `timeoutd run --config config/<file>` against a fresh database of the backend it
+/// names: waits until ready ("timeoutd started"), idles 10 s, then SIGTERM.
+async fn idle(file: std::path::PathBuf) -> Idle {
+    let text = std::fs::read_to_string(&file).unwrap();
+    let backend = if text.contains("TIMEOUTD_MYSQL_URL") {
+        Backend::MySql
+    } else if text.contains("TIMEOUTD_POSTGRES_URL") {
+        Backend::Postgres
+    } else {
+        Backend::Sqlite
+    };
+    let env = Env::new(backend).await;
+    let log = env.dir.path().join("timeoutd.log");
+    let started = std::time::Instant::now();
+    let mut daemon = tokio::process::Command::new(timeoutd_bin())
+        .args(["run", "--config"])
+        .arg(&file)
+        .current_dir(env.dir.path())
+        .env("TIMEOUTD_MYSQL_URL", &env.url)
+        .env("TIMEOUTD_POSTGRES_URL", &env.url)
+        .env("TIMEOUTD_DATA_DIR", env.dir.path())
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let pid = daemon.id().unwrap();
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    let mut ready_s = f64::NAN;
+    while started.elapsed() < Duration::from_secs(120) {
+        if read().contains("timeoutd started") {
+            ready_s = started.elapsed().as_secs_f64();
+            break;
+        }
+        if let Ok(Some(exit)) = daemon.try_wait() {
+            panic!(
+                "{} exited {exit:?} before it was ready:\n{}",
+                file.display(),
+                read()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cpu_at_ready = cpu_seconds(pid);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let idle_cpu_s = cpu_seconds(pid) - cpu_at_ready;
+    let term = std::time::Instant::now();
+    let _ = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+    let exit = match tokio::time::timeout(Duration::from_secs(60), daemon.wait()).await {
+        Ok(exit) => exit.unwrap(),
+        Err(_) => {
+            let _ = daemon.kill().await;
+            daemon.wait().await.unwrap()
+        }
+    };
+    let stop_s = term.elapsed().as_secs_f64();
+    let log_text = read();
+    env.cleanup().await;
+    Idle {
+        config: file.file_name().unwrap().to_string_lossy().into_owned(),
+        ready_s,
+        idle_cpu_s,
+        log_lines: log_text.lines().count(),
+        stop_s,
+        exit,
+        log: log_text,
+    }
+}
+
+/// Every daemon config we ship (each `config/*.toml`, listed from the folder, so a config added
+/// later is covered) idles quietly on an empty database: ready, at most 0.5 CPU-seconds over
+/// 10 s of idling, at most 50 log lines, and gone within 5 s of SIGTERM with exit 0.
+/// (`config/rocketmq/` holds the broker's own files, not daemon configs.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_shipped_config_idles_quietly_and_stops_promptly() {
+    let mut files: Vec<_> = std::fs::read_dir(repo_root().join("config"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 5, "{files:?}");
+    // The broker tests stop the broker for a while; a config with [rocketmq] waits its turn.
+    let _broker = crate::rocketmq::broker().await;
+    let mut runs = tokio::task::JoinSet::new();
+    for file in files {
+        runs.spawn(idle(file));
+    }
+    let mut problems = Vec::new();
+    while let Some(run) = runs.join_next().await {
+        let r = run.unwrap();
+        eprintln!(
+            "{}: ready in {:.1} s, {:.2} CPU-s idle over 10 s, {} log lines, stopped in {:.2} s ({:?})",
+            r.config, r.ready_s, r.idle_cpu_s, r.log_lines, r.stop_s, r.exit
+        );
+        let mut wrong = Vec::new();
+        if r.ready_s.is_nan() {
+            wrong.push("never ready".to_string());
+        }
+        if r.idle_cpu_s > 0.5 {
+            wrong.push(format!("{:.2} CPU-seconds idling", r.idle_cpu_s));
+        }
+        if r.log_lines > 50 {
+            wrong.push(format!("{} log lines", r.log_lines));
+        }
+        if r.stop_s > 5.0 || !r.exit.success() {
+            wrong.push(format!("stop took {:.1} s, exit {:?}", r.stop_s, r.exit));
+        }
+        if !wrong.is_empty() {
+            let head: String = r.log.lines().take(60).collect::<Vec<_>>().join("\n");
+            problems.push(format!("{}: {}\n{head}", r.config, wrong.join("; ")));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n\n"));
+}
+
+/// SIGTERM in the middle of a burst (F10's graceful half): `timeoutd run` stops within 5 s with
+/// exit 0, nothing it closed is closed again by the next daemon, and the next daemon closes the
+/// rest: every order closed exactly once, stock exact, one ledger row per effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_burst_loses_and_doubles_nothing() {
+    const ORDERS: usize = 1_000;
+    let env = Env::new(Backend::MySql).await;
+    env.stock_up(&[("sku-a", 10 * ORDERS as i64), ("sku-b", 10 * ORDERS as i64)])
+        .await;
+    let now = env.db.now_ms().await.unwrap();
+    let ids: Vec<String> = (0..ORDERS).map(|i| format!("burst-{i:04}")).collect();
+    for id in &ids {
+        env.create(&crate::support::order(id, "acme", now - 1_000))
+            .await;
+    }
+    let start = |log: &std::path::Path| {
+        Command::new(timeoutd_bin())
+            .args(["run", "--config"])
+            .arg(repo_root().join("config/mariadb.toml"))
+            .env("TIMEOUTD_MYSQL_URL", &env.url)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap()
+    };
+    let closed = || async {
+        env.int("SELECT COUNT(*) FROM orders WHERE status = ?", "CLOSED")
+            .await
+    };
+    let first_log = env.dir.path().join("first.log");
+    let mut first = start(&first_log);
+    let started = std::time::Instant::now();
+    while closed().await == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no close at all"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = Command::new("kill")
+        .args(["-TERM", &first.id().to_string()])
+        .status();
+    let term = std::time::Instant::now();
+    let exit = first.wait().unwrap();
+    let stop_s = term.elapsed().as_secs_f64();
+    let log = std::fs::read_to_string(&first_log).unwrap();
+    assert!(
+        exit.success() && stop_s <= 5.0,
+        "exit {exit:?} after {stop_s:.1} s:\n{log}"
+    );
+    let closed_by_first = closed().await;
+    assert!(
+        (closed_by_first as usize) < ORDERS,
+        "the burst was over before SIGTERM ({closed_by_first} closed): not a mid-burst stop"
+    );
+    let second_log = env.dir.path().join("second.log");
+    let mut second = start(&second_log);
+    let started = std::time::Instant::now();
+    while (closed().await as usize) < ORDERS {
+        assert!(
+            started.elapsed() < Duration::from_secs(180),
+            "the second daemon did not finish"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = Command::new("kill")
+        .args(["-TERM", &second.id().to_string()])
+        .status();
+    assert!(second.wait().unwrap().success());
+    // Exactly once: one 'closed' decision per order, restore-stock rows = 2 lines per order,
+    // stock back to where it started.
+    assert_eq!(
+        env.int(
+            "SELECT COUNT(*) FROM decision_log WHERE outcome = ?",
+            "closed"
+        )
+        .await,
+        ORDERS as i64
+    );
+    assert_eq!(
+        env.int(
+            "SELECT COUNT(DISTINCT order_id) FROM decision_log WHERE outcome = ?",
+            "closed"
+        )
+        .await,
+        ORDERS as i64
+    );
+    assert_eq!(
+        env.int(
+            "SELECT COUNT(*) FROM effect_ledger WHERE kind = ?",
+            "restore-stock"
+        )
+        .await,
+        2 * ORDERS as i64
+    );
+    assert_eq!(env.stock("sku-a").await, 10 * ORDERS as i64);
+    assert_eq!(env.stock("sku-b").await, 10 * ORDERS as i64);
+    eprintln!("SIGTERM after {closed_by_first} of {ORDERS} closes; stopped in {stop_s:.2} s");
+    env.cleanup().await;
 }

@@ -378,14 +378,20 @@ each_backend! {
         env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
         env.create(&order("badphase", "acme", T0)).await;
         env.db.backend().query("UPDATE order_timeout_msg SET phase = -3 WHERE order_id = 'badphase'").execute(env.db.pool()).await.unwrap();
+        // Through the daemon's own outbox timer, which must check the row before dispatching it.
         let (clock, _) = Clock::manual(T0);
-        let d = env.dispatcher(&env.config(SINGLE, ""), clock).await;
-        let row = timeoutd::db::outbox::claim_due(&env.db, T0, 10, 30_000).await.unwrap().remove(0);
-        let reason = timeoutd::sources::outbox::check_row(&row).expect("a bad row");
-        let outcome = d.reject(&timeoutd::sources::outbox::trigger_of(&row), &reason).await;
-        assert!(matches!(outcome, Outcome::DeadLettered { .. }), "{outcome:?}");
+        let config = env.config(SINGLE, "[sweep]\nenabled = false\n");
+        let daemon = timeoutd::daemon::Daemon::start(&config, clock).await.unwrap();
+        let started = std::time::Instant::now();
+        while env.int("SELECT COUNT(*) FROM dead_letter WHERE order_id = ?", "badphase").await == 0 {
+            assert!(started.elapsed() < Duration::from_secs(30), "the bad row was never dead-lettered");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        daemon.stop().await;
         assert!(env.text("SELECT reason FROM dead_letter WHERE order_id = ?", "badphase").await.contains("phase -3"));
         assert_eq!(env.status("badphase").await, "PENDING");
+        assert_eq!(env.stock("sku-a").await, 8, "nothing was released");
+        assert_eq!(env.int("SELECT COUNT(*) FROM decision_log WHERE order_id = ?", "badphase").await, 0, "no plugin was asked");
     }
 }
 
@@ -486,7 +492,10 @@ each_backend! {
         let [Outcome::Refused { reason }] = &outcomes[..] else { panic!("{outcomes:?}") };
         assert!(reason.contains("coupon `cpn-other` is not held by order `mine`"), "{reason}");
         assert_eq!(env.status("mine").await, "PENDING");
-        assert_ne!(env.coupon("cpn-other").await, "AVAILABLE");
+        assert_eq!(env.coupon("cpn-other").await, "LOCKED");
+        assert_eq!(env.coupon("cpn-mine").await, "LOCKED");
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (6, 8), "nothing released");
+        assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE order_id = ?", "mine").await, 0);
     }
 }
 

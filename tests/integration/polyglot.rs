@@ -443,3 +443,80 @@ crate::support::each_backend! {
         }
     }
 }
+
+/// Two merchants on the same plugin file with the same limits, for each language: compiled once,
+/// but each merchant owns its warm instances. The components cache the first `tag` setting they
+/// see in module-level state (Rust `static`: `plugins/hostile` mode `remember`; JavaScript module
+/// variable and Python global: `tests/data/module-state/`); interleaved orders of both merchants
+/// must each be closed with their own merchant's tag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_instances_never_carry_one_merchants_module_state_into_anothers_orders() {
+    use timeoutd::clock::Clock;
+    let env = crate::support::Env::new(timeoutd::db::Backend::Sqlite).await;
+    let hostile = env.dir.path().join("hostile.wasm");
+    std::fs::write(&hostile, HOSTILE_WASM).unwrap();
+    let files = [
+        ("rs", hostile),
+        ("js", polyglot_wasm("module-state-js")),
+        ("py", polyglot_wasm("module-state-py")),
+    ];
+    // Every component runs warm (the threshold is 0 KiB), as JavaScript and Python do anyway.
+    let mut toml = format!(
+        "[database]\nurl = \"{}\"\n[runtime]\ndeadline = \"2s\"\nwarm_min_component_kib = 0\n\
+         cache_dir = \"{}\"\n",
+        env.url,
+        cwasm_cache().display()
+    );
+    let mut merchants = Vec::new();
+    for (lang, file) in &files {
+        for tag in ["A", "B"] {
+            let id = format!("{lang}-{tag}");
+            toml += &format!(
+                "[merchants.{id}]\nplugin = \"{}\"\nplugin_deadline = \"2s\"\n\
+                 plugin_max_memory_mib = 128\n[merchants.{id}.settings]\nmode = \"remember\"\n\
+                 tag = \"{tag}\"\n",
+                file.display()
+            );
+            merchants.push((id, tag));
+        }
+    }
+    let config = timeoutd::config::Config::from_toml(&toml, env.dir.path(), &|_| None).unwrap();
+    env.stock_up(&[("sku-a", 1000), ("sku-b", 1000)]).await;
+    let mut orders = Vec::new();
+    for round in 0..6 {
+        for (n, (merchant, tag)) in merchants.iter().enumerate() {
+            let id = format!("{merchant}-{round}");
+            env.create(&order(&id, merchant, T0 + (round * 10 + n) as i64))
+                .await;
+            orders.push((id, merchant.clone(), *tag));
+        }
+    }
+    let (clock, _) = Clock::manual(T0 + 1_000);
+    let d = env.dispatcher(&config, clock).await;
+    let outcomes = env.process(&d, T0 + 1_000).await;
+    assert_eq!(outcomes.len(), orders.len(), "{outcomes:?}");
+    let mut wrong = Vec::new();
+    for (id, merchant, tag) in &orders {
+        let reason = env
+            .text("SELECT close_reason FROM orders WHERE id = ?", id)
+            .await;
+        if reason != format!("tag={tag}") {
+            wrong.push(format!("{id} of {merchant} closed with `{reason}`"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "another merchant's state decided:\n{}",
+        wrong.join("\n")
+    );
+    let policies = timeoutd::daemon::load_policies(&config).unwrap();
+    for (lang, _) in &files {
+        let (a, b) = (
+            policies.get(&format!("{lang}-A")).unwrap(),
+            policies.get(&format!("{lang}-B")).unwrap(),
+        );
+        assert_eq!(a.plugin.digest(), b.plugin.digest(), "{lang}: one file");
+        assert_eq!(a.plugin.instance_mode(), InstanceMode::Warm, "{lang}");
+    }
+    env.cleanup().await;
+}

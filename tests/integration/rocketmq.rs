@@ -33,7 +33,7 @@ fn namesrv() -> String {
 }
 
 /// Takes the broker lock and checks the name server answers.
-async fn broker() -> tokio::sync::MutexGuard<'static, ()> {
+pub(crate) async fn broker() -> tokio::sync::MutexGuard<'static, ()> {
     let guard = BROKER.lock().await;
     let addr = namesrv();
     if tokio::net::TcpStream::connect(&addr).await.is_err() {
@@ -117,6 +117,22 @@ async fn without_rows(env: &Env) {
         .execute(env.db.pool())
         .await
         .unwrap();
+}
+
+/// `timeoutd_broker_messages_total` by outcome, from this process's metrics recorder
+/// (installed on first use).
+fn broker_messages() -> HashMap<String, u64> {
+    let text = timeoutd::events::metrics_handle().render();
+    text.lines()
+        .filter_map(|l| l.strip_prefix("timeoutd_broker_messages_total{outcome=\""))
+        .filter_map(|rest| {
+            let (outcome, value) = rest.split_once("\"} ")?;
+            Some((
+                outcome.to_string(),
+                value.trim().parse::<f64>().ok()? as u64,
+            ))
+        })
+        .collect()
 }
 
 async fn closes(env: &Env, id: &str) -> i64 {
@@ -204,6 +220,99 @@ with_broker!(
     }
 );
 
+/// The fixture bodies of `tests/data/java-messages`: `(file name, body)`, sorted by name.
+fn java_messages() -> Vec<(String, Vec<u8>)> {
+    let dir = repo_root().join("tests/data/java-messages");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            (name, std::fs::read(&p).unwrap())
+        })
+        .collect();
+    files.sort();
+    assert!(files.len() >= 8, "fixtures missing in {}", dir.display());
+    files
+}
+
+/// The `orderId` of a fixture, read from its text (never through a double).
+fn fixture_order_id(body: &[u8]) -> String {
+    let text = std::str::from_utf8(body).unwrap();
+    let at = text.find("\"orderId\":").unwrap() + "\"orderId\":".len();
+    text[at..]
+        .trim_start_matches('"')
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '.' || *c == '-')
+        .collect()
+}
+
+with_broker!(
+    async fn java_encodings_of_the_seed_message_close_their_orders(env) {
+        let (topic, group) = names("java");
+        let config = env.config(
+            ACME,
+            &format!(
+                "[outbox]\nenabled = false\n[sweep]\nenabled = false\n{}",
+                section(&topic, &group, "")
+            ),
+        );
+        let fixtures = java_messages();
+        env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
+        let now = env.db.now_ms().await.unwrap();
+        let (refused, accepted): (Vec<_>, Vec<_>) =
+            fixtures.iter().partition(|(name, _)| name.starts_with("refused-"));
+        for (_, body) in &accepted {
+            env.create(&order(&fixture_order_id(body), "acme", now - 1_000)).await;
+        }
+        without_rows(env).await;
+        let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
+        let tx = sender(&config).await;
+        for (name, body) in &fixtures {
+            // As rocketmq-spring sends it: delay level 2 (5 s), the order id as the key.
+            let m = Message::builder()
+                .topic(&topic)
+                .key(fixture_order_id(body))
+                .body(body.clone())
+                .delay_level(2)
+                .build()
+                .unwrap_or_else(|e| panic!("{name}: {e:?}"));
+            send(&tx, m).await;
+        }
+        for (name, body) in &accepted {
+            let id = fixture_order_id(body);
+            eventually(Duration::from_secs(60), &format!("{name} closes order {id}"), || async {
+                env.status(&id).await == "CLOSED"
+            })
+            .await;
+            assert_eq!(
+                env.text("SELECT closed_by FROM orders WHERE id = ?", &id).await,
+                "delay-message",
+                "{name}"
+            );
+        }
+        eventually(Duration::from_secs(30), "the refused bodies are dead-lettered", || async {
+            env.int(
+                "SELECT COUNT(*) FROM dead_letter WHERE source = ? AND status = 'OPEN'",
+                "rocketmq",
+            )
+            .await
+                == refused.len() as i64
+        })
+        .await;
+        let reason = env
+            .text("SELECT reason FROM dead_letter WHERE source = ?", "rocketmq")
+            .await;
+        assert!(
+            reason.contains("orderId") && reason.contains("1.79e18") && reason.contains("exponent"),
+            "{reason}"
+        );
+        tx.shutdown().await;
+        daemon.stop().await;
+    }
+);
+
 with_broker!(
     async fn a_twelve_second_chain_of_levels_closes_within_a_second(env) {
         let (topic, group) = names("chain");
@@ -260,6 +369,9 @@ with_broker!(
             env.create(&order(id, "acme", now - 1_000)).await;
         }
         without_rows(env).await;
+        // Deliveries are counted by the daemons' own metric (the broker lock keeps every other
+        // consumer in this process quiet): before, then after.
+        let before = broker_messages();
         let a = Daemon::start(&config, Clock::Database).await.unwrap();
         let b = Daemon::start(&config, Clock::Database).await.unwrap();
         let tx = sender(&config).await;
@@ -276,8 +388,17 @@ with_broker!(
             all
         })
         .await;
-        // Let the duplicates arrive and be handled.
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        // Every copy was delivered and handled: one closing each order, the other a no-op
+        // (`duplicate`, or `busy` while the first held the row).
+        eventually(Duration::from_secs(60), "both copies of every message are consumed", || async {
+            let delta = |o: &str| broker_messages().get(o).copied().unwrap_or(0) - before.get(o).copied().unwrap_or(0);
+            delta("handled") + delta("duplicate") + delta("busy") >= 20
+        })
+        .await;
+        let after = broker_messages();
+        let delta = |o: &str| after.get(o).copied().unwrap_or(0) - before.get(o).copied().unwrap_or(0);
+        assert_eq!(delta("handled"), 10, "{after:?}");
+        assert_eq!(delta("duplicate") + delta("busy"), 10, "{after:?}");
         for id in &ids {
             assert_eq!(closes(env, id).await, 1, "{id} closed once");
             assert_eq!(

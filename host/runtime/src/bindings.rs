@@ -15,6 +15,7 @@ use crate::model::{CheckVerdict, Context, Decision, Order, PolicyError};
 use crate::state::CallState;
 
 /// A linked, ready-to-instantiate plugin of some supported API version.
+#[derive(Clone)]
 pub(crate) enum VersionedPre {
     /// `timeout:policy@0.1.0`.
     V0_1_0(v0_1_0::PolicyPre<CallState>),

@@ -28,6 +28,7 @@ pub mod guard;
 mod inspect;
 pub mod model;
 mod plugin;
+pub mod retry;
 mod state;
 mod warm;
 

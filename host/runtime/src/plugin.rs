@@ -112,6 +112,27 @@ impl Plugin {
         })
     }
 
+    /// The same compiled component under a new owner of warm instances: what a second merchant
+    /// using the same file with the same limits gets. Compilation is shared; warm instances
+    /// (and any module-level state the guest keeps in them) never are, so one merchant's
+    /// cached settings can never answer another merchant's orders.
+    pub fn fork(&self) -> Plugin {
+        let inner = &self.inner;
+        Plugin {
+            inner: Arc::new(Inner {
+                name: inner.name.clone(),
+                digest: inner.digest.clone(),
+                engine: inner.engine.clone(),
+                pre: inner.pre.clone(),
+                limits: inner.limits,
+                deadline_ticks: inner.deadline_ticks,
+                mode: inner.mode,
+                id: NEXT_LOAD_ID.fetch_add(1, Ordering::Relaxed),
+                instantiations: AtomicU64::new(0),
+            }),
+        }
+    }
+
     /// The limits its calls run under.
     pub fn limits(&self) -> PluginLimits {
         self.inner.limits

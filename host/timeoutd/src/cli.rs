@@ -160,6 +160,9 @@ fn validate(path: &std::path::Path) -> ExitCode {
                     p.plugin.digest()
                 );
             }
+            for warning in crate::effects::unexecuted(&config) {
+                println!("warning: {warning}");
+            }
             println!("{}: ok", path.display());
             ExitCode::SUCCESS
         }
@@ -217,7 +220,13 @@ async fn wait_for_signal() {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .expect("install SIGTERM handler");
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
+        interrupted = tokio::signal::ctrl_c() => {
+            if let Err(e) = interrupted {
+                // No SIGINT handler: wait for SIGTERM alone rather than stop at once.
+                tracing::warn!(error = %e, "cannot listen for SIGINT; stop with SIGTERM");
+                term.recv().await;
+            }
+        }
         _ = term.recv() => {}
     }
 }

@@ -171,6 +171,11 @@ pub struct RuntimeConfig {
     /// call a fresh instance.
     #[serde(default = "defaults::warm_instances")]
     pub warm_instances: u32,
+    /// Components of at least this many KiB run on warm instances (default 2048: JavaScript
+    /// and Python components, which carry a language runtime); smaller ones get a fresh
+    /// instance per call. A warm instance serves one merchant only.
+    #[serde(default = "defaults::warm_min_component_kib")]
+    pub warm_min_component_kib: u32,
     /// Calls one warm instance serves before a fresh one replaces it (an instance is also
     /// dropped after any failed call).
     #[serde(default = "defaults::warm_max_calls")]
@@ -523,13 +528,13 @@ mod defaults {
         500
     }
     pub fn max_attempts() -> u32 {
-        8
+        timeoutd_runtime::retry::DISPATCH_MAX_ATTEMPTS
     }
     pub fn retry_initial() -> Duration {
-        Duration::from_secs(1)
+        timeoutd_runtime::retry::DISPATCH_BACKOFF.initial
     }
     pub fn retry_max() -> Duration {
-        Duration::from_secs(300)
+        timeoutd_runtime::retry::DISPATCH_BACKOFF.max
     }
     pub fn plugin_deadline() -> Duration {
         Duration::from_millis(50)
@@ -539,6 +544,9 @@ mod defaults {
     }
     pub fn warm_instances() -> u32 {
         8
+    }
+    pub fn warm_min_component_kib() -> u32 {
+        2048
     }
     pub fn warm_max_calls() -> u32 {
         1000

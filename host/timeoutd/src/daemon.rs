@@ -77,6 +77,9 @@ impl Daemon {
     /// [`StartError`] naming what could not be set up.
     pub async fn start(config: &Config, clock: Clock) -> Result<Daemon, StartError> {
         let policies = load_policies(config)?;
+        for warning in crate::effects::unexecuted(config) {
+            tracing::warn!("{warning}");
+        }
         let db = Db::connect(&config.database.url, config.database.max_connections).await?;
         if config.database.migrate {
             db.migrate().await?;
@@ -199,7 +202,7 @@ impl Daemon {
             let (policies, every, mut stop) =
                 (policies.clone(), config.runtime.watch_plugins, rx.clone());
             tasks.spawn(async move {
-                while !sources::sleep_or_shutdown(every, &mut stop).await {
+                while !crate::shutdown::sleep_or_shutdown(every, &mut stop).await {
                     let p = policies.clone();
                     let _ = tokio::task::spawn_blocking(move || p.reload(false)).await;
                 }
@@ -214,7 +217,9 @@ impl Daemon {
                 {
                     tracing::warn!(error = %e, "ledger backlog run failed");
                 }
-                if sources::sleep_or_shutdown(LEDGER_BACKLOG_INTERVAL, &mut backlog_rx).await {
+                if crate::shutdown::sleep_or_shutdown(LEDGER_BACKLOG_INTERVAL, &mut backlog_rx)
+                    .await
+                {
                     break;
                 }
             }

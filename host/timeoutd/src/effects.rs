@@ -40,6 +40,56 @@ pub const RUNNABLE: &[&str] = &[
     REFUND,
 ];
 
+/// The config section whose executor carries out ledger rows of `kind`, when one is needed
+/// beyond the always-present notifier: `"redis"` for the flash-sale effects, `"payment"` for
+/// payment close and refunds. The one place this rule lives: [`EffectRunner`] reads only the
+/// kinds it can run, and [`unexecuted`] warns about the others.
+pub fn executor_section(kind: &str) -> Option<&'static str> {
+    match kind {
+        "restore-flash-stock" | "release-flash-slot" => Some("redis"),
+        "close-payment" | REFUND => Some("payment"),
+        _ => None,
+    }
+}
+
+/// One warning per merchant whose plugin may ask for effects that no configured executor runs
+/// (its `granted_effects`, or every kind when unset): e.g. `merchants.flashy: its plugin may
+/// ask for restore-flash-stock, release-flash-slot, but [redis] is not configured; those ledger
+/// rows stay PENDING until a daemon with [redis] runs them`. Empty when everything is covered.
+pub fn unexecuted(config: &Config) -> Vec<String> {
+    let configured = |section: &str| match section {
+        "redis" => config.redis.is_some(),
+        "payment" => config.payment.is_some(),
+        _ => true,
+    };
+    let mut warnings = Vec::new();
+    for (id, merchant) in &config.merchants {
+        let kinds: Vec<&str> = match &merchant.granted_effects {
+            Some(granted) => granted.iter().map(String::as_str).collect(),
+            None => timeoutd_runtime::guard::EFFECT_KINDS.to_vec(),
+        };
+        let mut missing: Vec<(&str, Vec<&str>)> = Vec::new();
+        for kind in kinds {
+            let Some(section) = executor_section(kind).filter(|s| !configured(s)) else {
+                continue;
+            };
+            match missing.iter_mut().find(|(s, _)| *s == section) {
+                Some((_, ks)) => ks.push(kind),
+                None => missing.push((section, vec![kind])),
+            }
+        }
+        for (section, kinds) in missing {
+            warnings.push(format!(
+                "merchants.{id}: its plugin may ask for {}, but [{section}] is not configured; \
+                 those ledger rows stay PENDING until a daemon with [{section}] runs them \
+                 (or narrow merchants.{id}.granted_effects)",
+                kinds.join(", ")
+            ));
+        }
+    }
+    warnings
+}
+
 /// Why an effect did not happen this time.
 #[derive(Debug, thiserror::Error)]
 pub enum EffectError {
@@ -204,9 +254,9 @@ impl EffectRunner {
         RUNNABLE
             .iter()
             .copied()
-            .filter(|kind| match *kind {
-                "restore-flash-stock" | "release-flash-slot" => self.flash.is_some(),
-                "close-payment" | REFUND => self.payments.is_some(),
+            .filter(|kind| match executor_section(kind) {
+                Some("redis") => self.flash.is_some(),
+                Some("payment") => self.payments.is_some(),
                 _ => true,
             })
             .collect()

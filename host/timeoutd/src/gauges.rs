@@ -158,7 +158,7 @@ pub async fn run(
             }
             Err(e) => tracing::warn!(error = %e, "backlog sample failed"),
         }
-        if crate::sources::sleep_or_shutdown(every, &mut shutdown).await {
+        if crate::shutdown::sleep_or_shutdown(every, &mut shutdown).await {
             break;
         }
     }

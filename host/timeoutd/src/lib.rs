@@ -8,7 +8,7 @@
 //! Parts, one module each: [`config`] (the file and its validation), [`db`] (schema and
 //! queries per table), [`clock`] (the only place time is read), [`policies`] (plugins per
 //! merchant), [`dispatch`] (trigger → decision → transaction), [`effects`] (carrying out ledger
-//! rows: notices, Redis, payments), [`http`] (payment callbacks), [`sources`] (outbox timer, sweep), [`daemon`] (wiring), [`rocketmq`] (the RocketMQ transport), [`demo`], [`cli`] and [`plugin_cli`] (`timeoutd plugin check|test|replay`).
+//! rows: notices, Redis, payments), [`http`] (payment callbacks), [`sources`] (outbox timer, sweep), [`shutdown`] (how loops wait), [`daemon`] (wiring), [`rocketmq`] (the RocketMQ transport), [`demo`], [`cli`] and [`plugin_cli`] (`timeoutd plugin check|test|replay`).
 #![recursion_limit = "256"]
 
 pub mod admin;
@@ -26,6 +26,8 @@ pub mod gauges;
 pub mod http;
 pub mod plugin_cli;
 pub mod policies;
-pub mod retry;
+/// The backoff rule and the default retry settings (shared with the plugin harness).
+pub use timeoutd_runtime::retry;
 pub mod rocketmq;
+pub mod shutdown;
 pub mod sources;

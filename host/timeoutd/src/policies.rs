@@ -103,6 +103,7 @@ pub fn limits(config: &Config) -> RuntimeLimits {
         max_plugin_memory_bytes: mib(largest),
         max_warm_instances: config.runtime.warm_instances as usize,
         warm_max_calls: config.runtime.warm_max_calls,
+        warm_min_component_bytes: config.runtime.warm_min_component_kib as usize * 1024,
         ..RuntimeLimits::default()
     }
 }
@@ -120,7 +121,8 @@ pub fn merchant_limits(config: &Config, merchant: &MerchantConfig) -> PluginLimi
 }
 
 impl Policies {
-    /// Loads every merchant's plugin. A plugin used by several merchants is compiled once.
+    /// Loads every merchant's plugin. A plugin used by several merchants is compiled once, but
+    /// each merchant gets its own warm instances ([`Plugin::fork`]).
     ///
     /// # Errors
     /// Every plugin that failed, each naming its merchant and why.
@@ -138,8 +140,9 @@ impl Policies {
             };
             let stamp = stamp(&source.source);
             let key = (source.source.clone(), source.limits);
+            // Compiled once per (file, limits); each merchant owns its warm instances.
             let plugin = match loaded.get(&key) {
-                Some(p) => Ok(p.clone()),
+                Some(p) => Ok(p.fork()),
                 None => load_source(engine, &source),
             };
             match plugin {

@@ -6,18 +6,3 @@
 
 pub mod outbox;
 pub mod sweep;
-
-use std::time::Duration;
-
-use tokio::sync::watch;
-
-/// Sleeps `d`, or returns early (true) when shutdown is signalled.
-pub(crate) async fn sleep_or_shutdown(d: Duration, shutdown: &mut watch::Receiver<bool>) -> bool {
-    if *shutdown.borrow() {
-        return true;
-    }
-    tokio::select! {
-        _ = tokio::time::sleep(d) => *shutdown.borrow(),
-        _ = shutdown.changed() => true,
-    }
-}

@@ -15,11 +15,9 @@ use timeoutd_runtime::model::{Decision, Order, OrderStatus, TriggerKind};
 use crate::decided::human_offset;
 use crate::{Decided, Harness, context, ms};
 
-/// Attempts of one trigger before the daemon dead-letters it (`dispatch.max_attempts` default).
-const MAX_ATTEMPTS: u32 = 8;
-/// Backoff of a retried trigger (`dispatch.retry_initial` / `retry_max` defaults), ms.
-const RETRY_INITIAL_MS: i64 = 1_000;
-const RETRY_MAX_MS: i64 = 300_000;
+// Attempts of one trigger before the daemon dead-letters it, and its backoff: the daemon's own
+// defaults (`dispatch.max_attempts`, `retry_initial`, `retry_max`), from the one place both read.
+use timeoutd_runtime::retry::{DISPATCH_BACKOFF, DISPATCH_MAX_ATTEMPTS as MAX_ATTEMPTS};
 
 /// One trigger the timeline fired.
 #[derive(Debug)]
@@ -169,7 +167,7 @@ impl<'h> Timeline<'h> {
             if attempts >= MAX_ATTEMPTS {
                 State::Stuck(format!("gave up after {attempts} attempt(s): {why}"))
             } else {
-                let delay = (RETRY_INITIAL_MS << (attempts - 1).min(30)).min(RETRY_MAX_MS);
+                let delay = DISPATCH_BACKOFF.delay_ms(attempts);
                 State::Due {
                     phase,
                     attempt: attempts,

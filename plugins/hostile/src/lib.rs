@@ -12,6 +12,9 @@
 //! - `clock` — ignores, giving the WASI wall clock's reading (epoch ms) as the reason;
 //! - `snoop` — ignores, reporting what it could reach: environment variables, the filesystem
 //!   root, a TCP socket;
+//! - `remember` — a single-phase close whose reason is `tag=<T>`, where `T` is the `tag`
+//!   setting of the first call this instance served, cached in a `static` (module-level state a
+//!   warm instance keeps: it must never reach another merchant);
 //! - anything else — a well-behaved single-phase close.
 
 use timeoutd_policy_sdk::{
@@ -73,6 +76,14 @@ impl Guest for Hostile {
                 effects.retain(|e| !matches!(e, Effect::ReleaseCoupon(_)));
                 effects.push(Effect::ReleaseCoupon("cpn-other".into()));
                 cancel(effects)
+            }
+            "remember" => {
+                static FIRST_TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+                let tag = FIRST_TAG.get_or_init(|| Settings(&ctx.settings).text("tag", "").into());
+                Ok(Decision::Cancel(Cancel {
+                    reason: format!("tag={tag}"),
+                    effects: release_everything(&order, true, None),
+                }))
             }
             "stall" => Ok(Decision::Wait(Wait {
                 after_ms: 1000,

@@ -2,16 +2,20 @@
 //!
 //! Bodies as the seeds' order services produce them, told apart by their first byte:
 //! - text: the order id alone, e.g. `O-1001`;
-//! - JSON: `{"orderId": "O-1001", "activityId": "A-7", "userId": "u-1", "createTime": 1700000000000,
-//!   "phase": 0}` (`orderId` required; `phase` defaults to 0; the others are informational,
-//!   since the database is the truth).
+//! - JSON: `{"orderId": 1790000000000000123, "activityId": 77, "userId": 9001, "createTime":
+//!   1767225600000, "phase": 0}` as Jackson, fastjson, fastjson2 and Gson write seed 001's bean
+//!   (ids as numbers or strings, exact over i64; see [`java_json`]). `orderId` is required;
+//!   `phase` defaults to 0; the others are checked but informational, since the database is the
+//!   truth.
 //!
 //! The message key (`KEYS`) carries the order id; a key that names another order than the body
 //! makes the message malformed. Messages timeoutd publishes itself are JSON and carry, as user
 //! properties, the absolute due time ([`PROP_DUE_MS`], epoch ms) that chains of delay hops steer
 //! by, and the outbox row they stand for ([`PROP_ROW`]).
 
-use serde::{Deserialize, Serialize};
+mod java_json;
+
+use serde::Serialize;
 
 /// User property: when the timeout is due, epoch ms.
 pub const PROP_DUE_MS: &str = "TIMEOUTD_DUE_MS";
@@ -37,18 +41,12 @@ pub struct TimeoutMessage {
     pub hop: u32,
 }
 
-#[derive(Debug, Deserialize, Serialize)]
+/// The body timeoutd writes: the seeds' JSON with the order id as a string.
+#[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-struct JsonBody {
-    order_id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    activity_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    user_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    create_time: Option<serde_json::Value>,
-    #[serde(default)]
-    phase: i64,
+struct OwnBody<'a> {
+    order_id: &'a str,
+    phase: u32,
 }
 
 /// Decodes a message from its body, its `KEYS` and a property lookup.
@@ -65,11 +63,8 @@ pub fn decode(
     let text = std::str::from_utf8(body).map_err(|e| format!("body is not UTF-8: {e}"))?;
     let trimmed = text.trim();
     let (order_id, phase) = if trimmed.starts_with('{') {
-        let json: JsonBody = serde_json::from_str(trimmed)
-            .map_err(|e| format!("body is not a timeout JSON: {e}"))?;
-        let phase = u32::try_from(json.phase)
-            .map_err(|_| format!("phase {} is outside 0..={}", json.phase, u32::MAX))?;
-        (json.order_id, phase)
+        let body = java_json::parse(trimmed)?;
+        (body.order_id, body.phase)
     } else {
         (trimmed.to_string(), 0)
     };
@@ -113,12 +108,9 @@ pub fn decode(
 
 /// The JSON body timeoutd publishes for `message`.
 pub fn encode_body(message: &TimeoutMessage) -> Vec<u8> {
-    serde_json::to_vec(&JsonBody {
-        order_id: message.order_id.clone(),
-        activity_id: None,
-        user_id: None,
-        create_time: None,
-        phase: i64::from(message.phase),
+    serde_json::to_vec(&OwnBody {
+        order_id: &message.order_id,
+        phase: message.phase,
     })
     .expect("plain struct serialises")
 }

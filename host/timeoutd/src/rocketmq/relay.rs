@@ -36,7 +36,7 @@ pub async fn run(
         max: config.relay_retry_max,
     };
     loop {
-        if *shutdown.borrow() {
+        if crate::shutdown::is_stopping(&shutdown) {
             break;
         }
         let sent = match relay_once(&db, &clock, &transport, &backoff).await {
@@ -46,7 +46,7 @@ pub async fn run(
                 0
             }
         };
-        if sent == 0 && super::super::sources::sleep_or_shutdown(IDLE, &mut shutdown).await {
+        if sent == 0 && crate::shutdown::sleep_or_shutdown(IDLE, &mut shutdown).await {
             break;
         }
     }

@@ -60,14 +60,14 @@ pub async fn run(
     let lease_ms = config.lease.as_millis() as i64;
     let permits = Arc::new(Semaphore::new(config.concurrency as usize));
     loop {
-        if *shutdown.borrow() {
+        if crate::shutdown::is_stopping(&shutdown) {
             break;
         }
         let now_ms = match dispatcher.clock().now_ms(&db).await {
             Ok(now) => now,
             Err(e) => {
                 tracing::warn!(error = %e, "outbox timer cannot read the clock");
-                if super::sleep_or_shutdown(config.idle_recheck, &mut shutdown).await {
+                if crate::shutdown::sleep_or_shutdown(config.idle_recheck, &mut shutdown).await {
                     break;
                 }
                 continue;
@@ -98,7 +98,7 @@ pub async fn run(
         tokio::select! {
             _ = tokio::time::sleep(sleep) => {}
             _ = waker.notified() => {}
-            _ = shutdown.changed() => {}
+            _ = crate::shutdown::stopping(&mut shutdown) => {}
         }
     }
     tracing::info!("outbox timer stopped");

@@ -110,10 +110,12 @@ pub async fn run(
         }
         tokio::select! {
             _ = tokio::time::sleep(config.interval) => {}
-            _ = tuning.changed() => tracing::info!(tuning = ?*tuning.borrow(), "sweep retuned"),
-            _ = shutdown.changed() => {}
+            _ = crate::shutdown::changed_or_never(&mut tuning) => {
+                tracing::info!(tuning = ?*tuning.borrow(), "sweep retuned");
+            }
+            _ = crate::shutdown::stopping(&mut shutdown) => {}
         }
-        if *shutdown.borrow() {
+        if crate::shutdown::is_stopping(&shutdown) {
             break;
         }
     }

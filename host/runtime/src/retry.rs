@@ -1,6 +1,19 @@
-//! The one backoff rule, used by trigger retries, the ledger executor and the HTTP adapters.
+//! The one backoff rule, used by the daemon's trigger retries, its ledger executor and HTTP
+//! adapters, and by the plugin harness's timeline, which replays the daemon's retries; and the
+//! daemon's default retry settings (`[dispatch]` `max_attempts`, `retry_initial`, `retry_max`),
+//! kept here so the harness and the daemon can never disagree.
 
 use std::time::Duration;
+
+/// Default `dispatch.max_attempts`: a failing or ignoring trigger is tried this many times, then
+/// dead-lettered.
+pub const DISPATCH_MAX_ATTEMPTS: u32 = 8;
+
+/// Default backoff of a retried trigger (`dispatch.retry_initial` 1 s, `dispatch.retry_max` 5 min).
+pub const DISPATCH_BACKOFF: Backoff = Backoff {
+    initial: Duration::from_secs(1),
+    max: Duration::from_secs(300),
+};
 
 /// Exponential backoff without jitter (deterministic, so tests can name the next due time).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
