@@ -88,9 +88,11 @@ pub enum Command {
 /// Parses the command line and runs it.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Without RUST_LOG: our own crates at info, every library at warn (the RocketMQ client logs
+    // hundreds of info lines a minute about routes and rebalancing).
     let default_level = match cli.command {
         Command::Demo { .. } | Command::Plugin { .. } => "warn",
-        _ => "info",
+        _ => "warn,timeoutd=info,timeoutd_runtime=info",
     };
     init_logging(cli.log_format, default_level);
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -128,8 +130,10 @@ pub fn main() -> ExitCode {
 fn init_logging(format: LogFormat, default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    // Colours only on a terminal: a log file or journal gets plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),

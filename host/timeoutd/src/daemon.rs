@@ -270,8 +270,8 @@ impl Daemon {
     /// Stops every source, letting batches in flight finish, then closes the pool.
     pub async fn stop(mut self) {
         let _ = self.shutdown.send(true);
-        if let Some(broker) = &self.broker {
-            broker.transport.shutdown().await;
+        if let Some(broker) = self.broker.take() {
+            broker.shutdown().await;
         }
         while self.tasks.join_next().await.is_some() {}
         self.db.close().await;

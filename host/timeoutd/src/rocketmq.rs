@@ -42,6 +42,13 @@ pub struct Broker {
 }
 
 impl Broker {
+    /// Stops arming's transaction producer, then the consumers, the producer and the client
+    /// runtime; each stops its own background work, so nothing waits for the runtime's deadline.
+    pub async fn shutdown(self) {
+        self.arming.shutdown().await;
+        self.transport.shutdown().await;
+    }
+
     /// Starts the transport; the consumer, the DLQ drain and arming as configured; and spawns
     /// the relay into `tasks`.
     ///

@@ -224,6 +224,20 @@ impl Arming {
         })
     }
 
+    /// Stops the transaction producer, when this is its last handle (otherwise the client
+    /// runtime's bounded shutdown stops it).
+    pub async fn shutdown(self: Arc<Self>) {
+        let Ok(arming) = Arc::try_unwrap(self) else {
+            return;
+        };
+        if let Ok(mut producer) = Arc::try_unwrap(arming.producer) {
+            let _ = arming
+                .transport
+                .on_client(async move { producer.shutdown().await })
+                .await;
+        }
+    }
+
     /// Arms `order_id`: half message, local transaction, commit or rollback.
     ///
     /// # Errors
@@ -292,6 +306,7 @@ pub async fn arm_orders(
         let armed = arming.arm(order).await;
         results.push((order.clone(), armed.unwrap_or(Armed::Unknown)));
     }
+    Arc::new(arming).shutdown().await;
     transport.shutdown().await;
     db.close().await;
     Ok(results)

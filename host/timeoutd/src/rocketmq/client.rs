@@ -110,8 +110,14 @@ impl Transport {
             .send_msg_timeout(config.send_timeout.as_millis().min(u32::MAX as u128) as u32)
             .retry_times_when_send_failed(1)
             .build();
+        // The DLQ drain's topic too: until the broker dead-letters a first message it has no
+        // route, and the client warns about it on every rebalance.
         let topics = if config.create_topics {
-            vec![config.topic.clone(), config.notification_topic.clone()]
+            let mut topics = vec![config.topic.clone(), config.notification_topic.clone()];
+            if config.consume && config.drain_dlq {
+                topics.push(super::dlq::dlq_topic(&config.consumer_group));
+            }
+            topics
         } else {
             Vec::new()
         };
@@ -338,6 +344,9 @@ impl Transport {
             .consume_thread_max(self.config.consume_threads)
             .consume_message_batch_max_size(1)
             .max_reconsume_times(self.config.max_reconsume as i32)
+            // On shutdown, messages being handled get this long to commit and be acknowledged
+            // (and the consume service's own tasks stop cleanly instead of being aborted).
+            .await_termination_millis_when_shutdown(CONSUMER_DRAIN.as_millis() as u64)
             .consume_from_where(match self.config.consume_from {
                 ConsumeFrom::Last => ConsumeFromWhere::ConsumeFromLastOffset,
                 ConsumeFrom::First => ConsumeFromWhere::ConsumeFromFirstOffset,
@@ -365,6 +374,12 @@ impl Transport {
                 .on_client(async move { consumer.shutdown().await })
                 .await;
         }
+        // The producer stops its own tasks (route refresh, fault detection); left to the client
+        // runtime's shutdown, they run until its deadline and are aborted.
+        let mut producer = (*self.producer).clone();
+        let _ = self
+            .on_client(async move { producer.shutdown().await })
+            .await;
         let client_runtime = self.client_runtime.clone();
         if let Ok(report) = self
             .on_client(async move { client_runtime.shutdown().await })
@@ -401,6 +416,10 @@ fn client_config(config: &RocketMqConfig, instance: &str) -> Result<ClientConfig
 /// the client that never observes cancellation, so every SIGTERM took 30 s. What is still
 /// running after this is aborted: nothing of ours is left in it.
 const CLIENT_SHUTDOWN: Duration = Duration::from_millis(1500);
+
+/// How long a consumer's shutdown waits for the messages it is handling (a close transaction
+/// each, milliseconds) before it stops.
+const CONSUMER_DRAIN: Duration = Duration::from_secs(2);
 
 type Spawned = (
     Handle,
