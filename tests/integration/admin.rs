@@ -12,9 +12,14 @@ use crate::support::{Env, each_backend, order};
 const TOKEN: &str = "test-token-0123456789";
 
 fn admin_config(env: &Env, merchants: &str) -> timeoutd::config::Config {
+    admin_config_with_sweep(env, merchants, "enabled = false")
+}
+
+/// [`admin_config`] with `sweep` as the `[sweep]` section's body.
+fn admin_config_with_sweep(env: &Env, merchants: &str, sweep: &str) -> timeoutd::config::Config {
     let toml = format!(
         "[redis]\nurl = \"redis://127.0.0.1:6379\"\n[admin]\nlisten = \"127.0.0.1:0\"\nsample_interval = \"100ms\"\noverdue_margin = \"1s\"\n[admin.tokens]\nops = \"{TOKEN}\"\n\
-         [sweep]\nenabled = false\n[runtime]\ndeadline = \"2s\"\n[database]\nurl = \"{}\"\n{merchants}",
+         [sweep]\n{sweep}\n[runtime]\ndeadline = \"2s\"\n[database]\nurl = \"{}\"\n{merchants}",
         env.url
     );
     timeoutd::config::Config::from_toml(&toml, env.dir.path(), &|_| None).unwrap()
@@ -170,10 +175,26 @@ each_backend! {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sweep_is_retuned_at_run_time_and_bad_values_are_refused() {
     let env = Env::new(timeoutd::db::Backend::Sqlite).await;
-    let daemon = Daemon::start(&admin_config(&env, ACME), Clock::Database)
+    // A sweep every hour: after the one at start, nothing is swept unless the retune works.
+    let config = admin_config_with_sweep(&env, ACME, "interval = \"1h\"\ngrace = \"1s\"");
+    let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
+    let api = Api::of(&daemon);
+    env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+    // An order with no trigger that only becomes sweepable (deadline + grace) 3 s from now,
+    // after the sweep at start-up, however slow that one is to run.
+    let now_ms = env.db.now_ms().await.unwrap();
+    env.create(&order("orphan", "acme", now_ms + 2_000)).await;
+    env.db
+        .backend()
+        .query("DELETE FROM order_timeout_msg WHERE order_id = ?")
+        .bind("orphan")
+        .execute(env.db.pool())
         .await
         .unwrap();
-    let api = Api::of(&daemon);
+    while env.db.now_ms().await.unwrap() < now_ms + 4_000 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(env.status("orphan").await, "PENDING", "swept before the retune");
     let (status, now) = api
         .call(
             "PUT",
@@ -183,6 +204,14 @@ async fn sweep_is_retuned_at_run_time_and_bad_values_are_refused() {
         .await;
     assert_eq!((status, now["interval_ms"].as_u64()), (200, Some(500)));
     assert_eq!(api.call("GET", "/v1/sweep", None).await.1["batch"], 50);
+    // The running sweep took the new interval at once: the orphan is re-armed and closed.
+    let started = std::time::Instant::now();
+    while env.status("orphan").await != "CLOSED" {
+        assert!(started.elapsed() < Duration::from_secs(20), "the retuned sweep never ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(env.text("SELECT closed_by FROM orders WHERE id = ?", "orphan").await, "sweep");
+    assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (10, 10));
     let (status, error) = api
         .call(
             "PUT",

@@ -132,6 +132,8 @@ each_backend! {
         {
             let books = provider.books.lock().unwrap();
             assert_eq!(books.refunds, vec![("pay-late-pay".to_string(), "acme/late-pay/refund".to_string())]);
+            assert_eq!(books.calls_for("refund", "pay-late-pay"), 1, "one refund request, not one per retry: {:?}", books.calls);
+            assert_eq!(books.calls_for("close", "pay-late-pay"), 1, "{:?}", books.calls);
             assert_eq!(books.closes.len(), 1, "only the other order's payment closed");
         }
         // Paid callbacks through the daemon's endpoint.
@@ -151,6 +153,7 @@ each_backend! {
         assert_eq!(post("nope").await.unwrap().status(), 404);
         assert_eq!(env.text("SELECT source FROM paid_after_close WHERE order_id = ?", "callback").await, "callback");
         assert_eq!(provider.books.lock().unwrap().refunds.len(), 2, "one refund per paid-after-close order");
+        assert_eq!(provider.books.lock().unwrap().calls_for("refund", "pay-late-pay"), 1, "the late callback sent no second refund");
         assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (10, 10), "stock never touched again");
         stop.send(true).unwrap();
         server.await.unwrap();

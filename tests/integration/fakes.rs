@@ -27,6 +27,19 @@ pub struct Books {
     pub refunds: Vec<(String, String)>,
     /// Every request, including repeats and 503s.
     pub requests: u32,
+    /// Every request, including repeats and 503s, in order: `(action, ref, key)` (key empty
+    /// when missing). "Once" is counted here, not in the distinct lists above.
+    pub calls: Vec<(String, String, String)>,
+}
+
+impl Books {
+    /// Requests received for `action` on `reference`, repeats included.
+    pub fn calls_for(&self, action: &str, reference: &str) -> usize {
+        self.calls
+            .iter()
+            .filter(|(a, r, _)| a == action && r == reference)
+            .count()
+    }
 }
 
 /// A running fake provider.
@@ -60,6 +73,12 @@ async fn pay_action(
 ) -> (StatusCode, Json<Value>) {
     let mut b = books.lock().unwrap();
     b.requests += 1;
+    let call_key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    b.calls.push((action.clone(), reference.clone(), call_key));
     if b.down_for > 0 {
         b.down_for -= 1;
         return (
