@@ -194,7 +194,11 @@ async fn sweep_is_retuned_at_run_time_and_bad_values_are_refused() {
     while env.db.now_ms().await.unwrap() < now_ms + 4_000 {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(env.status("orphan").await, "PENDING", "swept before the retune");
+    assert_eq!(
+        env.status("orphan").await,
+        "PENDING",
+        "swept before the retune"
+    );
     let (status, now) = api
         .call(
             "PUT",
@@ -207,11 +211,21 @@ async fn sweep_is_retuned_at_run_time_and_bad_values_are_refused() {
     // The running sweep took the new interval at once: the orphan is re-armed and closed.
     let started = std::time::Instant::now();
     while env.status("orphan").await != "CLOSED" {
-        assert!(started.elapsed() < Duration::from_secs(20), "the retuned sweep never ran");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the retuned sweep never ran"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(env.text("SELECT closed_by FROM orders WHERE id = ?", "orphan").await, "sweep");
-    assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (10, 10));
+    assert_eq!(
+        env.text("SELECT closed_by FROM orders WHERE id = ?", "orphan")
+            .await,
+        "sweep"
+    );
+    assert_eq!(
+        (env.stock("sku-a").await, env.stock("sku-b").await),
+        (10, 10)
+    );
     let (status, error) = api
         .call(
             "PUT",
