@@ -411,10 +411,10 @@ fn client_config(config: &RocketMqConfig, instance: &str) -> Result<ClientConfig
 }
 
 /// How long the client runtime (and then its Tokio runtime) may take to stop once every consumer
-/// and the producer are shut down. Those stop within milliseconds; the client's default of 30 s
-/// (`ClientRuntimeConfig::shutdown_timeout`) was always spent in full by a background task of
-/// the client that never observes cancellation, so every SIGTERM took 30 s. What is still
-/// running after this is aborted: nothing of ours is left in it.
+/// and producer has been shut down; a backstop only. Before the producers were shut down
+/// explicitly, their route-refresh and fault-detector tasks ran until the client's default
+/// deadline of 30 s (`ClientRuntimeConfig::shutdown_timeout`) and were aborted there, so every
+/// SIGTERM took 30 s. What still runs after this deadline is aborted.
 const CLIENT_SHUTDOWN: Duration = Duration::from_millis(1500);
 
 /// How long a consumer's shutdown waits for the messages it is handling (a close transaction
