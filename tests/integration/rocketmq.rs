@@ -135,6 +135,21 @@ fn broker_messages() -> HashMap<String, u64> {
         .collect()
 }
 
+/// `timeoutd_relay_total` by outcome (`sent`, `failed`), from this process's metrics recorder.
+fn relay_outcomes() -> HashMap<String, u64> {
+    let text = timeoutd::events::metrics_handle().render();
+    text.lines()
+        .filter_map(|l| l.strip_prefix("timeoutd_relay_total{outcome=\""))
+        .filter_map(|rest| {
+            let (outcome, value) = rest.split_once("\"} ")?;
+            Some((
+                outcome.to_string(),
+                value.trim().parse::<f64>().ok()? as u64,
+            ))
+        })
+        .collect()
+}
+
 async fn closes(env: &Env, id: &str) -> i64 {
     env.int(
         "SELECT COUNT(*) FROM decision_log WHERE order_id = ? AND outcome = 'closed'",
@@ -857,6 +872,11 @@ async fn with_the_broker_down_the_outbox_closes_on_time_and_late_messages_are_no
     .await;
     broker_script("kill-broker");
     let down_at = Instant::now();
+    // F7: an order armed while the broker is down. Its relay send fails: the row stays PENDING
+    // (counted, with the error, retried with backoff) and the outbox timer closes it on time.
+    let failed_before = relay_outcomes().get("failed").copied().unwrap_or(0);
+    let late_deadline = env.db.now_ms().await.unwrap() + 6_000;
+    env.create(&order("down-late", "acme", late_deadline)).await;
     eventually(
         Duration::from_secs(30),
         "the outbox closes every order",
@@ -884,6 +904,35 @@ async fn with_the_broker_down_the_outbox_closes_on_time_and_late_messages_are_no
         );
     }
     tokio::time::sleep(Duration::from_secs(30).saturating_sub(down_at.elapsed())).await;
+    eventually(
+        Duration::from_secs(30),
+        "the order armed while down closes",
+        || async { env.status("down-late").await == "CLOSED" },
+    )
+    .await;
+    assert_eq!(
+        env.text("SELECT closed_by FROM orders WHERE id = ?", "down-late")
+            .await,
+        "outbox"
+    );
+    let late = env
+        .int("SELECT closed_at_ms FROM orders WHERE id = ?", "down-late")
+        .await
+        - late_deadline;
+    assert!(late >= 0, "closed {} ms early", -late);
+    assert!(
+        env.int(
+            "SELECT relay_attempts FROM order_timeout_msg WHERE order_id = ?",
+            "down-late"
+        )
+        .await
+            >= 1,
+        "the relay never tried (and failed) to publish it"
+    );
+    assert!(
+        relay_outcomes().get("failed").copied().unwrap_or(0) > failed_before,
+        "a failed send was not counted"
+    );
     let before = broker_messages();
     broker_script("start-broker");
     // The broker delivers its late timer messages: each finds its row processed. Counted by
