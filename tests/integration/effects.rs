@@ -234,6 +234,40 @@ each_backend! {
     }
 }
 
+each_backend! {
+    /// F9 for the effects outside the database: the same closing trigger handled twice at once
+    /// by two daemons restores the Redis flash stock once, frees the buyer's slot once and sends
+    /// one closed notice (counted as requests the webhook received), also after both daemons'
+    /// ledger executors have run their backlogs.
+    async fn a_duplicate_trigger_restores_redis_once_and_notifies_once(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        let activity = flash_order(env, "dup-fs", "flashy").await;
+        let receiver = Receiver::start().await;
+        let extra = format!(
+            "[redis]\nurl = \"{REDIS}\"\n[notify.channels.sms]\nkind = \"webhook\"\nurl = \"{}\"\n",
+            receiver.url
+        );
+        let config = env.config(&[("flashy", "builtin:two-phase", &[("grace", "1s"), ("channel", "sms")])], &extra);
+        let (clock, now) = Clock::manual(T0);
+        let (a, b) = (env.dispatcher(&config, clock.clone()).await, env.dispatcher(&config, clock.clone()).await);
+        assert!(matches!(env.process(&a, T0).await[..], [Outcome::Waiting { .. }]));
+        now.store(T0 + 1_000, Ordering::SeqCst);
+        let trigger = env.claim(T0 + 1_000).await.remove(0);
+        let (ra, rb) = tokio::join!(a.handle(&trigger), b.handle(&trigger));
+        let closed = [&ra, &rb].iter().filter(|o| matches!(o, Outcome::Closed { .. })).count();
+        assert_eq!(closed, 1, "{ra:?} {rb:?}");
+        for runner in [env.runner(&config, clock.clone()).await, env.runner(&config, clock).await] {
+            runner.run_backlog(0).await.unwrap();
+        }
+        assert_eq!(flash_state(&activity).await, (8, vec!["someone-else".to_string()]), "3 units back once");
+        let received = receiver.received.lock().unwrap().clone();
+        let closed_notices = received.iter().filter(|(_, body)| body["template"] == "order-closed").count();
+        assert_eq!(closed_notices, 1, "{received:?}");
+        assert_eq!(received.len(), 2, "one reminder, one closed notice: {received:?}");
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (10, 10));
+    }
+}
+
 /// Three `redis-server` processes made into a Redis Cluster for one test; killed on drop.
 struct LocalCluster {
     nodes: Vec<std::process::Child>,
