@@ -253,13 +253,7 @@ async fn idle(file: std::path::PathBuf) -> Idle {
 /// (`config/rocketmq/` holds the broker's own files, not daemon configs.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_shipped_config_idles_quietly_and_stops_promptly() {
-    let mut files: Vec<_> = std::fs::read_dir(repo_root().join("config"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "toml"))
-        .collect();
-    files.sort();
-    assert!(files.len() >= 5, "{files:?}");
+    let files = crate::support::shipped_configs();
     // The broker tests stop the broker for a while; a config with [rocketmq] waits its turn.
     let _broker = crate::rocketmq::broker().await;
     let mut runs = tokio::task::JoinSet::new();

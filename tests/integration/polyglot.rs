@@ -453,10 +453,8 @@ crate::support::each_backend! {
 async fn warm_instances_never_carry_one_merchants_module_state_into_anothers_orders() {
     use timeoutd::clock::Clock;
     let env = crate::support::Env::new(timeoutd::db::Backend::Sqlite).await;
-    let hostile = env.dir.path().join("hostile.wasm");
-    std::fs::write(&hostile, HOSTILE_WASM).unwrap();
     let files = [
-        ("rs", hostile),
+        ("rs", env.hostile_wasm()),
         ("js", polyglot_wasm("module-state-js")),
         ("py", polyglot_wasm("module-state-py")),
     ];

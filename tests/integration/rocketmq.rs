@@ -119,35 +119,48 @@ async fn without_rows(env: &Env) {
         .unwrap();
 }
 
-/// `timeoutd_broker_messages_total` by outcome, from this process's metrics recorder
-/// (installed on first use).
-fn broker_messages() -> HashMap<String, u64> {
-    let text = timeoutd::events::metrics_handle().render();
-    text.lines()
-        .filter_map(|l| l.strip_prefix("timeoutd_broker_messages_total{outcome=\""))
-        .filter_map(|rest| {
-            let (outcome, value) = rest.split_once("\"} ")?;
-            Some((
-                outcome.to_string(),
-                value.trim().parse::<f64>().ok()? as u64,
-            ))
-        })
-        .collect()
-}
+/// A counter of the daemon's metrics by its `outcome` label, read from this process's metrics
+/// recorder (installed on first use): `timeoutd_broker_messages_total` (handled, duplicate,
+/// busy, …) or `timeoutd_relay_total` (sent, failed).
+#[derive(Debug)]
+struct Outcomes(HashMap<String, u64>);
 
-/// `timeoutd_relay_total` by outcome (`sent`, `failed`), from this process's metrics recorder.
-fn relay_outcomes() -> HashMap<String, u64> {
-    let text = timeoutd::events::metrics_handle().render();
-    text.lines()
-        .filter_map(|l| l.strip_prefix("timeoutd_relay_total{outcome=\""))
-        .filter_map(|rest| {
-            let (outcome, value) = rest.split_once("\"} ")?;
-            Some((
-                outcome.to_string(),
-                value.trim().parse::<f64>().ok()? as u64,
-            ))
-        })
-        .collect()
+impl Outcomes {
+    fn of(counter: &str) -> Outcomes {
+        let prefix = format!("{counter}{{outcome=\"");
+        let text = timeoutd::events::metrics_handle().render();
+        Outcomes(
+            text.lines()
+                .filter_map(|l| l.strip_prefix(prefix.as_str()))
+                .filter_map(|rest| {
+                    let (outcome, value) = rest.split_once("\"} ")?;
+                    Some((
+                        outcome.to_string(),
+                        value.trim().parse::<f64>().ok()? as u64,
+                    ))
+                })
+                .collect(),
+        )
+    }
+
+    /// Deliveries of the timeout topic by outcome.
+    fn broker() -> Outcomes {
+        Outcomes::of("timeoutd_broker_messages_total")
+    }
+
+    /// Relay sends by outcome.
+    fn relay() -> Outcomes {
+        Outcomes::of("timeoutd_relay_total")
+    }
+
+    fn get(&self, outcome: &str) -> u64 {
+        self.0.get(outcome).copied().unwrap_or(0)
+    }
+
+    /// How much `outcome` grew since `before`.
+    fn since(&self, before: &Outcomes, outcome: &str) -> u64 {
+        self.get(outcome) - before.get(outcome)
+    }
 }
 
 async fn closes(env: &Env, id: &str) -> i64 {
@@ -420,7 +433,7 @@ with_broker!(
         without_rows(env).await;
         // Deliveries are counted by the daemons' own metric (the broker lock keeps every other
         // consumer in this process quiet): before, then after.
-        let before = broker_messages();
+        let before = Outcomes::broker();
         let a = Daemon::start(&config, Clock::Database).await.unwrap();
         let b = Daemon::start(&config, Clock::Database).await.unwrap();
         let tx = sender(&config).await;
@@ -440,14 +453,13 @@ with_broker!(
         // Every copy was delivered and handled: one closing each order, the other a no-op
         // (`duplicate`, or `busy` while the first held the row).
         eventually(Duration::from_secs(60), "both copies of every message are consumed", || async {
-            let delta = |o: &str| broker_messages().get(o).copied().unwrap_or(0) - before.get(o).copied().unwrap_or(0);
-            delta("handled") + delta("duplicate") + delta("busy") >= 20
+            let now = Outcomes::broker();
+            ["handled", "duplicate", "busy"].iter().map(|o| now.since(&before, o)).sum::<u64>() >= 20
         })
         .await;
-        let after = broker_messages();
-        let delta = |o: &str| after.get(o).copied().unwrap_or(0) - before.get(o).copied().unwrap_or(0);
-        assert_eq!(delta("handled"), 10, "{after:?}");
-        assert_eq!(delta("duplicate") + delta("busy"), 10, "{after:?}");
+        let after = Outcomes::broker();
+        assert_eq!(after.since(&before, "handled"), 10, "{after:?}");
+        assert_eq!(after.since(&before, "duplicate") + after.since(&before, "busy"), 10, "{after:?}");
         for id in &ids {
             assert_eq!(closes(env, id).await, 1, "{id} closed once");
             assert_eq!(
@@ -874,7 +886,7 @@ async fn with_the_broker_down_the_outbox_closes_on_time_and_late_messages_are_no
     let down_at = Instant::now();
     // F7: an order armed while the broker is down. Its relay send fails: the row stays PENDING
     // (counted, with the error, retried with backoff) and the outbox timer closes it on time.
-    let failed_before = relay_outcomes().get("failed").copied().unwrap_or(0);
+    let relay_before = Outcomes::relay();
     let late_deadline = env.db.now_ms().await.unwrap() + 6_000;
     env.create(&order("down-late", "acme", late_deadline)).await;
     eventually(
@@ -930,28 +942,23 @@ async fn with_the_broker_down_the_outbox_closes_on_time_and_late_messages_are_no
         "the relay never tried (and failed) to publish it"
     );
     assert!(
-        relay_outcomes().get("failed").copied().unwrap_or(0) > failed_before,
+        Outcomes::relay().since(&relay_before, "failed") > 0,
         "a failed send was not counted"
     );
-    let before = broker_messages();
+    let before = Outcomes::broker();
     broker_script("start-broker");
     // The broker delivers its late timer messages: each finds its row processed. Counted by
     // delivery, so the test fails if none is ever delivered (then it would prove nothing).
     eventually(
         Duration::from_secs(60),
         "a late message is delivered and handled as a no-op",
-        || async {
-            let after = broker_messages();
-            let delta =
-                |o: &str| after.get(o).copied().unwrap_or(0) - before.get(o).copied().unwrap_or(0);
-            delta("duplicate") >= 1
-        },
+        || async { Outcomes::broker().since(&before, "duplicate") >= 1 },
     )
     .await;
-    let after = broker_messages();
+    let after = Outcomes::broker();
     assert_eq!(
-        after.get("handled").copied().unwrap_or(0),
-        before.get("handled").copied().unwrap_or(0),
+        after.since(&before, "handled"),
+        0,
         "a late message closed something: {after:?}"
     );
     for id in &ids {

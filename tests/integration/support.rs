@@ -140,8 +140,7 @@ impl Env {
         merchant_keys: &str,
         extra: &str,
     ) -> Config {
-        let hostile = self.dir.path().join("hostile.wasm");
-        std::fs::write(&hostile, HOSTILE_WASM).unwrap();
+        let hostile = self.hostile_wasm();
         let mut toml = format!(
             "{}\n[database]\nurl = \"{}\"\n",
             generous_deadline(extra),
@@ -161,6 +160,13 @@ impl Env {
             }
         }
         Config::from_toml(&toml, self.dir.path(), &|_| None).unwrap()
+    }
+
+    /// The hostile test plugin written as a file in the scratch directory; its path.
+    pub fn hostile_wasm(&self) -> PathBuf {
+        let path = self.dir.path().join("hostile.wasm");
+        std::fs::write(&path, HOSTILE_WASM).unwrap();
+        path
     }
 
     /// An effect runner like a daemon's, over its own pool.
@@ -334,6 +340,22 @@ pub fn generous_deadline(extra: &str) -> String {
     } else {
         format!("{extra}\n[runtime]\ndeadline = \"2s\"\n")
     }
+}
+
+/// Every daemon config we ship: each `config/*.toml`, sorted, listed from the folder so a config
+/// added later is covered (`config/rocketmq/` holds the broker's own files, not daemon configs).
+pub fn shipped_configs() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo_root().join("config"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    files.sort();
+    assert!(
+        files.iter().any(|p| p.ends_with("rocketmq.toml")) && files.len() >= 5,
+        "{files:?}"
+    );
+    files
 }
 
 /// The `timeoutd` binary: `$TIMEOUTD_BIN`, or next to this test binary's `deps/` directory.

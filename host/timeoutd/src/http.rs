@@ -76,7 +76,7 @@ pub async fn serve_until(
 ) {
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(async move {
-            let _ = shutdown.wait_for(|stop| *stop).await;
+            crate::shutdown::stopping(&mut shutdown).await;
         })
         .await;
     if let Err(e) = served {
