@@ -5,6 +5,7 @@ mod config;
 mod e2e;
 mod effects;
 mod fakes;
+mod group;
 mod pipeline;
 mod plugin_cli;
 mod polyglot;

@@ -76,6 +76,28 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A flash-sale burst through the real daemon path on a fresh database of the config's
+    /// server, against that server's one-order-per-commit baseline taken in the same run:
+    /// prints closes/s, the ratio, lateness p50/p99/max, commits and statements per close, CPU
+    /// and RSS as a table and one JSON line, and audits exactly-once (exit 1 when it fails).
+    Bench {
+        /// Configuration file (its database URL names the server; its merchants decide).
+        #[arg(long, default_value = "config/timeoutd.toml")]
+        config: PathBuf,
+        /// Trigger path.
+        #[arg(long, value_enum, default_value_t = crate::bench::BenchPath::Outbox)]
+        path: crate::bench::BenchPath,
+        /// Orders in the burst (the baseline closes as many again).
+        #[arg(long, default_value_t = 10_000)]
+        orders: u32,
+        /// How far ahead the shared deadline is put once the daemon runs.
+        #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+        lead: std::time::Duration,
+        /// Merchant whose plugin decides (default: the config's first); its plugin must close
+        /// at the deadline, like `builtin:single-phase`.
+        #[arg(long)]
+        merchant: Option<String>,
+    },
     /// A merchant's tools for a plugin file: `check`, `test` (a CASES.toml file), `replay`
     /// (over the recorded decisions).
     Plugin {
@@ -91,7 +113,7 @@ pub fn main() -> ExitCode {
     // Without RUST_LOG: our own crates at info, every library at warn (the RocketMQ client logs
     // hundreds of info lines a minute about routes and rebalancing).
     let default_level = match cli.command {
-        Command::Demo { .. } | Command::Plugin { .. } => "warn",
+        Command::Demo { .. } | Command::Plugin { .. } | Command::Bench { .. } => "warn",
         _ => "warn,timeoutd=info,timeoutd_runtime=info",
     };
     init_logging(cli.log_format, default_level);
@@ -108,6 +130,25 @@ pub fn main() -> ExitCode {
                 Err(code) => code,
             },
             Command::Plugin { command } => crate::plugin_cli::run(command).await,
+            Command::Bench {
+                config,
+                path,
+                orders,
+                lead,
+                merchant,
+            } => match load(&config) {
+                Ok(config) => {
+                    bench(crate::bench::BenchArgs {
+                        config,
+                        path,
+                        orders,
+                        lead_ms: lead.as_millis() as i64,
+                        merchant,
+                    })
+                    .await
+                }
+                Err(code) => code,
+            },
             Command::Demo {
                 orders,
                 data_dir,
@@ -197,6 +238,27 @@ async fn run(path: &std::path::Path) -> ExitCode {
     tracing::info!("signal received; draining");
     daemon.stop().await;
     ExitCode::SUCCESS
+}
+
+async fn bench(args: crate::bench::BenchArgs) -> ExitCode {
+    match crate::bench::run(args).await {
+        Ok(report) => {
+            print!("{}", report.table());
+            println!(
+                "{}",
+                serde_json::to_string(&report).expect("the report serialises")
+            );
+            if report.passed() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("timeoutd bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 async fn arm(config: &Config, orders: &[String]) -> ExitCode {

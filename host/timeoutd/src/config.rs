@@ -107,9 +107,16 @@ pub struct OutboxConfig {
     /// with an earlier due time is seen.
     #[serde(default = "defaults::idle_recheck", with = "duration")]
     pub idle_recheck: Duration,
-    /// Triggers handled at once.
+    /// Groups of triggers handled at once (each group on its own connection).
     #[serde(default = "defaults::concurrency")]
     pub concurrency: u32,
+    /// Group commit: at most this many claimed rows are decided together and their closes
+    /// committed in one transaction (one compare-and-set per order, one statement per table
+    /// for the group). 1 turns grouping off: one transaction per close. A group whose
+    /// transaction fails is split and each order tried alone, so one bad order never holds the
+    /// others back.
+    #[serde(default = "defaults::group_commit")]
+    pub group_commit: u32,
 }
 
 /// `[sweep]`: re-arms PENDING orders past deadline + grace that have no live trigger.
@@ -202,6 +209,9 @@ pub struct EffectsConfig {
     /// How long an executor holds an effect it is carrying out.
     #[serde(default = "defaults::lease", with = "duration")]
     pub lease: Duration,
+    /// Effects the executor carries out at once (webhooks, Redis, payment calls in flight).
+    #[serde(default = "defaults::concurrency")]
+    pub concurrency: u32,
 }
 
 /// `[redis]`: where flash-sale stock and buyer sets live.
@@ -517,6 +527,9 @@ mod defaults {
     }
     pub fn concurrency() -> u32 {
         16
+    }
+    pub fn group_commit() -> u32 {
+        64
     }
     pub fn sweep_interval() -> Duration {
         Duration::from_secs(30)

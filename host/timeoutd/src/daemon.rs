@@ -1,7 +1,6 @@
 //! Wiring: database, plugins, dispatcher and the trigger sources, started and stopped together.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use timeoutd_runtime::PolicyEngine;
 use tokio::sync::{Notify, watch};
@@ -14,9 +13,6 @@ use crate::dispatch::Dispatcher;
 use crate::effects::EffectRunner;
 use crate::policies::{self, Policies};
 use crate::sources::{self, outbox::Waker};
-
-/// How often the ledger backlog (effects left PENDING by a crash or a failure) is retried.
-const LEDGER_BACKLOG_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
@@ -94,13 +90,17 @@ impl Daemon {
         if let Some(t) = &transport {
             effects = effects.with_rocketmq(t.clone());
         }
-        let dispatcher = Arc::new(Dispatcher::new(
-            db.clone(),
-            clock.clone(),
-            policies.clone(),
-            config.dispatch.clone(),
-            effects.clone(),
-        ));
+        let effects_wake = Arc::new(Notify::new());
+        let dispatcher = Arc::new(
+            Dispatcher::new(
+                db.clone(),
+                clock.clone(),
+                policies.clone(),
+                config.dispatch.clone(),
+                effects.clone(),
+            )
+            .with_effects_wake(effects_wake.clone()),
+        );
         let waker: Waker = Arc::new(Notify::new());
         let (shutdown, rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
@@ -208,22 +208,7 @@ impl Daemon {
                 }
             });
         }
-        let mut backlog_rx = rx;
-        tasks.spawn(async move {
-            loop {
-                if let Err(e) = effects
-                    .run_backlog(LEDGER_BACKLOG_INTERVAL.as_millis() as i64)
-                    .await
-                {
-                    tracing::warn!(error = %e, "ledger backlog run failed");
-                }
-                if crate::shutdown::sleep_or_shutdown(LEDGER_BACKLOG_INTERVAL, &mut backlog_rx)
-                    .await
-                {
-                    break;
-                }
-            }
-        });
+        tasks.spawn(crate::effects::worker::run(effects, effects_wake, rx));
         tracing::info!(merchants = config.merchants.len(), backend = ?db.backend(), "timeoutd started");
         Ok(Daemon {
             db,

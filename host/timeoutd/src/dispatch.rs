@@ -19,6 +19,7 @@
 mod close;
 mod failure;
 pub mod fallback;
+mod group;
 pub mod guard;
 mod wait;
 
@@ -115,6 +116,7 @@ pub struct Dispatcher {
     policies: Arc<Policies>,
     retry: DispatchConfig,
     effects: EffectRunner,
+    effects_wake: Option<Arc<tokio::sync::Notify>>,
 }
 
 /// What a plugin said, with what is needed to log it.
@@ -125,8 +127,48 @@ struct Decided<'a> {
     now_ms: i64,
     latency_us: i64,
     /// The call's input and the plugin's answer, JSON, as `decision_log.input` / `answer`.
+    input: &'a str,
+    answer: &'a str,
+}
+
+/// A trigger taken as far as its decision ([`Dispatcher::prepare`]), owning what carrying it out
+/// needs.
+struct Ready {
+    policy: Arc<MerchantPolicy>,
+    order: Order,
+    trigger: Trigger,
+    now_ms: i64,
+    latency_us: i64,
     input: String,
     answer: String,
+    decision: Decision,
+}
+
+impl Ready {
+    fn decided(&self) -> Decided<'_> {
+        Decided {
+            policy: &self.policy,
+            order: &self.order,
+            trigger: &self.trigger,
+            now_ms: self.now_ms,
+            latency_us: self.latency_us,
+            input: &self.input,
+            answer: &self.answer,
+        }
+    }
+}
+
+/// How far [`Dispatcher::prepare`] took a trigger.
+enum Step {
+    /// It ended there (dead-lettered, deferred, tripped, a plugin failure handled).
+    Done(Outcome),
+    /// The order is no longer PENDING: the trigger is a no-op; its row is to be finished.
+    NotPending {
+        /// Why, e.g. `order is PAID`.
+        reason: String,
+    },
+    /// The plugin decided; the decision is to be carried out.
+    Ready(Box<Ready>),
 }
 
 impl Decided<'_> {
@@ -149,8 +191,8 @@ impl Decided<'_> {
             detail,
             latency_us: self.latency_us,
             decided_at_ms: self.now_ms,
-            input: Some(&self.input),
-            answer: Some(&self.answer),
+            input: Some(self.input),
+            answer: Some(self.answer),
         }
     }
 }
@@ -170,7 +212,17 @@ impl Dispatcher {
             policies,
             retry,
             effects,
+            effects_wake: None,
         }
+    }
+
+    /// Hands external effects to a ledger executor running on its own (the daemon's), woken
+    /// through `wake` after each commit that recorded some, instead of running them on the
+    /// trigger's path. Without it (tests, tools) a trigger runs its own order's effects after its
+    /// commit.
+    pub fn with_effects_wake(mut self, wake: Arc<tokio::sync::Notify>) -> Self {
+        self.effects_wake = Some(wake);
+        self
     }
 
     /// The database.
@@ -208,47 +260,72 @@ impl Dispatcher {
             let mut conn = self.db.pool().acquire().await?;
             orders::load(&mut conn, &trigger.order_id).await
         };
+        match self.prepare(trigger, now_ms, loaded).await? {
+            Step::Done(outcome) => Ok(outcome),
+            Step::NotPending { reason } => {
+                self.finish_row(trigger, now_ms, &reason).await?;
+                Ok(Outcome::NoOp { reason })
+            }
+            Step::Ready(ready) => self.carry_out(&ready).await,
+        }
+    }
+
+    /// Takes a trigger as far as the plugin's decision: the order's state, the deadline, the
+    /// merchant's plugin and breaker, the call, and what a plugin failure means. Everything that
+    /// ends a trigger before a decision is carried out ends here.
+    async fn prepare(
+        &self,
+        trigger: &Trigger,
+        now_ms: i64,
+        loaded: Result<Option<Order>, DbError>,
+    ) -> Result<Step, DbError> {
         let order = match loaded {
             Ok(Some(order)) => order,
             Ok(None) => {
                 let reason = format!("order `{}` does not exist", trigger.order_id);
-                return self.dead_letter(trigger, now_ms, &reason).await;
+                return Ok(Step::Done(
+                    self.dead_letter(trigger, now_ms, &reason).await?,
+                ));
             }
             Err(DbError::BadRow { detail, .. }) => {
-                return self.dead_letter(trigger, now_ms, &detail).await;
+                return Ok(Step::Done(
+                    self.dead_letter(trigger, now_ms, &detail).await?,
+                ));
             }
             Err(e) => return Err(e),
         };
         if order.status != OrderStatus::Pending {
             let reason = format!("order is {}", order.status.as_str());
-            self.finish_row(trigger, now_ms, &reason).await?;
-            return Ok(Outcome::NoOp { reason });
+            return Ok(Step::NotPending { reason });
         }
         if trigger.kind != TriggerKind::Manual && now_ms < order.deadline_ms {
             if let Some(id) = trigger.row_id {
                 outbox::defer(&self.db, id, order.deadline_ms).await?;
             }
             tracing::info!(
+                order = %order.id,
                 early_ms = order.deadline_ms - now_ms,
                 "trigger before the deadline; deferred"
             );
-            return Ok(Outcome::Deferred {
+            return Ok(Step::Done(Outcome::Deferred {
                 until_ms: order.deadline_ms,
-            });
+            }));
         }
         let Some(policy) = self.policies.get(&order.merchant) else {
             let reason = format!(
                 "merchant `{}` of order `{}` has no plugin configured",
                 order.merchant, order.id
             );
-            return self.dead_letter(trigger, now_ms, &reason).await;
+            return Ok(Step::Done(
+                self.dead_letter(trigger, now_ms, &reason).await?,
+            ));
         };
         if let Some(until_ms) = policy.breaker.open_until(now_ms) {
             if let Some(id) = trigger.row_id {
                 outbox::defer(&self.db, id, until_ms).await?;
             }
             tracing::debug!(merchant = %order.merchant, until_ms, "plugin tripped; trigger waits");
-            return Ok(Outcome::Tripped { until_ms });
+            return Ok(Step::Done(Outcome::Tripped { until_ms }));
         }
         let ctx = Context {
             now_ms,
@@ -285,37 +362,58 @@ impl Dispatcher {
                 kind: kind.as_str(),
             });
         }
-        let decided = Decided {
-            policy: &policy,
-            order: &order,
-            trigger,
+        let answer_json = match &answer {
+            Ok(decision) => serde_json::to_string(decision).expect("a decision serialises"),
+            Err(e) => serde_json::json!({ "error": e.to_string() }).to_string(),
+        };
+        let decision = match answer {
+            Ok(decision) => decision,
+            Err(e) => {
+                let decided = Decided {
+                    policy: &policy,
+                    order: &order,
+                    trigger,
+                    now_ms,
+                    latency_us,
+                    input: &input,
+                    answer: &answer_json,
+                };
+                match policy.on_plugin_error {
+                    OnPluginError::Retry => {
+                        let transient = e.is_transient();
+                        return Ok(Step::Done(
+                            self.failed(trigger, Some(&decided), e.to_string(), transient)
+                                .await,
+                        ));
+                    }
+                    OnPluginError::DeadLetter => {
+                        return Ok(Step::Done(self.give_up(&decided, &e.to_string()).await?));
+                    }
+                    OnPluginError::Fallback => {
+                        tracing::warn!(merchant = %order.merchant, error = %e, "plugin failed; deciding with the fallback policy");
+                        fallback::decide(&order, now_ms, trigger.phase, &e)
+                    }
+                }
+            }
+        };
+        Ok(Step::Ready(Box::new(Ready {
+            policy,
+            order,
+            trigger: trigger.clone(),
             now_ms,
             latency_us,
             input,
-            answer: match &answer {
-                Ok(decision) => serde_json::to_string(decision).expect("a decision serialises"),
-                Err(e) => serde_json::json!({ "error": e.to_string() }).to_string(),
-            },
-        };
-        let answer = match answer {
-            Ok(decision) => decision,
-            Err(e) => match policy.on_plugin_error {
-                OnPluginError::Retry => {
-                    let transient = e.is_transient();
-                    return Ok(self
-                        .failed(trigger, Some(&decided), e.to_string(), transient)
-                        .await);
-                }
-                OnPluginError::DeadLetter => {
-                    return self.give_up(&decided, &e.to_string()).await;
-                }
-                OnPluginError::Fallback => {
-                    tracing::warn!(merchant = %order.merchant, error = %e, "plugin failed; deciding with the fallback policy");
-                    fallback::decide(&order, now_ms, trigger.phase, &e)
-                }
-            },
-        };
-        match answer {
+            answer: answer_json,
+            decision,
+        })))
+    }
+
+    /// Carries out one decision on its own: the guard, then its transaction.
+    async fn carry_out(&self, ready: &Ready) -> Result<Outcome, DbError> {
+        let decided = ready.decided();
+        let (policy, order, trigger, now_ms) =
+            (&ready.policy, &ready.order, &ready.trigger, ready.now_ms);
+        match ready.decision.clone() {
             Decision::Ignore { reason } => {
                 let mut tx = self.db.begin().await?;
                 let detail = serde_json::json!({ "decision": "ignore", "reason": reason });
@@ -340,7 +438,7 @@ impl Dispatcher {
                 reminder,
             } => {
                 let notice: Vec<Effect> = reminder.iter().cloned().map(Effect::Notify).collect();
-                match permitted(&policy, &order, &notice) {
+                match permitted(policy, order, &notice) {
                     Ok(()) => self.wait(&decided, after_ms, next_phase, reminder).await,
                     Err(problems) => {
                         let decision = Decision::Wait {
@@ -353,13 +451,27 @@ impl Dispatcher {
                     }
                 }
             }
-            Decision::Cancel { reason, effects } => match permitted(&policy, &order, &effects) {
+            Decision::Cancel { reason, effects } => match permitted(policy, order, &effects) {
                 Ok(()) => self.close(&decided, &reason, &effects).await,
                 Err(problems) => {
                     let decision = Decision::Cancel { reason, effects };
                     self.refuse(&decided, &decision, problems.join("; ")).await
                 }
             },
+        }
+    }
+
+    /// After a commit that recorded PENDING ledger rows for `order_ids`: wakes the ledger
+    /// executor when the daemon runs one ([`Dispatcher::with_effects_wake`]), so the trigger's
+    /// work ends at its commit; otherwise runs those orders' effects here.
+    pub(crate) async fn after_commit(&self, order_ids: &[&str]) {
+        match &self.effects_wake {
+            Some(wake) => wake.notify_one(),
+            None => {
+                for id in order_ids {
+                    self.effects.run_for_order(id).await;
+                }
+            }
         }
     }
 

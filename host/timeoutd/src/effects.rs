@@ -14,6 +14,7 @@
 mod flash;
 mod notify;
 mod payment;
+pub mod worker;
 
 use std::sync::Arc;
 
@@ -29,6 +30,9 @@ use crate::db::payments::{self, REFUND};
 use crate::db::{Db, DbError, ledger};
 use crate::dispatch::REMIND;
 use crate::retry::Backoff;
+
+/// Ledger rows read per page.
+const PAGE: u32 = 500;
 
 /// Ledger kinds the executor carries out.
 pub const RUNNABLE: &[&str] = &[
@@ -229,10 +233,68 @@ impl EffectRunner {
         self.run(None, now - min_age_ms).await
     }
 
+    /// Runs every PENDING effect whose time has come, fresh ones included: what the ledger
+    /// executor does when a commit wakes it ([`worker::run`]). Reads the ledger in pages of
+    /// [`PAGE`] until a page comes back short. Returns how many were settled.
+    ///
+    /// # Errors
+    /// [`DbError`] when the ledger cannot be read.
+    pub async fn run_fresh(&self) -> Result<usize, DbError> {
+        let mut settled = 0;
+        loop {
+            let (fetched, done) = self.run_page(None, i64::MAX).await?;
+            settled += done;
+            if fetched < PAGE as usize {
+                return Ok(settled);
+            }
+        }
+    }
+
     async fn run(&self, order_id: Option<&str>, fresh_before_ms: i64) -> Result<usize, DbError> {
+        Ok(self.run_page(order_id, fresh_before_ms).await?.1)
+    }
+
+    /// One page of runnable rows: orders side by side (up to `effects.concurrency` at once),
+    /// each order's rows one after another in ledger order. Returns (rows read, rows settled).
+    async fn run_page(
+        &self,
+        order_id: Option<&str>,
+        fresh_before_ms: i64,
+    ) -> Result<(usize, usize), DbError> {
+        use futures_util::StreamExt;
         let now = self.clock.now_ms(&self.db).await?;
-        let rows =
-            ledger::runnable(&self.db, &self.kinds(), order_id, now, fresh_before_ms, 500).await?;
+        let rows = ledger::runnable(
+            &self.db,
+            &self.kinds(),
+            order_id,
+            now,
+            fresh_before_ms,
+            PAGE,
+        )
+        .await?;
+        let fetched = rows.len();
+        let mut by_order: Vec<Vec<ledger::PendingEffect>> = Vec::new();
+        let mut index: std::collections::HashMap<String, usize> = Default::default();
+        for row in rows {
+            let slot = *index.entry(row.order_id.clone()).or_insert_with(|| {
+                by_order.push(Vec::new());
+                by_order.len() - 1
+            });
+            by_order[slot].push(row);
+        }
+        let results: Vec<Result<usize, DbError>> = futures_util::stream::iter(by_order)
+            .map(|rows| self.run_rows(rows))
+            .buffer_unordered(self.config.concurrency.max(1) as usize)
+            .collect()
+            .await;
+        let mut settled = 0;
+        for r in results {
+            settled += r?;
+        }
+        Ok((fetched, settled))
+    }
+
+    async fn run_rows(&self, rows: Vec<ledger::PendingEffect>) -> Result<usize, DbError> {
         let lease_ms = self.config.lease.as_millis() as i64;
         let mut settled = 0;
         for row in rows {

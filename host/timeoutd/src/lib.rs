@@ -13,6 +13,7 @@
 
 pub mod admin;
 pub mod alerts;
+pub mod bench;
 pub mod cli;
 pub mod clock;
 pub mod config;

@@ -67,6 +67,8 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
     for (key, value) in [
         ("outbox.batch", c.outbox.batch),
         ("outbox.concurrency", c.outbox.concurrency),
+        ("outbox.group_commit", c.outbox.group_commit),
+        ("effects.concurrency", c.effects.concurrency),
         ("sweep.batch", c.sweep.batch),
         ("dispatch.max_attempts", c.dispatch.max_attempts),
         ("runtime.max_memory_mib", c.runtime.max_memory_mib),

@@ -66,6 +66,44 @@ pub async fn log_decision(conn: &mut AnyConnection, r: &DecisionRecord<'_>) -> R
     Ok(())
 }
 
+/// Appends a group's decisions to `decision_log` in multi-row statements.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn log_decisions(
+    conn: &mut AnyConnection,
+    records: &[DecisionRecord<'_>],
+) -> Result<(), DbError> {
+    let backend = Backend::of(conn);
+    for chunk in records.chunks(super::ledger::ROWS_PER_INSERT) {
+        let values = vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ");
+        let mut q = backend.query_owned(format!(
+            "INSERT INTO decision_log (order_id, merchant_id, plugin, plugin_digest, \
+             trigger_kind, phase, attempt, decision, outcome, detail, latency_us, decided_at_ms, \
+             input, answer) VALUES {values}"
+        ));
+        for r in chunk {
+            q = q
+                .bind(r.order_id.to_string())
+                .bind(r.merchant_id.to_string())
+                .bind(r.plugin.to_string())
+                .bind(r.plugin_digest.to_string())
+                .bind(r.trigger_kind.to_string())
+                .bind(i64::from(r.phase))
+                .bind(i64::from(r.attempt))
+                .bind(r.decision.to_string())
+                .bind(r.outcome.to_string())
+                .bind(r.detail.clone())
+                .bind(r.latency_us)
+                .bind(r.decided_at_ms)
+                .bind(r.input.map(str::to_string))
+                .bind(r.answer.map(str::to_string));
+        }
+        q.execute(&mut *conn).await?;
+    }
+    Ok(())
+}
+
 /// A trigger that cannot succeed as it is.
 #[derive(Debug, Clone)]
 pub struct DeadLetter<'a> {

@@ -62,6 +62,79 @@ pub async fn load(conn: &mut AnyConnection, id: &str) -> Result<Option<Order>, D
     }))
 }
 
+/// Loads the orders among `ids` with their lines in two statements, by id. Orders that do not
+/// exist or hold something unreadable are left out: the caller takes those one at a time through
+/// [`load`], which names what is wrong.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn load_many(
+    conn: &mut AnyConnection,
+    ids: &[&str],
+) -> Result<std::collections::HashMap<String, Order>, DbError> {
+    let backend = Backend::of(conn);
+    let mut found = std::collections::HashMap::new();
+    if ids.is_empty() {
+        return Ok(found);
+    }
+    let mut q = backend.query_owned(format!(
+        "SELECT id, merchant_id, user_id, status, created_at_ms, deadline_ms, total_cents, \
+         coupon_id, activity_id, payment_ref FROM orders WHERE id IN ({})",
+        marks(ids.len())
+    ));
+    for id in ids {
+        q = q.bind(id.to_string());
+    }
+    for row in q.fetch_all(&mut *conn).await? {
+        let status: String = row.try_get("status")?;
+        let Some(status) = OrderStatus::parse(&status) else {
+            continue;
+        };
+        let order = Order {
+            id: row.try_get("id")?,
+            merchant: row.try_get("merchant_id")?,
+            user: row.try_get("user_id")?,
+            status,
+            created_at_ms: row.try_get("created_at_ms")?,
+            deadline_ms: row.try_get("deadline_ms")?,
+            total_cents: row.try_get("total_cents")?,
+            items: Vec::new(),
+            coupon: row.try_get("coupon_id")?,
+            flash_activity: row.try_get("activity_id")?,
+            payment_ref: row.try_get("payment_ref")?,
+        };
+        found.insert(order.id.clone(), order);
+    }
+    let mut q = backend.query_owned(format!(
+        "SELECT order_id, sku, quantity, unit_price_cents FROM order_items \
+         WHERE order_id IN ({}) ORDER BY order_id, line_no",
+        marks(ids.len())
+    ));
+    for id in ids {
+        q = q.bind(id.to_string());
+    }
+    let mut unreadable = Vec::new();
+    for r in q.fetch_all(&mut *conn).await? {
+        let order_id: String = r.try_get("order_id")?;
+        let quantity: i64 = r.try_get("quantity")?;
+        let Some(order) = found.get_mut(&order_id) else {
+            continue;
+        };
+        match u32::try_from(quantity).ok().filter(|q| *q > 0) {
+            Some(quantity) => order.items.push(OrderItem {
+                sku: r.try_get("sku")?,
+                quantity,
+                unit_price_cents: r.try_get("unit_price_cents")?,
+            }),
+            None => unreadable.push(order_id),
+        }
+    }
+    for id in unreadable {
+        found.remove(&id);
+    }
+    Ok(found)
+}
+
 /// What a close records about itself.
 #[derive(Debug, Clone)]
 pub struct CloseStamp<'a> {
@@ -101,6 +174,132 @@ pub async fn compare_and_close(
     Ok(done.rows_affected() == 1)
 }
 
+/// The orders among `ids` that are PENDING with their deadline passed at `now_ms`, locked for
+/// this transaction (`FOR UPDATE` on MySQL/PostgreSQL, in id order so two groups never
+/// deadlock on each other; SQLite's `BEGIN IMMEDIATE` already holds the only write lock). These
+/// are exactly the orders [`close_many`] then closes: nobody can pay or close them in between.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn lock_pending(
+    conn: &mut AnyConnection,
+    ids: &[&str],
+    now_ms: i64,
+) -> Result<Vec<String>, DbError> {
+    let backend = Backend::of(conn);
+    let lock = match backend {
+        Backend::Sqlite => "",
+        Backend::MySql | Backend::Postgres => " FOR UPDATE",
+    };
+    let mut q = backend.query_owned(format!(
+        "SELECT id FROM orders WHERE id IN ({}) AND status = 'PENDING' AND deadline_ms <= ? \
+         ORDER BY id{lock}",
+        marks(ids.len())
+    ));
+    for id in ids {
+        q = q.bind(id.to_string());
+    }
+    let rows = q.bind(now_ms).fetch_all(&mut *conn).await?;
+    rows.iter()
+        .map(|r| Ok(r.try_get::<String, _>(0)?))
+        .collect()
+}
+
+/// The compare-and-set of a group: closes every order of `closes` (locked by
+/// [`lock_pending`]) with its own stamp, in one statement. Returns how many rows changed, which
+/// the caller checks against `closes.len()`.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn close_many(
+    conn: &mut AnyConnection,
+    closes: &[(&str, CloseStamp<'_>)],
+    now_ms: i64,
+) -> Result<u64, DbError> {
+    if closes.is_empty() {
+        return Ok(0);
+    }
+    let backend = Backend::of(conn);
+    let case = vec!["WHEN ? THEN ?"; closes.len()].join(" ");
+    let mut q = backend.query_owned(format!(
+        "UPDATE orders SET status = 'CLOSED', closed_at_ms = ?, \
+         close_due_ms = CASE id {case} END, closed_by = CASE id {case} END, \
+         close_reason = CASE id {case} END \
+         WHERE id IN ({}) AND status = 'PENDING' AND deadline_ms <= ?",
+        marks(closes.len())
+    ));
+    q = q.bind(now_ms);
+    for (id, stamp) in closes {
+        q = q.bind(id.to_string()).bind(stamp.due_ms);
+    }
+    for (id, stamp) in closes {
+        q = q.bind(id.to_string()).bind(stamp.closed_by.to_string());
+    }
+    for (id, stamp) in closes {
+        q = q.bind(id.to_string()).bind(stamp.reason.to_string());
+    }
+    for (id, _) in closes {
+        q = q.bind(id.to_string());
+    }
+    Ok(q.bind(now_ms).execute(&mut *conn).await?.rows_affected())
+}
+
+/// Releases the coupons of `pairs` (coupon, order) that are LOCKED by that very order, in two
+/// statements for the whole group, and returns the coupons released. A coupon locked by another
+/// order, or no longer locked, is left alone (and not returned).
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn release_coupons(
+    conn: &mut AnyConnection,
+    pairs: &[(&str, &str)],
+) -> Result<std::collections::HashSet<String>, DbError> {
+    let mut released = std::collections::HashSet::new();
+    if pairs.is_empty() {
+        return Ok(released);
+    }
+    let backend = Backend::of(conn);
+    let lock = match backend {
+        Backend::Sqlite => "",
+        Backend::MySql | Backend::Postgres => " FOR UPDATE",
+    };
+    let mut q = backend.query_owned(format!(
+        "SELECT id, order_id FROM coupons WHERE id IN ({}) AND status = 'LOCKED' ORDER BY id{lock}",
+        marks(pairs.len())
+    ));
+    for (coupon, _) in pairs {
+        q = q.bind(coupon.to_string());
+    }
+    for r in q.fetch_all(&mut *conn).await? {
+        let coupon: String = r.try_get(0)?;
+        let holder: Option<String> = r.try_get(1)?;
+        if pairs
+            .iter()
+            .any(|(c, o)| *c == coupon && holder.as_deref() == Some(*o))
+        {
+            released.insert(coupon);
+        }
+    }
+    if released.is_empty() {
+        return Ok(released);
+    }
+    let mut q = backend.query_owned(format!(
+        "UPDATE coupons SET status = 'AVAILABLE', order_id = NULL \
+         WHERE id IN ({}) AND status = 'LOCKED'",
+        marks(released.len())
+    ));
+    for coupon in &released {
+        q = q.bind(coupon.clone());
+    }
+    q.execute(&mut *conn).await?;
+    Ok(released)
+}
+
+/// `n` comma-separated `?` markers (at least one).
+pub(crate) fn marks(n: usize) -> String {
+    vec!["?"; n.max(1)].join(", ")
+}
+
 /// Gives `quantity` units of `sku` back. Returns false when the SKU has no stock row.
 ///
 /// # Errors
@@ -110,9 +309,22 @@ pub async fn restore_stock(
     sku: &str,
     quantity: u32,
 ) -> Result<bool, DbError> {
+    restore_units(conn, sku, i64::from(quantity)).await
+}
+
+/// Gives `units` of `sku` back in one statement (a group's total for that SKU). Returns false
+/// when the SKU has no stock row.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn restore_units(
+    conn: &mut AnyConnection,
+    sku: &str,
+    units: i64,
+) -> Result<bool, DbError> {
     let done = Backend::of(conn)
         .query("UPDATE sku_stock SET available = available + ? WHERE sku = ?")
-        .bind(i64::from(quantity))
+        .bind(units)
         .bind(sku)
         .execute(&mut *conn)
         .await?;

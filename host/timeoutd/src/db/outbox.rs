@@ -236,6 +236,32 @@ pub async fn finish(
     Ok(())
 }
 
+/// [`finish`] for a group's rows, all with the same `note`, in one statement.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn finish_many(
+    conn: &mut AnyConnection,
+    ids: &[i64],
+    now_ms: i64,
+    note: Option<&str>,
+) -> Result<(), DbError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let mut q = Backend::of(conn).query_owned(format!(
+        "UPDATE order_timeout_msg SET status = 'PROCESSED', processed_at_ms = ?, last_error = ?, \
+         claim_token = NULL, claim_until_ms = NULL WHERE id IN ({})",
+        super::orders::marks(ids.len())
+    ));
+    q = q.bind(now_ms).bind(note.map(str::to_string));
+    for id in ids {
+        q = q.bind(*id);
+    }
+    q.execute(&mut *conn).await?;
+    Ok(())
+}
+
 /// Moves a row's due time to `due_ms` (an early trigger waits for the deadline) and drops the
 /// claim; attempts are not counted. A SENT row becomes PENDING again (its message has been
 /// consumed), so the relay or the outbox timer schedules it anew.

@@ -1,15 +1,108 @@
 //! The close: one transaction holding the compare-and-set, the stock and coupon changes, the
-//! ledger rows, the decision log and the outbox row.
+//! ledger rows, the decision log and the outbox row. The rules shared by the single close and
+//! the group close ([`super::group`]) live here: the stamp, the reason a lost compare-and-set
+//! gives, and each effect's ledger row.
 
 use timeoutd_runtime::model::Effect;
 
 use super::{Decided, Dispatcher, Outcome};
 use crate::db::{DbError, journal, ledger, orders, outbox};
 
+/// Why a close that lost its compare-and-set did nothing (paid in between, F12; a concurrent
+/// duplicate, F9).
+pub(super) const CAS_LOST: &str = "compare-and-set lost: the order left PENDING before the close";
+
+impl<'a> Decided<'a> {
+    /// When the close was due: the deadline, or the closing phase's due time when later.
+    pub(super) fn close_due_ms(&self) -> i64 {
+        self.trigger
+            .due_ms
+            .unwrap_or(self.order.deadline_ms)
+            .max(self.order.deadline_ms)
+    }
+
+    /// What the close records on the order.
+    pub(super) fn close_stamp(&self, reason: &'a str) -> orders::CloseStamp<'a> {
+        orders::CloseStamp {
+            now_ms: self.now_ms,
+            due_ms: self.close_due_ms(),
+            closed_by: self.trigger.kind.as_str(),
+            reason,
+        }
+    }
+
+    /// The ledger rows of `effects`, in order (`index` is the position, part of the
+    /// idempotency key). An effect inside the database is DONE when `applied(index)` says it took
+    /// (a stock row was there, the coupon was locked by this order) — a missing SKU is FAILED, a
+    /// coupon not this order's is left alone and noted — and an effect outside it (notices,
+    /// payment, Redis) is PENDING for the ledger executor.
+    pub(super) fn ledger_entries(
+        &self,
+        effects: &[Effect],
+        applied: impl Fn(usize, &Effect) -> bool,
+    ) -> Vec<ledger::NewEntry<'a>> {
+        effects
+            .iter()
+            .enumerate()
+            .map(|(index, effect)| {
+                let (status, note) = match effect {
+                    Effect::RestoreStock { sku, .. } if !applied(index, effect) => (
+                        ledger::FAILED,
+                        Some(format!("no sku_stock row for `{sku}`")),
+                    ),
+                    Effect::ReleaseCoupon { coupon } if !applied(index, effect) => (
+                        ledger::DONE,
+                        Some(format!(
+                            "coupon `{coupon}` was not locked by this order; left alone"
+                        )),
+                    ),
+                    Effect::RestoreStock { .. } | Effect::ReleaseCoupon { .. } => {
+                        (ledger::DONE, None)
+                    }
+                    Effect::Notify(_)
+                    | Effect::ClosePayment { .. }
+                    | Effect::RestoreFlashStock { .. }
+                    | Effect::ReleaseFlashSlot { .. } => (ledger::PENDING, None),
+                };
+                ledger::NewEntry {
+                    order_id: &self.order.id,
+                    merchant_id: &self.order.merchant,
+                    phase: self.trigger.phase,
+                    index: index as u32,
+                    kind: effect.kind(),
+                    payload: serde_json::to_string(effect).expect("effect serialises"),
+                    status,
+                    note,
+                    key: None,
+                }
+            })
+            .collect()
+    }
+}
+
+/// Whether `effect` is carried out outside the database (by the ledger executor).
+pub(super) fn is_external(effect: &Effect) -> bool {
+    !matches!(
+        effect,
+        Effect::RestoreStock { .. } | Effect::ReleaseCoupon { .. }
+    )
+}
+
+/// The `decision_log.detail` of a close.
+pub(super) fn closed_detail(reason: &str, effects: &[Effect]) -> String {
+    serde_json::json!({ "decision": "cancel", "reason": reason, "effects": effects }).to_string()
+}
+
+/// The `decision_log.detail` of a close that lost its compare-and-set.
+pub(super) fn noop_detail() -> String {
+    serde_json::json!({ "decision": "cancel", "noop": CAS_LOST }).to_string()
+}
+
 impl Dispatcher {
     /// Closes the order with `effects` (already checked against it). Effects inside the
     /// database are applied in the transaction and recorded DONE; effects outside it (notices,
-    /// payment, Redis) are recorded PENDING and carried out from the ledger after the commit.
+    /// payment, Redis) are recorded PENDING and carried out from the ledger after the commit
+    /// ([`Dispatcher::after_commit`]). The one-order form of the group close.
     pub(super) async fn close(
         &self,
         d: &Decided<'_>,
@@ -17,86 +110,55 @@ impl Dispatcher {
         effects: &[Effect],
     ) -> Result<Outcome, DbError> {
         let order = d.order;
-        let due_ms = d
-            .trigger
-            .due_ms
-            .unwrap_or(order.deadline_ms)
-            .max(order.deadline_ms);
-        let stamp = orders::CloseStamp {
-            now_ms: d.now_ms,
-            due_ms,
-            closed_by: d.trigger.kind.as_str(),
-            reason,
-        };
+        let stamp = d.close_stamp(reason);
         let backend = self.db.backend();
         let mut tx = self.db.begin().await?;
         if !orders::compare_and_close(&mut tx, &order.id, &stamp).await? {
             tx.rollback().await?;
-            let reason =
-                "compare-and-set lost: the order left PENDING before the close".to_string();
             let mut tx = self.db.begin().await?;
-            let detail = serde_json::json!({ "decision": "cancel", "noop": reason });
-            journal::log_decision(&mut tx, &d.record("cancel", "noop", detail.to_string())).await?;
+            journal::log_decision(&mut tx, &d.record("cancel", "noop", noop_detail())).await?;
             if let Some(id) = d.trigger.row_id {
-                outbox::finish(&mut tx, id, d.now_ms, Some(&reason)).await?;
+                outbox::finish(&mut tx, id, d.now_ms, Some(CAS_LOST)).await?;
             }
             tx.commit().await?;
             tracing::info!("close lost the compare-and-set; no effect applied");
-            return Ok(Outcome::NoOp { reason });
+            return Ok(Outcome::NoOp {
+                reason: CAS_LOST.to_string(),
+            });
         }
+        let mut applied = vec![false; effects.len()];
         for (index, effect) in effects.iter().enumerate() {
-            let (status, note) = match effect {
+            applied[index] = match effect {
                 Effect::RestoreStock { sku, quantity } => {
-                    if orders::restore_stock(&mut tx, sku, *quantity).await? {
-                        (ledger::DONE, None)
-                    } else {
-                        (
-                            ledger::FAILED,
-                            Some(format!("no sku_stock row for `{sku}`")),
-                        )
-                    }
+                    orders::restore_stock(&mut tx, sku, *quantity).await?
                 }
                 Effect::ReleaseCoupon { coupon } => {
-                    if orders::release_coupon(&mut tx, coupon, &order.id).await? {
-                        (ledger::DONE, None)
-                    } else {
-                        let note =
-                            format!("coupon `{coupon}` was not locked by this order; left alone");
-                        (ledger::DONE, Some(note))
-                    }
+                    orders::release_coupon(&mut tx, coupon, &order.id).await?
                 }
-                Effect::Notify(_)
-                | Effect::ClosePayment { .. }
-                | Effect::RestoreFlashStock { .. }
-                | Effect::ReleaseFlashSlot { .. } => (ledger::PENDING, None),
+                _ => false,
             };
-            let entry = ledger::NewEntry {
-                order_id: &order.id,
-                merchant_id: &order.merchant,
-                phase: d.trigger.phase,
-                index: index as u32,
-                kind: effect.kind(),
-                payload: serde_json::to_string(effect).expect("effect serialises"),
-                status,
-                note,
-                key: None,
-            };
+        }
+        for entry in d.ledger_entries(effects, |i, _| applied[i]) {
             ledger::record(&mut tx, backend, &entry, d.now_ms).await?;
         }
-        let detail =
-            serde_json::json!({ "decision": "cancel", "reason": reason, "effects": effects });
-        journal::log_decision(&mut tx, &d.record("cancel", "closed", detail.to_string())).await?;
+        journal::log_decision(
+            &mut tx,
+            &d.record("cancel", "closed", closed_detail(reason, effects)),
+        )
+        .await?;
         if let Some(id) = d.trigger.row_id {
             outbox::finish(&mut tx, id, d.now_ms, None).await?;
         }
         tx.commit().await?;
-        let lateness_ms = d.now_ms - due_ms;
+        let lateness_ms = d.now_ms - stamp.due_ms;
         crate::events::emit(crate::events::Event::Closed {
             source: d.trigger.kind.as_str(),
             lateness_ms,
             effects: effects.len(),
         });
-        self.effects.run_for_order(&order.id).await;
+        if effects.iter().any(is_external) {
+            self.after_commit(&[&order.id]).await;
+        }
         Ok(Outcome::Closed { lateness_ms })
     }
 }

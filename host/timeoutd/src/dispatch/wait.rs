@@ -70,7 +70,7 @@ impl Dispatcher {
         }
         tx.commit().await?;
         if reminder.is_some() {
-            self.effects.run_for_order(&d.order.id).await;
+            self.after_commit(&[&d.order.id]).await;
         }
         Ok(Outcome::Waiting { next_phase, due_ms })
     }

@@ -58,8 +58,11 @@ pub async fn run(
 ) {
     let db = dispatcher.db().clone();
     let lease_ms = config.lease.as_millis() as i64;
+    let group = config.group_commit.max(1) as usize;
     let permits = Arc::new(Semaphore::new(config.concurrency as usize));
+    let mut in_flight = JoinSet::new();
     loop {
+        while in_flight.try_join_next().is_some() {}
         if crate::shutdown::is_stopping(&shutdown) {
             break;
         }
@@ -77,7 +80,9 @@ pub async fn run(
         let sent_before = sent_grace_ms.map(|g| now_ms - g);
         match outbox::claim_due_with_sent(&db, now_ms, sent_before, config.batch, lease_ms).await {
             Ok(rows) if !rows.is_empty() => {
-                dispatch_batch(&dispatcher, rows, &permits).await;
+                // Groups run while the next rows are claimed: the claim never waits for the
+                // slowest group, only for a free permit.
+                dispatch_groups(&dispatcher, rows, group, &permits, &mut in_flight).await;
                 continue;
             }
             Ok(_) => {}
@@ -93,6 +98,11 @@ pub async fn run(
         }
         .min(config.idle_recheck);
         if sleep.is_zero() {
+            // Due rows that are all held: by our own groups in flight, or by another daemon.
+            tokio::select! {
+                _ = in_flight.join_next(), if !in_flight.is_empty() => {}
+                _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+            }
             continue;
         }
         tokio::select! {
@@ -101,31 +111,45 @@ pub async fn run(
             _ = crate::shutdown::stopping(&mut shutdown) => {}
         }
     }
+    // A batch in flight is finished first.
+    while in_flight.join_next().await.is_some() {}
     tracing::info!("outbox timer stopped");
 }
 
-async fn dispatch_batch(dispatcher: &Arc<Dispatcher>, rows: Vec<DueRow>, permits: &Arc<Semaphore>) {
-    let mut set = JoinSet::new();
-    for row in rows {
+/// Splits claimed rows into groups of at most `group` and starts each on its own task once a
+/// permit is free; a bad row is dead-lettered on its own ([`check_row`]).
+async fn dispatch_groups(
+    dispatcher: &Arc<Dispatcher>,
+    rows: Vec<DueRow>,
+    group: usize,
+    permits: &Arc<Semaphore>,
+    in_flight: &mut JoinSet<()>,
+) {
+    for chunk in rows.chunks(group) {
         let permit = permits
             .clone()
             .acquire_owned()
             .await
             .expect("semaphore never closed");
         let dispatcher = dispatcher.clone();
-        set.spawn(async move {
-            let trigger = trigger_of(&row);
-            let outcome = match check_row(&row) {
-                None => dispatcher.handle(&trigger).await,
-                Some(reason) => dispatcher.reject(&trigger, &reason).await,
-            };
+        let chunk = chunk.to_vec();
+        in_flight.spawn(async move {
+            let mut triggers = Vec::with_capacity(chunk.len());
+            for row in &chunk {
+                match check_row(row) {
+                    None => triggers.push(trigger_of(row)),
+                    Some(reason) => {
+                        let outcome = dispatcher.reject(&trigger_of(row), &reason).await;
+                        tracing::warn!(?outcome, "outbox row dead-lettered");
+                    }
+                }
+            }
+            for outcome in dispatcher.handle_group(&triggers).await {
+                if let Outcome::DeadLettered { reason } = &outcome {
+                    tracing::warn!(reason, "outbox row dead-lettered");
+                }
+            }
             drop(permit);
-            outcome
         });
-    }
-    while let Some(done) = set.join_next().await {
-        if let Ok(Outcome::DeadLettered { reason }) = &done {
-            tracing::warn!(reason, "outbox row dead-lettered");
-        }
     }
 }

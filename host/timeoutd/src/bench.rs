@@ -1,0 +1,180 @@
+//! `timeoutd bench`: a flash-sale burst through the real daemon path, measured against this
+//! machine's own limit taken in the same run.
+//!
+//! One run, on a fresh database of the configured backend (`timeoutd_bench` on MariaDB and
+//! PostgreSQL, a temporary file on SQLite):
+//! 1. seeds 2 × N orders as an order service writes them — lines, locked stock on a few hot
+//!    SKUs, a coupon on one order in five, a flash-sale activity on every other order, a
+//!    payment reference, and (path `outbox`) the phase-0 `order_timeout_msg` row ([`seed`]);
+//! 2. **baseline:** closes the first N with the simplest client loop — per order one
+//!    transaction with the same writes the daemon makes (compare-and-set, stock back per line,
+//!    coupon, one ledger row per effect, one `decision_log` row, outbox row PROCESSED) — over as
+//!    many connections as the daemon dispatches on ([`baseline`]). That is this machine's
+//!    one-order-per-commit limit for this backend;
+//! 3. starts the real daemon in this process, moves the other N orders' deadline to one instant
+//!    a few seconds ahead, and waits until every one is closed;
+//! 4. reports closes/s, the ratio to the baseline, lateness p50/p99/max from the database
+//!    (`closed_at_ms − deadline_ms`), CPU seconds per 1,000 closes, peak RSS, commits and
+//!    statements per close ([`counters`]), the plans of the hot queries, and an exactly-once
+//!    audit ([`report`]).
+//!
+//! Lateness under a burst is drain time: with N orders sharing one deadline and a sustained
+//! rate R, p99 ≥ 0.99·N/R (the "drain floor", reported beside p99).
+
+mod baseline;
+mod counters;
+mod report;
+mod seed;
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde::Serialize;
+
+pub use report::Report;
+
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::daemon::Daemon;
+use crate::db::{Backend, Db};
+
+/// Which trigger path the burst goes through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BenchPath {
+    /// Each order has its phase-0 `order_timeout_msg` row; the outbox timer closes it.
+    Outbox,
+    /// No outbox rows: the sweep (interval 1 s, grace 0 for the bench) finds and closes them.
+    Sweep,
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchArgs {
+    /// The daemon's configuration; its database URL names the server (a fresh database is
+    /// made on it), its `[outbox]`, `[dispatch]` and merchants are used as they are.
+    pub config: Config,
+    /// Trigger path.
+    pub path: BenchPath,
+    /// Orders in the burst (the baseline closes as many again).
+    pub orders: u32,
+    /// How far ahead of the start the shared deadline is put, ms.
+    pub lead_ms: i64,
+    /// Merchant whose plugin decides (default: the first configured).
+    pub merchant: Option<String>,
+}
+
+/// Runs the bench and returns its report (also printed as a table and one JSON line by the
+/// command). Progress goes to stderr.
+///
+/// # Errors
+/// Anything that stops the run: the server unreachable, the daemon not starting, the burst not
+/// draining within its time limit (max(120 s, N / 20 s)).
+pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
+    let merchant = match &args.merchant {
+        Some(m) if args.config.merchants.contains_key(m) => m.clone(),
+        Some(m) => anyhow::bail!("--merchant {m}: no such merchant in the config"),
+        None => args
+            .config
+            .merchants
+            .keys()
+            .next()
+            .cloned()
+            .context("the config has no merchants")?,
+    };
+    let (url, _tempdir) = seed::fresh_database(&args.config.database.url).await?;
+    let max_connections = args.config.database.max_connections;
+    let db = Db::connect(&url, max_connections).await?;
+    db.migrate().await?;
+    let backend = db.backend();
+    let n = args.orders;
+    progress(format_args!("seeding 2 × {n} orders on {backend:?}"));
+    let shape = seed::seed(&db, &merchant, n, args.path == BenchPath::Outbox).await?;
+
+    let connections = match backend {
+        Backend::Sqlite => 1,
+        _ => args.config.outbox.concurrency.min(max_connections).max(1),
+    };
+    progress(format_args!(
+        "baseline: {n} closes, one transaction each, {connections} connection(s)"
+    ));
+    let before = counters::Counters::read(&db).await;
+    let baseline = baseline::run(&db, &merchant, n, connections).await?;
+    let after = counters::Counters::read(&db).await;
+    let baseline_counts = after.since(&before, n);
+    db.close().await;
+
+    let mut config = args.config.clone();
+    config.database.url = url.clone();
+    config.database.migrate = false;
+    config.http = None;
+    config.admin = None;
+    config.alerts = None;
+    config.rocketmq = None;
+    if args.path == BenchPath::Sweep {
+        config.sweep.enabled = true;
+        config.sweep.interval = Duration::from_secs(1);
+        config.sweep.grace = Duration::ZERO;
+    }
+    let daemon = Daemon::start(&config, Clock::Database)
+        .await
+        .context("starting the daemon")?;
+    let db = Db::connect(&url, 2).await?;
+    let deadline_ms = db.now_ms().await? + args.lead_ms;
+    seed::set_deadline(&db, deadline_ms).await?;
+    daemon.waker().notify_one();
+    progress(format_args!(
+        "daemon: {n} orders due at one instant, {} ms from now",
+        args.lead_ms
+    ));
+    let before = counters::Counters::read(&db).await;
+    let cpu_before = counters::cpu_seconds();
+    let limit_ms = (i64::from(n) * 50).max(120_000);
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let open = seed::open_orders(&db).await?;
+        let now = db.now_ms().await?;
+        let since = now - deadline_ms;
+        if since >= 0 {
+            progress(format_args!(
+                "{} / {n} closed, {:.1} s after the deadline",
+                u64::from(n).saturating_sub(open),
+                since as f64 / 1000.0
+            ));
+        }
+        if open == 0 {
+            break;
+        }
+        anyhow::ensure!(
+            since < limit_ms,
+            "{open} of {n} orders still open {} s after the deadline",
+            since / 1000
+        );
+    }
+    let cpu_s = counters::cpu_seconds() - cpu_before;
+    daemon.stop().await;
+    let after = counters::Counters::read(&db).await;
+    let daemon_counts = after.since(&before, n);
+    let report = report::collect(
+        &db,
+        report::Inputs {
+            backend,
+            path: args.path,
+            orders: n,
+            deadline_ms,
+            baseline,
+            baseline_counts,
+            daemon_counts,
+            cpu_s,
+            shape,
+            database: url,
+        },
+    )
+    .await?;
+    db.close().await;
+    Ok(report)
+}
+
+fn progress(line: std::fmt::Arguments<'_>) {
+    eprintln!("bench: {line}");
+}

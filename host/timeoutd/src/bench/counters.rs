@@ -1,0 +1,111 @@
+//! What the server and this process counted: commits and statements (MariaDB/MySQL `SHOW GLOBAL
+//! STATUS` `Com_commit` and `Questions`; PostgreSQL `pg_stat_database.xact_commit`, which counts
+//! every transaction including single-statement ones), CPU seconds and peak RSS (`/proc/self`).
+
+use sqlx::Row;
+
+use crate::db::{Backend, Db};
+
+/// A reading of the server's counters; `None` where the backend has none.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Counters {
+    commits: Option<i64>,
+    statements: Option<i64>,
+}
+
+/// Counts over a stretch of the run, per close.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct PerClose {
+    /// Commits per close (MariaDB: explicit COMMITs; PostgreSQL: every transaction).
+    pub commits: Option<f64>,
+    /// Statements per close (MariaDB `Questions`; not counted on PostgreSQL and SQLite).
+    pub statements: Option<f64>,
+}
+
+impl Counters {
+    /// Reads the counters; a backend or server without them reads as `None`.
+    pub(super) async fn read(db: &Db) -> Counters {
+        match db.backend() {
+            Backend::Sqlite => Counters::default(),
+            Backend::MySql => {
+                let read = async {
+                    let rows = sqlx::query(
+                        "SHOW GLOBAL STATUS WHERE Variable_name IN ('Com_commit', 'Questions')",
+                    )
+                    .fetch_all(db.pool())
+                    .await?;
+                    let mut c = Counters::default();
+                    for r in rows {
+                        let name: String = r.try_get(0)?;
+                        let value: String = r.try_get(1)?;
+                        let value = value.parse().ok();
+                        match name.as_str() {
+                            "Com_commit" => c.commits = value,
+                            _ => c.statements = value,
+                        }
+                    }
+                    Ok::<_, sqlx::Error>(c)
+                };
+                read.await.unwrap_or_default()
+            }
+            Backend::Postgres => {
+                let read = async {
+                    sqlx::query("SELECT pg_stat_clear_snapshot()")
+                        .execute(db.pool())
+                        .await?;
+                    let row = sqlx::query(
+                        "SELECT CAST(xact_commit AS BIGINT) FROM pg_stat_database \
+                         WHERE datname = current_database()",
+                    )
+                    .fetch_one(db.pool())
+                    .await?;
+                    Ok::<_, sqlx::Error>(Counters {
+                        commits: row.try_get(0).ok(),
+                        statements: None,
+                    })
+                };
+                read.await.unwrap_or_default()
+            }
+        }
+    }
+
+    /// `self − before`, per close over `closes`.
+    pub(super) fn since(&self, before: &Counters, closes: u32) -> PerClose {
+        let per =
+            |a: Option<i64>, b: Option<i64>| Some((a? - b?) as f64 / f64::from(closes.max(1)));
+        PerClose {
+            commits: per(self.commits, before.commits),
+            statements: per(self.statements, before.statements),
+        }
+    }
+}
+
+/// CPU seconds (user + system) this process has used so far; 0 where `/proc` cannot tell.
+pub(super) fn cpu_seconds() -> f64 {
+    // /proc/self/stat fields 14 and 15 (utime, stime) in clock ticks of USER_HZ = 100 on Linux.
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let tick = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // After the `(comm)` field, utime is the 12th field and stime the 13th (0-based 11, 12).
+    (tick(11) + tick(12)) / 100.0
+}
+
+/// The process's peak resident set, MiB (`VmHWM`); 0 where `/proc` cannot tell.
+pub(super) fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}

@@ -1,0 +1,309 @@
+//! The bench's figures, read back from the database after the burst, and the exactly-once
+//! audit; printed as a table and one JSON line.
+
+use serde::Serialize;
+use sqlx::Row;
+
+use super::BenchPath;
+use super::baseline::Baseline;
+use super::counters::{PerClose, peak_rss_mib};
+use super::seed::Shape;
+use crate::db::{Backend, Db};
+
+/// Everything one bench run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// `sqlite`, `mysql` or `postgres`.
+    pub backend: String,
+    /// Trigger path.
+    pub path: BenchPath,
+    /// Orders in the burst.
+    pub orders: u32,
+    /// The daemon's drain rate: orders ÷ (last close − deadline), per second.
+    pub closes_per_s: f64,
+    /// The baseline's rate, per second.
+    pub baseline_closes_per_s: f64,
+    /// `closes_per_s ÷ baseline_closes_per_s`.
+    pub ratio: f64,
+    /// Lateness `closed_at_ms − deadline_ms` (database clock), ms.
+    pub lateness_ms: Lateness,
+    /// 0.99 × orders ÷ closes/s, ms: the best p99 this rate allows.
+    pub drain_floor_p99_ms: f64,
+    /// Daemon CPU seconds per 1,000 closes (this process, during the drain).
+    pub cpu_s_per_1000: f64,
+    /// Peak RSS of the process over the whole run, MiB.
+    pub peak_rss_mib: f64,
+    /// The daemon's commits and statements per close.
+    pub daemon: PerClose,
+    /// The baseline's commits and statements per close.
+    pub baseline: PerClose,
+    /// Baseline details.
+    pub baseline_run: Baseline,
+    /// The exactly-once audit.
+    pub audit: Audit,
+    /// `EXPLAIN` of the hot queries (MariaDB and PostgreSQL), one line each.
+    pub plans: Vec<(String, String)>,
+    /// The bench's database, kept for a look.
+    pub database: String,
+}
+
+/// Lateness percentiles, ms.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Lateness {
+    /// Median.
+    pub p50: i64,
+    /// 99th percentile.
+    pub p99: i64,
+    /// Largest.
+    pub max: i64,
+    /// Smallest (negative would be a close before the deadline).
+    pub min: i64,
+}
+
+/// The audit: each must hold for the run to count.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Audit {
+    /// Every problem found; empty when exactly-once held.
+    pub problems: Vec<String>,
+    /// Ledger rows per daemon close.
+    pub ledger_rows_per_close: f64,
+}
+
+impl Report {
+    /// Whether the audit found nothing wrong.
+    pub fn passed(&self) -> bool {
+        self.audit.problems.is_empty()
+    }
+
+    /// The readable table.
+    pub fn table(&self) -> String {
+        let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+        let mut out = String::new();
+        out.push_str(&format!(
+            "timeoutd bench · {} · path {:?} · {} orders sharing one deadline\n",
+            self.backend, self.path, self.orders
+        ));
+        out.push_str(&format!(
+            "  closes/s            {:>10.0}   baseline {:>8.0}   ratio {:.2}\n",
+            self.closes_per_s, self.baseline_closes_per_s, self.ratio
+        ));
+        out.push_str(&format!(
+            "  lateness ms         p50 {} · p99 {} · max {} · min {}   (drain floor p99 {:.0})\n",
+            self.lateness_ms.p50,
+            self.lateness_ms.p99,
+            self.lateness_ms.max,
+            self.lateness_ms.min,
+            self.drain_floor_p99_ms
+        ));
+        out.push_str(&format!(
+            "  commits/close       daemon {} · baseline {}\n",
+            opt(self.daemon.commits),
+            opt(self.baseline.commits)
+        ));
+        out.push_str(&format!(
+            "  statements/close    daemon {} · baseline {}\n",
+            opt(self.daemon.statements),
+            opt(self.baseline.statements)
+        ));
+        out.push_str(&format!(
+            "  cpu s / 1000 closes {:.3}   peak RSS {:.0} MiB   ledger rows/close {:.2}\n",
+            self.cpu_s_per_1000, self.peak_rss_mib, self.audit.ledger_rows_per_close
+        ));
+        for (name, plan) in &self.plans {
+            out.push_str(&format!("  plan {name}: {plan}\n"));
+        }
+        if self.passed() {
+            out.push_str("  audit               ok: every order closed once, none early, stock and coupons exact\n");
+        } else {
+            for p in &self.audit.problems {
+                out.push_str(&format!("  audit FAILED        {p}\n"));
+            }
+        }
+        out
+    }
+}
+
+/// What the run hands to [`collect`].
+pub(super) struct Inputs {
+    pub backend: Backend,
+    pub path: BenchPath,
+    pub orders: u32,
+    pub deadline_ms: i64,
+    pub baseline: Baseline,
+    pub baseline_counts: PerClose,
+    pub daemon_counts: PerClose,
+    pub cpu_s: f64,
+    pub shape: Shape,
+    pub database: String,
+}
+
+/// Reads lateness and the audit back from the database.
+///
+/// # Errors
+/// A query fails.
+pub(super) async fn collect(db: &Db, i: Inputs) -> anyhow::Result<Report> {
+    let backend = db.backend();
+    let mut lateness: Vec<i64> = backend
+        .query("SELECT closed_at_ms - deadline_ms FROM orders WHERE id LIKE 'd-%' AND status = 'CLOSED'")
+        .fetch_all(db.pool())
+        .await?
+        .iter()
+        .map(|r| r.try_get::<i64, _>(0))
+        .collect::<Result<_, _>>()?;
+    lateness.sort_unstable();
+    let pick = |q: f64| {
+        if lateness.is_empty() {
+            0
+        } else {
+            lateness[((lateness.len() as f64 * q).ceil() as usize).clamp(1, lateness.len()) - 1]
+        }
+    };
+    let late = Lateness {
+        p50: pick(0.50),
+        p99: pick(0.99),
+        max: lateness.last().copied().unwrap_or(0),
+        min: lateness.first().copied().unwrap_or(0),
+    };
+    let drain_ms = late.max.max(1) as f64;
+    let closes_per_s = f64::from(i.orders) * 1000.0 / drain_ms;
+    let audit = audit(db, &i).await?;
+    Ok(Report {
+        backend: format!("{:?}", i.backend).to_lowercase(),
+        path: i.path,
+        orders: i.orders,
+        closes_per_s,
+        baseline_closes_per_s: i.baseline.closes_per_s,
+        ratio: closes_per_s / i.baseline.closes_per_s.max(f64::MIN_POSITIVE),
+        lateness_ms: late,
+        drain_floor_p99_ms: 0.99 * f64::from(i.orders) * 1000.0 / closes_per_s,
+        cpu_s_per_1000: i.cpu_s * 1000.0 / f64::from(i.orders.max(1)),
+        peak_rss_mib: peak_rss_mib(),
+        daemon: i.daemon_counts,
+        baseline: i.baseline_counts,
+        baseline_run: i.baseline,
+        audit,
+        plans: plans(db, i.deadline_ms).await,
+        database: i.database,
+    })
+}
+
+async fn scalar(db: &Db, sql: &'static str) -> anyhow::Result<i64> {
+    Ok(db
+        .backend()
+        .query(sql)
+        .fetch_one(db.pool())
+        .await?
+        .try_get(0)?)
+}
+
+async fn audit(db: &Db, i: &Inputs) -> anyhow::Result<Audit> {
+    let mut problems = Vec::new();
+    let n = i64::from(i.orders);
+    let closed = scalar(db, "SELECT COUNT(*) FROM orders WHERE status = 'CLOSED'").await?;
+    if closed != 2 * n {
+        problems.push(format!("{closed} orders CLOSED, want {}", 2 * n));
+    }
+    let early = scalar(
+        db,
+        "SELECT COUNT(*) FROM orders WHERE id LIKE 'd-%' AND closed_at_ms < deadline_ms",
+    )
+    .await?;
+    if early != 0 {
+        problems.push(format!("{early} orders closed before their deadline"));
+    }
+    let closes = scalar(
+        db,
+        "SELECT COUNT(*) FROM decision_log WHERE outcome = 'closed' AND order_id LIKE 'd-%'",
+    )
+    .await?;
+    if closes != n {
+        problems.push(format!("{closes} closed decisions for {n} orders"));
+    }
+    let units = match db.backend() {
+        Backend::MySql => "SELECT CAST(SUM(available) AS SIGNED) FROM sku_stock",
+        _ => "SELECT CAST(SUM(available) AS BIGINT) FROM sku_stock",
+    };
+    let units = scalar(db, units).await?;
+    if units != i.shape.initial_units {
+        problems.push(format!(
+            "stock {units} units after every close, want {}",
+            i.shape.initial_units
+        ));
+    }
+    let locked = scalar(
+        db,
+        "SELECT COUNT(*) FROM coupons WHERE status <> 'AVAILABLE'",
+    )
+    .await?;
+    if locked != 0 {
+        problems.push(format!("{locked} coupons still held"));
+    }
+    let ledger = scalar(
+        db,
+        "SELECT COUNT(*) FROM effect_ledger WHERE order_id LIKE 'd-%'",
+    )
+    .await?;
+    let per_close = ledger as f64 / n.max(1) as f64;
+    if ledger < n {
+        problems.push(format!("{ledger} ledger rows for {n} closes"));
+    }
+    let unsettled = scalar(
+        db,
+        "SELECT COUNT(*) FROM order_timeout_msg WHERE status <> 'PROCESSED'",
+    )
+    .await?;
+    if unsettled != 0 {
+        problems.push(format!("{unsettled} outbox rows not PROCESSED"));
+    }
+    Ok(Audit {
+        problems,
+        ledger_rows_per_close: per_close,
+    })
+}
+
+/// `EXPLAIN` of the outbox claim and the order load, flattened to one line each.
+async fn plans(db: &Db, now_ms: i64) -> Vec<(String, String)> {
+    let explain = match db.backend() {
+        Backend::Sqlite => "EXPLAIN QUERY PLAN",
+        _ => "EXPLAIN",
+    };
+    let queries = [
+        (
+            "outbox claim",
+            format!(
+                "{explain} SELECT id FROM order_timeout_msg WHERE ((status = 'PENDING' AND due_ms <= {now_ms}) \
+                 OR (status = 'SENT' AND due_ms <= {now_ms})) AND (claim_until_ms IS NULL OR claim_until_ms < {now_ms}) \
+                 ORDER BY due_ms LIMIT 256"
+            ),
+        ),
+        (
+            "order load",
+            format!("{explain} SELECT id, status, deadline_ms FROM orders WHERE id = 'd-0000001'"),
+        ),
+    ];
+    let mut out = Vec::new();
+    for (name, sql) in queries {
+        let text = match sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .fetch_all(db.pool())
+            .await
+        {
+            Ok(rows) => rows
+                .iter()
+                .map(|r| {
+                    (0..r.columns().len())
+                        .filter_map(|c| {
+                            r.try_get::<String, _>(c)
+                                .ok()
+                                .or_else(|| r.try_get::<i64, _>(c).ok().map(|v| v.to_string()))
+                        })
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .collect::<Vec<_>>()
+                .join(" | "),
+            Err(e) => format!("(no plan: {e})"),
+        };
+        out.push((name.to_string(), text));
+    }
+    out
+}

@@ -1,0 +1,302 @@
+//! Group commit: many triggers decided together and their closes committed in one transaction.
+//!
+//! A flash sale makes thousands of orders lapse at one instant, and lateness under such a burst
+//! is drain time: at R closes/s the last of N closes N/R after the deadline. One transaction per
+//! close caps R at the database's commit rate, so claimed triggers are handled as a group:
+//! - one clock read and one load (two statements) for the group;
+//! - each order decided by its plugin as usual; anything but a permitted `cancel` (a wait, an
+//!   ignore, a refusal, a plugin failure) is carried out on its own, exactly as for one trigger;
+//! - the cancels share one transaction: the orders are locked (`FOR UPDATE`, in id order) and
+//!   those still PENDING past their deadline are closed by one compare-and-set statement — each
+//!   order's own condition, so a payment that landed first simply leaves that order out (F12)
+//!   — then one statement per SKU for the stock, two for the coupons, and multi-row inserts for
+//!   the ledger and the decision log, and one update for the outbox rows;
+//! - if that transaction fails, the group is split: each order is tried alone through the
+//!   single close, so one bad order never holds the others back.
+//!
+//! The lever and its measurement come from graphile-worker, River and db-scheduler (batched
+//! completion; see `../shared/PERFORMANCE.md`); `timeoutd bench` measures it against the
+//! one-order-per-commit baseline in the same run.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use futures_util::future::join_all;
+use timeoutd_runtime::model::{Decision, Effect};
+
+use super::close::{CAS_LOST, closed_detail, is_external, noop_detail};
+use super::{Dispatcher, Outcome, Ready, Step, Trigger, permitted};
+use crate::db::{DbError, journal, ledger, orders, outbox};
+use crate::events::{Event, emit};
+
+impl Dispatcher {
+    /// Handles `triggers` together: outcomes in the same order. Equivalent to calling
+    /// [`Dispatcher::handle`] on each — the same checks, decisions, records and outcomes — with
+    /// the closes sharing one transaction. Never panics on bad input.
+    pub async fn handle_group(&self, triggers: &[Trigger]) -> Vec<Outcome> {
+        if triggers.len() < 2 {
+            return self.handle_each(triggers).await;
+        }
+        let loaded = async {
+            let now_ms = self.clock.now_ms(&self.db).await?;
+            let ids: Vec<&str> = triggers.iter().map(|t| t.order_id.as_str()).collect();
+            let mut conn = self.db.pool().acquire().await?;
+            let found = orders::load_many(&mut conn, &ids).await?;
+            Ok::<_, DbError>((now_ms, found))
+        }
+        .await;
+        let Ok((now_ms, mut found)) = loaded else {
+            return self.handle_each(triggers).await;
+        };
+        // Missing or unreadable orders go alone: `handle` names what is wrong with them.
+        let steps = join_all(triggers.iter().map(|t| {
+            let order = found.remove(&t.order_id);
+            async move {
+                match order {
+                    Some(order) => Some(self.prepare(t, now_ms, Ok(Some(order))).await),
+                    None => None,
+                }
+            }
+        }))
+        .await;
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; triggers.len()];
+        let mut alone = Vec::new();
+        let mut not_pending = Vec::new();
+        let mut closes: Vec<(usize, Box<Ready>)> = Vec::new();
+        let mut decided: Vec<(usize, Box<Ready>)> = Vec::new();
+        for (i, step) in steps.into_iter().enumerate() {
+            if step.is_some() {
+                emit(Event::TriggerReceived {
+                    source: triggers[i].kind.as_str(),
+                });
+            }
+            match step {
+                None => alone.push(i),
+                Some(Ok(Step::Done(outcome))) => outcomes[i] = Some(outcome),
+                Some(Ok(Step::NotPending { reason })) => not_pending.push((i, reason)),
+                Some(Ok(Step::Ready(ready))) => match &ready.decision {
+                    Decision::Cancel { effects, .. }
+                        if permitted(&ready.policy, &ready.order, effects).is_ok() =>
+                    {
+                        closes.push((i, ready))
+                    }
+                    _ => decided.push((i, ready)),
+                },
+                Some(Err(e)) => {
+                    outcomes[i] = Some(self.failed(&triggers[i], None, e.to_string(), true).await)
+                }
+            }
+        }
+        let alone_done = join_all(alone.iter().map(|&i| self.handle(&triggers[i]))).await;
+        for (i, outcome) in alone.into_iter().zip(alone_done) {
+            outcomes[i] = Some(outcome);
+        }
+        match self
+            .finish_not_pending(triggers, &not_pending, now_ms)
+            .await
+        {
+            Ok(()) => {
+                for (i, reason) in not_pending {
+                    outcomes[i] = Some(Outcome::NoOp { reason });
+                }
+            }
+            Err(e) => {
+                for (i, _) in not_pending {
+                    outcomes[i] = Some(self.failed(&triggers[i], None, e.to_string(), true).await);
+                }
+            }
+        }
+        let carried = join_all(
+            decided
+                .iter()
+                .map(|(i, r)| self.carry_out_or_fail(&triggers[*i], r)),
+        )
+        .await;
+        for ((i, _), outcome) in decided.iter().zip(carried) {
+            outcomes[*i] = Some(outcome);
+        }
+        if !closes.is_empty() {
+            let readies: Vec<&Ready> = closes.iter().map(|(_, r)| r.as_ref()).collect();
+            match self.close_group(&readies).await {
+                Ok(closed) => {
+                    for ((i, _), outcome) in closes.iter().zip(closed) {
+                        outcomes[*i] = Some(outcome);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, orders = closes.len(), "group close failed; closing each order alone");
+                    let each = join_all(
+                        closes
+                            .iter()
+                            .map(|(i, r)| self.carry_out_or_fail(&triggers[*i], r)),
+                    )
+                    .await;
+                    for ((i, _), outcome) in closes.iter().zip(each) {
+                        outcomes[*i] = Some(outcome);
+                    }
+                }
+            }
+        }
+        outcomes
+            .into_iter()
+            .map(|o| o.expect("every trigger of the group has an outcome"))
+            .collect()
+    }
+
+    async fn handle_each(&self, triggers: &[Trigger]) -> Vec<Outcome> {
+        join_all(triggers.iter().map(|t| self.handle(t))).await
+    }
+
+    async fn carry_out_or_fail(&self, trigger: &Trigger, ready: &Ready) -> Outcome {
+        match self.carry_out(ready).await {
+            Ok(outcome) => outcome,
+            Err(e) => self.failed(trigger, None, e.to_string(), true).await,
+        }
+    }
+
+    /// Finishes the rows of triggers whose order is no longer PENDING: one transaction, one
+    /// statement per distinct reason.
+    async fn finish_not_pending(
+        &self,
+        triggers: &[Trigger],
+        not_pending: &[(usize, String)],
+        now_ms: i64,
+    ) -> Result<(), DbError> {
+        let mut by_reason: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
+        for (i, reason) in not_pending {
+            if let Some(id) = triggers[*i].row_id {
+                by_reason.entry(reason).or_default().push(id);
+            }
+        }
+        if by_reason.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.db.begin().await?;
+        for (reason, ids) in by_reason {
+            outbox::finish_many(&mut tx, &ids, now_ms, Some(reason)).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Closes a group of permitted cancels in one transaction; outcomes in the same order.
+    /// An order that left PENDING before the lock (paid, closed by another trigger) is a no-op
+    /// with its decision logged, exactly as in the single close.
+    ///
+    /// # Errors
+    /// [`DbError`] when any statement fails; the transaction is rolled back and nothing of the
+    /// group is applied (the caller then closes each order alone).
+    async fn close_group(&self, group: &[&Ready]) -> Result<Vec<Outcome>, DbError> {
+        let now_ms = group.iter().map(|r| r.now_ms).max().unwrap_or_default();
+        let decided: Vec<_> = group.iter().map(|r| r.decided()).collect();
+        let cancel = |r: &Ready| match &r.decision {
+            Decision::Cancel { reason, effects } => (reason.clone(), effects.clone()),
+            _ => unreachable!("only cancels are grouped"),
+        };
+        let cancels: Vec<(String, Vec<Effect>)> = group.iter().map(|r| cancel(r)).collect();
+        let ids: Vec<&str> = group.iter().map(|r| r.order.id.as_str()).collect();
+        let backend = self.db.backend();
+        let mut tx = self.db.begin().await?;
+        let locked: HashSet<String> = orders::lock_pending(&mut tx, &ids, now_ms)
+            .await?
+            .into_iter()
+            .collect();
+        let won: Vec<usize> = (0..group.len())
+            .filter(|&k| locked.contains(&group[k].order.id))
+            .collect();
+        let stamps: Vec<(&str, orders::CloseStamp<'_>)> = won
+            .iter()
+            .map(|&k| (ids[k], decided[k].close_stamp(&cancels[k].0)))
+            .collect();
+        let changed = orders::close_many(&mut tx, &stamps, now_ms).await?;
+        if changed != won.len() as u64 {
+            return Err(DbError::BadRow {
+                table: "orders",
+                detail: format!(
+                    "group close changed {changed} of {} locked orders",
+                    won.len()
+                ),
+            });
+        }
+        // Stock: one statement per SKU, in SKU order (two groups never deadlock on stock rows).
+        let mut per_sku: BTreeMap<&str, i64> = BTreeMap::new();
+        let mut coupons: Vec<(&str, &str)> = Vec::new();
+        for &k in &won {
+            for effect in &cancels[k].1 {
+                match effect {
+                    Effect::RestoreStock { sku, quantity } => {
+                        *per_sku.entry(sku).or_default() += i64::from(*quantity)
+                    }
+                    Effect::ReleaseCoupon { coupon } => coupons.push((coupon, ids[k])),
+                    _ => {}
+                }
+            }
+        }
+        let mut missing_skus: HashSet<&str> = HashSet::new();
+        for (sku, units) in &per_sku {
+            if !orders::restore_units(&mut tx, sku, *units).await? {
+                missing_skus.insert(sku);
+            }
+        }
+        let released = orders::release_coupons(&mut tx, &coupons).await?;
+        let mut entries = Vec::new();
+        let mut external: Vec<&str> = Vec::new();
+        for &k in &won {
+            let effects = &cancels[k].1;
+            if effects.iter().any(is_external) {
+                external.push(ids[k]);
+            }
+            let applied = |_: usize, e: &Effect| match e {
+                Effect::RestoreStock { sku, .. } => !missing_skus.contains(sku.as_str()),
+                Effect::ReleaseCoupon { coupon } => released.contains(coupon),
+                _ => false,
+            };
+            entries.extend(decided[k].ledger_entries(effects, applied));
+        }
+        ledger::record_many(&mut tx, backend, &entries, now_ms).await?;
+        let won_set: HashSet<usize> = won.iter().copied().collect();
+        let records: Vec<journal::DecisionRecord<'_>> = (0..group.len())
+            .map(|k| {
+                if won_set.contains(&k) {
+                    decided[k].record(
+                        "cancel",
+                        "closed",
+                        closed_detail(&cancels[k].0, &cancels[k].1),
+                    )
+                } else {
+                    decided[k].record("cancel", "noop", noop_detail())
+                }
+            })
+            .collect();
+        journal::log_decisions(&mut tx, &records).await?;
+        let rows = |closed: bool| -> Vec<i64> {
+            (0..group.len())
+                .filter(|k| won_set.contains(k) == closed)
+                .filter_map(|k| group[k].trigger.row_id)
+                .collect()
+        };
+        outbox::finish_many(&mut tx, &rows(true), now_ms, None).await?;
+        outbox::finish_many(&mut tx, &rows(false), now_ms, Some(CAS_LOST)).await?;
+        tx.commit().await?;
+        let mut lateness: HashMap<usize, i64> = HashMap::new();
+        for &k in &won {
+            let late = group[k].now_ms - decided[k].close_due_ms();
+            lateness.insert(k, late);
+            emit(Event::Closed {
+                source: group[k].trigger.kind.as_str(),
+                lateness_ms: late,
+                effects: cancels[k].1.len(),
+            });
+        }
+        if !external.is_empty() {
+            self.after_commit(&external).await;
+        }
+        Ok((0..group.len())
+            .map(|k| match lateness.get(&k) {
+                Some(&lateness_ms) => Outcome::Closed { lateness_ms },
+                None => Outcome::NoOp {
+                    reason: CAS_LOST.to_string(),
+                },
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,37 @@
+//! The ledger executor as a worker of its own: woken by the commits that record external
+//! effects, so a trigger's work ends at its commit and a slow webhook never holds an outbox
+//! permit or a broker acknowledgement; and every [`BACKLOG_INTERVAL`] for retries and rows a
+//! dead daemon left behind.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+
+use super::EffectRunner;
+
+/// How often the backlog (retries whose time has come, rows left by a crash) is looked at when
+/// no commit wakes the worker.
+pub const BACKLOG_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Runs the executor until `shutdown`: the backlog once at start (rows older than
+/// [`BACKLOG_INTERVAL`], which another daemon is not about to run), then every runnable row
+/// each time `wake` is notified or the interval passes.
+pub async fn run(runner: EffectRunner, wake: Arc<Notify>, mut shutdown: watch::Receiver<bool>) {
+    if let Err(e) = runner
+        .run_backlog(BACKLOG_INTERVAL.as_millis() as i64)
+        .await
+    {
+        tracing::warn!(error = %e, "ledger backlog run failed");
+    }
+    loop {
+        tokio::select! {
+            _ = wake.notified() => {}
+            _ = tokio::time::sleep(BACKLOG_INTERVAL) => {}
+            _ = crate::shutdown::stopping(&mut shutdown) => break,
+        }
+        if let Err(e) = runner.run_fresh().await {
+            tracing::warn!(error = %e, "ledger executor run failed; retrying at the next wake");
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! Group commit: triggers decided together, closes sharing one transaction — each order still
+//! its own compare-and-set, one bad order never holding the others back, and every trigger the
+//! outcome it would have had alone. On SQLite, MariaDB and PostgreSQL.
+
+use timeoutd::clock::Clock;
+use timeoutd::db::Backend;
+use timeoutd::dispatch::Outcome;
+
+use crate::support::{Env, MerchantSpec, T0, each_backend, order};
+
+const SINGLE: &[MerchantSpec<'static>] = &[("acme", "builtin:single-phase", &[])];
+
+/// Closed and no-op outcomes among `outcomes`; panics on any other.
+fn tally(outcomes: &[Outcome]) -> (usize, usize) {
+    let mut closed_noop = (0, 0);
+    for o in outcomes {
+        match o {
+            Outcome::Closed { .. } => closed_noop.0 += 1,
+            Outcome::NoOp { .. } => closed_noop.1 += 1,
+            other => panic!("unexpected outcome {other:?}"),
+        }
+    }
+    closed_noop
+}
+
+/// On PostgreSQL, how many transactions wrote the CLOSED orders (each row's `xmin` is the
+/// transaction that last updated it); `None` on the other backends, which do not tell.
+async fn closing_transactions(env: &Env) -> Option<i64> {
+    if env.db.backend() != Backend::Postgres {
+        return None;
+    }
+    Some(
+        env.int(
+            "SELECT COUNT(DISTINCT CAST(CAST(xmin AS TEXT) AS BIGINT)) FROM orders WHERE status = ?",
+            "CLOSED",
+        )
+        .await,
+    )
+}
+
+each_backend! {
+    /// F1 and F9 at once: 120 orders share one deadline, 30 of them paid first; two daemons
+    /// handle the same claimed triggers as groups of 40 at the same time.
+    async fn a_burst_sharing_one_deadline_closes_each_unpaid_order_once_in_shared_transactions(env) {
+        env.stock_up(&[("sku-a", 100_000), ("sku-b", 100_000)]).await;
+        let n = 120;
+        for i in 0..n {
+            env.create(&order(&format!("burst-{i:03}"), "acme", T0)).await;
+        }
+        for i in (0..n).step_by(4) {
+            assert!(env.pay(&format!("burst-{i:03}"), T0 - 10).await);
+        }
+        let paid = n / 4;
+        let config = env.config(SINGLE, "");
+        let (clock, _) = Clock::manual(T0 + 1);
+        let (a, b) = (env.dispatcher(&config, clock.clone()).await, env.dispatcher(&config, clock).await);
+        let triggers = env.claim(T0 + 1).await;
+        assert_eq!(triggers.len(), n);
+        let mut tasks = Vec::new();
+        for chunk in triggers.chunks(40) {
+            for d in [a.clone(), b.clone()] {
+                let chunk = chunk.to_vec();
+                tasks.push(tokio::spawn(async move { d.handle_group(&chunk).await }));
+            }
+        }
+        let mut outcomes = Vec::new();
+        for t in tasks {
+            outcomes.extend(t.await.unwrap());
+        }
+        let (closed, noop) = tally(&outcomes);
+        assert_eq!((closed, noop), (n - paid, n + paid), "each unpaid order closed by exactly one of the two");
+        let unpaid = (n - paid) as i64;
+        assert_eq!(env.int("SELECT COUNT(*) FROM orders WHERE status = ?", "CLOSED").await, unpaid);
+        assert_eq!(env.int("SELECT COUNT(*) FROM orders WHERE status = ?", "PAID").await, paid as i64);
+        assert_eq!(
+            env.int("SELECT COUNT(*) FROM orders WHERE status = 'CLOSED' AND (closed_at_ms < deadline_ms OR closed_by <> ?)", "outbox").await,
+            0,
+            "none closed before its deadline, each by its outbox trigger"
+        );
+        // One closed decision per closed order, none for a paid one.
+        assert_eq!(env.int("SELECT COUNT(*) FROM decision_log WHERE outcome = ?", "closed").await, unpaid);
+        assert_eq!(env.int("SELECT COUNT(DISTINCT order_id) FROM decision_log WHERE outcome = ?", "closed").await, unpaid);
+        assert_eq!(
+            env.int("SELECT COUNT(*) FROM decision_log d JOIN orders o ON o.id = d.order_id WHERE d.outcome = 'closed' AND o.status = ?", "PAID").await,
+            0
+        );
+        // Stock: the paid orders keep theirs (2 × sku-a, 1 × sku-b each); the rest came back once.
+        assert_eq!(env.stock("sku-a").await, 100_000 - 2 * paid as i64);
+        assert_eq!(env.stock("sku-b").await, 100_000 - paid as i64);
+        assert_eq!(env.int("SELECT COUNT(*) FROM coupons WHERE status = ?", "AVAILABLE").await, unpaid);
+        assert_eq!(env.int("SELECT COUNT(*) FROM coupons WHERE status = ?", "USED").await, paid as i64);
+        // Five ledger rows per close (two lines, the coupon, the payment, the notice), each once.
+        assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE status <> ?", "FAILED").await, 5 * unpaid);
+        assert_eq!(env.int("SELECT COUNT(DISTINCT idempotency_key) FROM effect_ledger WHERE kind = ?", "restore-stock").await, 2 * unpaid);
+        assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE kind = 'notify' AND status = ?", "DONE").await, unpaid);
+        assert_eq!(env.int("SELECT COUNT(*) FROM order_timeout_msg WHERE status <> ?", "PROCESSED").await, 0);
+        if let Some(txs) = closing_transactions(env).await {
+            // Six groups were handled; one transaction per close would be 90.
+            assert!(txs <= 6, "{unpaid} closes written by {txs} transactions");
+        }
+    }
+}
+
+/// Makes the database refuse to close order `poison` (a trigger raising an error), so a group
+/// holding it fails as a whole.
+async fn poison(env: &Env) {
+    let sql = match env.db.backend() {
+        Backend::Sqlite => {
+            "CREATE TRIGGER poison BEFORE UPDATE OF status ON orders \
+             WHEN NEW.id = 'poison' AND NEW.status = 'CLOSED' \
+             BEGIN SELECT RAISE(ABORT, 'poisoned order'); END"
+        }
+        Backend::MySql => {
+            "CREATE TRIGGER poison BEFORE UPDATE ON orders FOR EACH ROW \
+             IF NEW.id = 'poison' AND NEW.status = 'CLOSED' THEN \
+             SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'poisoned order'; END IF"
+        }
+        Backend::Postgres => {
+            "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+             IF NEW.id = 'poison' AND NEW.status = 'CLOSED' THEN RAISE EXCEPTION 'poisoned order'; \
+             END IF; RETURN NEW; END $$; \
+             CREATE TRIGGER poison BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION poison()"
+        }
+    };
+    sqlx::raw_sql(sql).execute(env.db.pool()).await.unwrap();
+}
+
+each_backend! {
+    async fn one_order_the_database_refuses_to_close_never_holds_its_group_back(env) {
+        env.stock_up(&[("sku-a", 1_000), ("sku-b", 1_000)]).await;
+        for i in 0..9 {
+            env.create(&order(&format!("g-{i}"), "acme", T0)).await;
+        }
+        env.create(&order("poison", "acme", T0)).await;
+        poison(env).await;
+        let (clock, _) = Clock::manual(T0 + 1);
+        let d = env.dispatcher(&env.config(SINGLE, ""), clock).await;
+        let triggers = env.claim(T0 + 1).await;
+        assert_eq!(triggers.len(), 10);
+        let outcomes = d.handle_group(&triggers).await;
+        for (t, o) in triggers.iter().zip(&outcomes) {
+            if t.order_id == "poison" {
+                assert!(matches!(o, Outcome::Retry { .. }), "{o:?}");
+            } else {
+                assert!(matches!(o, Outcome::Closed { .. }), "{}: {o:?}", t.order_id);
+            }
+        }
+        assert_eq!(env.int("SELECT COUNT(*) FROM orders WHERE status = ?", "CLOSED").await, 9);
+        assert_eq!(env.status("poison").await, "PENDING");
+        // The nine gave back theirs; the poisoned order still holds its 2 + 1 units and coupon.
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (998, 999));
+        assert_eq!(env.coupon("cpn-poison").await, "LOCKED");
+        assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE order_id = ?", "poison").await, 0);
+        assert_eq!(env.int("SELECT attempts FROM order_timeout_msg WHERE order_id = ?", "poison").await, 1);
+        assert_eq!(env.text("SELECT status FROM order_timeout_msg WHERE order_id = ?", "poison").await, "PENDING");
+        assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE status <> ?", "FAILED").await, 45);
+    }
+}
+
+each_backend! {
+    async fn a_group_gives_every_trigger_the_outcome_it_would_have_alone(env) {
+        env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
+        env.create(&order("due", "acme", T0)).await;
+        env.create(&order("paid", "acme", T0)).await;
+        assert!(env.pay("paid", T0 - 5).await);
+        env.create(&order("early", "acme", T0 + 60_000)).await;
+        let (clock, _) = Clock::manual(T0 + 1);
+        let d = env.dispatcher(&env.config(SINGLE, ""), clock).await;
+        let mut triggers = env.claim(T0 + 60_000).await;
+        assert_eq!(triggers.len(), 3);
+        // A second trigger for `due` in the same group (a duplicate message) and one for an order
+        // that does not exist.
+        let due = triggers.iter().find(|t| t.order_id == "due").unwrap().clone();
+        triggers.push(timeoutd::dispatch::Trigger { row_id: None, ..due });
+        let mut ghost = triggers[0].clone();
+        ghost.order_id = "ghost".into();
+        ghost.row_id = None;
+        triggers.push(ghost);
+        let outcomes = d.handle_group(&triggers).await;
+        let of = |id: &str| -> Vec<&Outcome> {
+            triggers.iter().zip(&outcomes).filter(|(t, _)| t.order_id == id).map(|(_, o)| o).collect()
+        };
+        let due = of("due");
+        assert_eq!(tally(&due.iter().map(|o| (*o).clone()).collect::<Vec<_>>()), (1, 1), "{due:?}");
+        assert!(matches!(of("paid")[..], [Outcome::NoOp { .. }]), "{:?}", of("paid"));
+        assert!(matches!(of("early")[..], [Outcome::Deferred { until_ms }] if *until_ms == T0 + 60_000), "{:?}", of("early"));
+        assert!(matches!(of("ghost")[..], [Outcome::DeadLettered { .. }]), "{:?}", of("ghost"));
+        assert_eq!(env.status("due").await, "CLOSED");
+        assert_eq!(env.status("paid").await, "PAID");
+        assert_eq!(env.status("early").await, "PENDING");
+        assert_eq!(env.text("SELECT last_error FROM order_timeout_msg WHERE order_id = ?", "paid").await, "order is PAID");
+        assert_eq!(env.text("SELECT status FROM order_timeout_msg WHERE order_id = ?", "early").await, "PENDING");
+        assert_eq!(env.int("SELECT due_ms FROM order_timeout_msg WHERE order_id = ?", "early").await, T0 + 60_000);
+        assert_eq!(env.int("SELECT COUNT(*) FROM dead_letter WHERE order_id = ?", "ghost").await, 1);
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (100 - 4, 100 - 2));
+        assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE order_id = ?", "due").await, 5);
+        assert_eq!(env.int("SELECT COUNT(*) FROM decision_log WHERE order_id = ? AND outcome = 'closed'", "due").await, 1);
+    }
+}
