@@ -303,10 +303,23 @@ async fn sigterm_mid_burst_loses_and_doubles_nothing() {
         env.create(&crate::support::order(id, "acme", now - 1_000))
             .await;
     }
+    // The shipped MariaDB config with small groups and few of them in flight, so SIGTERM lands
+    // while most of the burst is still waiting (the defaults drain 1,000 orders in well under
+    // a second, all of them in flight at once).
+    let shipped = std::fs::read_to_string(repo_root().join("config/mariadb.toml")).unwrap();
+    let config = env.dir.path().join("mariadb-small-groups.toml");
+    let small = shipped
+        .replace("batch = 256\n", "batch = 32\ngroup_commit = 8\n")
+        .replace("concurrency = 16\n", "concurrency = 2\n");
+    assert!(
+        small.contains("group_commit = 8") && small.contains("concurrency = 2"),
+        "{small}"
+    );
+    std::fs::write(&config, small).unwrap();
     let start = |log: &std::path::Path| {
         Command::new(timeoutd_bin())
             .args(["run", "--config"])
-            .arg(repo_root().join("config/mariadb.toml"))
+            .arg(&config)
             .env("TIMEOUTD_MYSQL_URL", &env.url)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(log).unwrap())

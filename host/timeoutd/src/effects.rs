@@ -27,7 +27,7 @@ pub use payment::{CloseOutcome, HttpPaymentGateway, PaymentGateway};
 use crate::clock::Clock;
 use crate::config::{Config, EffectsConfig, PaidAfterClose};
 use crate::db::payments::{self, REFUND};
-use crate::db::{Db, DbError, ledger};
+use crate::db::{Db, DbError, ledger, orders};
 use crate::dispatch::REMIND;
 use crate::retry::Backoff;
 
@@ -254,14 +254,13 @@ impl EffectRunner {
         Ok(self.run_page(order_id, fresh_before_ms).await?.1)
     }
 
-    /// One page of runnable rows: orders side by side (up to `effects.concurrency` at once),
-    /// each order's rows one after another in ledger order. Returns (rows read, rows settled).
+    /// One page of runnable rows, in chunks of `effects.concurrency` rows (so a chunk is done well
+    /// within its lease). Returns (rows read, rows settled).
     async fn run_page(
         &self,
         order_id: Option<&str>,
         fresh_before_ms: i64,
     ) -> Result<(usize, usize), DbError> {
-        use futures_util::StreamExt;
         let now = self.clock.now_ms(&self.db).await?;
         let rows = ledger::runnable(
             &self.db,
@@ -272,40 +271,63 @@ impl EffectRunner {
             PAGE,
         )
         .await?;
-        let fetched = rows.len();
-        let mut by_order: Vec<Vec<ledger::PendingEffect>> = Vec::new();
-        let mut index: std::collections::HashMap<String, usize> = Default::default();
-        for row in rows {
-            let slot = *index.entry(row.order_id.clone()).or_insert_with(|| {
-                by_order.push(Vec::new());
-                by_order.len() - 1
-            });
-            by_order[slot].push(row);
-        }
-        let results: Vec<Result<usize, DbError>> = futures_util::stream::iter(by_order)
-            .map(|rows| self.run_rows(rows))
-            .buffer_unordered(self.config.concurrency.max(1) as usize)
-            .collect()
-            .await;
         let mut settled = 0;
-        for r in results {
-            settled += r?;
+        for chunk in rows.chunks(self.config.concurrency.max(1) as usize) {
+            settled += self.run_chunk(chunk).await?;
         }
-        Ok((fetched, settled))
+        Ok((rows.len(), settled))
     }
 
-    async fn run_rows(&self, rows: Vec<ledger::PendingEffect>) -> Result<usize, DbError> {
+    /// One chunk: claimed in one statement, its orders' status and buyer read in one, each
+    /// order's rows carried out one after another in ledger order (orders side by side), and the
+    /// plain successes settled in one statement.
+    async fn run_chunk(&self, rows: &[ledger::PendingEffect]) -> Result<usize, DbError> {
         let lease_ms = self.config.lease.as_millis() as i64;
-        let mut settled = 0;
-        for row in rows {
-            let now = self.clock.now_ms(&self.db).await?;
-            if !ledger::claim(&self.db, row.id, now, now + lease_ms).await? {
-                continue;
+        let now = self.clock.now_ms(&self.db).await?;
+        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+        let claimed: std::collections::HashSet<i64> =
+            ledger::claim_many(&self.db, &ids, now, now + lease_ms)
+                .await?
+                .into_iter()
+                .collect();
+        let mut by_order: Vec<Vec<&ledger::PendingEffect>> = Vec::new();
+        for row in rows.iter().filter(|r| claimed.contains(&r.id)) {
+            match by_order.iter_mut().find(|g| g[0].order_id == row.order_id) {
+                Some(group) => group.push(row),
+                None => by_order.push(vec![row]),
             }
-            let result = self.execute(&row).await;
-            let now = self.clock.now_ms(&self.db).await?;
-            settled += usize::from(self.settle(&row, result, now).await?);
         }
+        if by_order.is_empty() {
+            return Ok(0);
+        }
+        let order_ids: Vec<&str> = by_order.iter().map(|g| g[0].order_id.as_str()).collect();
+        let facts = orders::status_and_user(&self.db, &order_ids).await?;
+        let done = futures_util::future::join_all(by_order.into_iter().map(|group| {
+            let facts = &facts;
+            async move {
+                let mut out = Vec::with_capacity(group.len());
+                for row in group {
+                    out.push((row, self.execute(row, facts.get(&row.order_id)).await));
+                }
+                out
+            }
+        }))
+        .await;
+        let now = self.clock.now_ms(&self.db).await?;
+        let mut plain = Vec::new();
+        let mut settled = 0;
+        for (row, result) in done.into_iter().flatten() {
+            if matches!(result, Ok(None)) {
+                crate::events::emit(crate::events::Event::Effect {
+                    kind: &row.kind,
+                    outcome: "done",
+                });
+                plain.push(row.id);
+            } else {
+                settled += usize::from(self.settle(row, result, now).await?);
+            }
+        }
+        settled += ledger::settle_many(&self.db, &plain, ledger::DONE, now).await? as usize;
         Ok(settled)
     }
 
@@ -363,7 +385,12 @@ impl EffectRunner {
         }
     }
 
-    async fn execute(&self, row: &ledger::PendingEffect) -> Result<Done, EffectError> {
+    /// Carries out one effect; `order` is its order's (status, buyer), read with its chunk.
+    async fn execute(
+        &self,
+        row: &ledger::PendingEffect,
+        order: Option<&(String, String)>,
+    ) -> Result<Done, EffectError> {
         let bad = |what: &str| {
             EffectError::Permanent(format!("unreadable {what} payload: {}", row.payload))
         };
@@ -371,12 +398,12 @@ impl EffectRunner {
             REMIND => {
                 let notice: Notice =
                     serde_json::from_str(&row.payload).map_err(|_| bad("remind"))?;
-                if let Some(status) = self.order_status(&row.order_id).await?
+                if let Some((status, _)) = order
                     && status != "PENDING"
                 {
                     return Ok(Some(format!("not sent: order is {status}")));
                 }
-                self.notify(row, &notice).await
+                self.notify(row, &notice, order).await
             }
             REFUND => {
                 let payment_ref = serde_json::from_str::<serde_json::Value>(&row.payload)
@@ -389,7 +416,7 @@ impl EffectRunner {
                 gateway.refund(&payment_ref, &row.key).await.map(|()| None)
             }
             _ => match serde_json::from_str::<Effect>(&row.payload).map_err(|_| bad(&row.kind))? {
-                Effect::Notify(notice) => self.notify(row, &notice).await,
+                Effect::Notify(notice) => self.notify(row, &notice, order).await,
                 Effect::RestoreFlashStock { activity, quantity } => {
                     let (flash, keys) = self.flash_for(row)?;
                     let key = keys.flash_stock_key.replace("<activity>", &activity);
@@ -427,8 +454,9 @@ impl EffectRunner {
         &self,
         row: &ledger::PendingEffect,
         notice: &Notice,
+        order: Option<&(String, String)>,
     ) -> Result<Done, EffectError> {
-        let user = self.order_user(&row.order_id).await?;
+        let user = order.map(|(_, user)| user.clone()).unwrap_or_default();
         self.notifier
             .send(
                 &row.key,
@@ -517,33 +545,6 @@ impl EffectRunner {
         .await?;
         tx.commit().await?;
         Ok(new)
-    }
-
-    async fn order_status(&self, order_id: &str) -> Result<Option<String>, EffectError> {
-        self.order_field(order_id, 0).await
-    }
-
-    async fn order_user(&self, order_id: &str) -> Result<String, EffectError> {
-        Ok(self.order_field(order_id, 1).await?.unwrap_or_default())
-    }
-
-    async fn order_field(
-        &self,
-        order_id: &str,
-        column: usize,
-    ) -> Result<Option<String>, EffectError> {
-        use sqlx::Row;
-        let row = self
-            .db
-            .backend()
-            .query("SELECT status, user_id FROM orders WHERE id = ?")
-            .bind(order_id)
-            .fetch_optional(self.db.pool())
-            .await
-            .map_err(|e| EffectError::Transient(e.to_string()))?;
-        row.map(|r| r.try_get::<String, _>(column))
-            .transpose()
-            .map_err(|e| EffectError::Transient(e.to_string()))
     }
 }
 

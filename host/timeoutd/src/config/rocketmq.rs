@@ -86,9 +86,16 @@ pub struct RocketMqConfig {
     /// Longest delay between relay attempts of a row whose sends keep failing.
     #[serde(default = "defaults::relay_retry_max", with = "duration")]
     pub relay_retry_max: Duration,
-    /// Messages handled at once by this daemon's consumer.
+    /// Listener threads of this daemon's consumer (each handles one batch at a time).
     #[serde(default = "defaults::consume_threads")]
     pub consume_threads: u32,
+    /// Most messages the broker client hands one listener call
+    /// (`consumeMessageBatchMaxSize`); a batch's triggers are decided together and their closes
+    /// committed in one transaction, as the outbox timer's groups are. The batch is
+    /// acknowledged once every one of its outcomes is committed, and redelivered as a whole if
+    /// any could not be (its committed messages are then no-ops).
+    #[serde(default = "defaults::consume_batch")]
+    pub consume_batch: u32,
     /// Where a new consumer group starts: `last` or `first`.
     #[serde(default)]
     pub consume_from: ConsumeFrom,
@@ -148,6 +155,7 @@ impl RocketMqConfig {
             ("rocketmq.relay_batch", self.relay_batch),
             ("rocketmq.max_in_flight", self.max_in_flight),
             ("rocketmq.consume_threads", self.consume_threads),
+            ("rocketmq.consume_batch", self.consume_batch),
             ("rocketmq.max_reconsume", self.max_reconsume),
         ] {
             if value == 0 {
@@ -214,6 +222,9 @@ mod defaults {
     }
     pub fn relay_retry_max() -> Duration {
         Duration::from_secs(60)
+    }
+    pub fn consume_batch() -> u32 {
+        32
     }
     pub fn consume_threads() -> u32 {
         16

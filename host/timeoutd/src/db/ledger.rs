@@ -224,6 +224,65 @@ pub async fn claim(db: &Db, id: i64, now_ms: i64, until_ms: i64) -> Result<bool,
     Ok(done.rows_affected() == 1)
 }
 
+/// Takes the PENDING effects among `ids` that no other executor holds, for `until_ms`, in one
+/// statement, and returns the ids taken (read back by a fresh claim token).
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn claim_many(
+    db: &Db,
+    ids: &[i64],
+    now_ms: i64,
+    until_ms: i64,
+) -> Result<Vec<i64>, DbError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let token = format!("e{:016x}{:08x}", fastrand::u64(..), std::process::id());
+    {
+        let _gate = db.write_gate().await;
+        let mut q = db.backend().query_owned(format!(
+            "UPDATE effect_ledger SET claim_until_ms = ?, claim_token = ? WHERE id IN ({}) \
+             AND status = 'PENDING' AND (claim_until_ms IS NULL OR claim_until_ms < ?)",
+            super::orders::marks(ids.len())
+        ));
+        q = q.bind(until_ms).bind(token.clone());
+        for id in ids {
+            q = q.bind(*id);
+        }
+        q.bind(now_ms).execute(db.pool()).await?;
+    }
+    let rows = db
+        .backend()
+        .query("SELECT id FROM effect_ledger WHERE claim_token = ? AND status = 'PENDING'")
+        .bind(token)
+        .fetch_all(db.pool())
+        .await?;
+    rows.iter().map(|r| Ok(r.try_get::<i64, _>(0)?)).collect()
+}
+
+/// [`settle`] for many effects with the same `status` and no note, in one statement. Returns
+/// how many were still PENDING (and are now settled).
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn settle_many(db: &Db, ids: &[i64], status: &str, now_ms: i64) -> Result<u64, DbError> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let _gate = db.write_gate().await;
+    let mut q = db.backend().query_owned(format!(
+        "UPDATE effect_ledger SET status = ?, last_error = NULL, attempts = attempts + 1, \
+         updated_at_ms = ?, claim_until_ms = NULL WHERE id IN ({}) AND status = 'PENDING'",
+        super::orders::marks(ids.len())
+    ));
+    q = q.bind(status.to_string()).bind(now_ms);
+    for id in ids {
+        q = q.bind(*id);
+    }
+    Ok(q.execute(db.pool()).await?.rows_affected())
+}
+
 /// Counts a failed attempt of a PENDING effect, records why, releases it and makes it due again
 /// at `next_attempt_ms`.
 ///

@@ -34,6 +34,11 @@ const SQLITE: &[(i64, &str, &str)] = &[
         "decision input",
         include_str!("../../migrations/sqlite/0005_decision_input.sql"),
     ),
+    (
+        6,
+        "ledger claim token",
+        include_str!("../../migrations/sqlite/0006_ledger_claim_token.sql"),
+    ),
 ];
 const MYSQL: &[(i64, &str, &str)] = &[
     (
@@ -61,6 +66,11 @@ const MYSQL: &[(i64, &str, &str)] = &[
         "decision input",
         include_str!("../../migrations/mysql/0005_decision_input.sql"),
     ),
+    (
+        6,
+        "ledger claim token",
+        include_str!("../../migrations/mysql/0006_ledger_claim_token.sql"),
+    ),
 ];
 const POSTGRES: &[(i64, &str, &str)] = &[
     (
@@ -87,6 +97,11 @@ const POSTGRES: &[(i64, &str, &str)] = &[
         5,
         "decision input",
         include_str!("../../migrations/postgres/0005_decision_input.sql"),
+    ),
+    (
+        6,
+        "ledger claim token",
+        include_str!("../../migrations/postgres/0006_ledger_claim_token.sql"),
     ),
 ];
 

@@ -135,6 +135,32 @@ pub async fn load_many(
     Ok(found)
 }
 
+/// Status and buyer of each of `ids` that exists, by id (what the ledger executor needs to send
+/// a notice or skip a reminder), in one statement.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn status_and_user(
+    db: &super::Db,
+    ids: &[&str],
+) -> Result<std::collections::HashMap<String, (String, String)>, DbError> {
+    if ids.is_empty() {
+        return Ok(Default::default());
+    }
+    let mut q = db.backend().query_owned(format!(
+        "SELECT id, status, user_id FROM orders WHERE id IN ({})",
+        marks(ids.len())
+    ));
+    for id in ids {
+        q = q.bind(id.to_string());
+    }
+    q.fetch_all(db.pool())
+        .await?
+        .iter()
+        .map(|r| Ok((r.try_get(0)?, (r.try_get(1)?, r.try_get(2)?))))
+        .collect()
+}
+
 /// What a close records about itself.
 #[derive(Debug, Clone)]
 pub struct CloseStamp<'a> {

@@ -421,8 +421,9 @@ pub async fn find_orphans(
 /// Re-arms an orphan: its latest phase becomes a claimable PENDING row with source `sweep`
 /// (inserted, due at the deadline, if the order has no row at all). The row keeps the due time
 /// it had when that is already past, so close lateness is still measured from when the close
-/// was really due. A row held under a live lease is left alone. Several sweepers re-arming the
-/// same order converge on the one row.
+/// was really due. A row held under a live lease is left alone, and so is the row of an order
+/// that was closed or paid since the sweep found it (it stays PROCESSED). Several sweepers
+/// re-arming the same order converge on the one row.
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
@@ -458,7 +459,9 @@ pub async fn rearm_as(db: &Db, orphan: &Orphan, now_ms: i64, source: &str) -> Re
              due_ms = CASE WHEN due_ms > ? THEN ? ELSE due_ms END, source = ?, \
              attempts = CASE WHEN ? = 'manual' THEN 0 ELSE attempts END, \
              claim_token = NULL, claim_until_ms = NULL \
-             WHERE order_id = ? AND phase = ? AND (claim_until_ms IS NULL OR claim_until_ms < ?)",
+             WHERE order_id = ? AND phase = ? AND (claim_until_ms IS NULL OR claim_until_ms < ?) \
+             AND EXISTS (SELECT 1 FROM orders o WHERE o.id = order_timeout_msg.order_id \
+             AND o.status = 'PENDING')",
             )
             .bind(now_ms)
             .bind(now_ms)

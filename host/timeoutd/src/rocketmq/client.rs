@@ -342,7 +342,7 @@ impl Transport {
             .client_config(self.client_config()?)
             .consume_thread_min(1)
             .consume_thread_max(self.config.consume_threads)
-            .consume_message_batch_max_size(1)
+            .consume_message_batch_max_size(self.config.consume_batch.max(1))
             .max_reconsume_times(self.config.max_reconsume as i32)
             // On shutdown, messages being handled get this long to commit and be acknowledged
             // (and the consume service's own tasks stop cleanly instead of being aborted).

@@ -106,6 +106,15 @@ pub enum Ack {
     Later,
 }
 
+/// How one message of a batch was taken: settled on its own, or a trigger for the group.
+enum Taken {
+    /// Nothing to dispatch: acknowledged or not, with its `timeoutd_broker_messages_total`
+    /// outcome.
+    Settled(Ack, &'static str),
+    /// Its row is held; the trigger goes to the batch's group.
+    Trigger(Trigger),
+}
+
 /// Handles timeout messages. Shared by the listener threads.
 pub struct TimeoutConsumer {
     dispatcher: Arc<Dispatcher>,
@@ -130,35 +139,73 @@ impl TimeoutConsumer {
 
     /// Handles one message to an [`Ack`].
     pub async fn handle(&self, received: &Received) -> Ack {
+        self.handle_batch(std::slice::from_ref(received)).await
+    }
+
+    /// Handles a batch of messages to one [`Ack`]: each is decoded, its hop re-sent or its row
+    /// taken (side by side); the triggers of the rows taken are then decided together and their
+    /// closes committed in one transaction ([`Dispatcher::handle_group`]). [`Ack::Later`] when
+    /// any message's outcome could not be committed (the batch is redelivered; the messages that
+    /// were committed are then no-ops).
+    pub async fn handle_batch(&self, batch: &[Received]) -> Ack {
+        let taken = futures_util::future::join_all(batch.iter().map(|r| self.take(r))).await;
+        let mut later = false;
+        let mut triggers = Vec::new();
+        for t in taken {
+            match t {
+                Taken::Settled(ack, outcome) => {
+                    emit(Event::Consumed { outcome });
+                    later |= ack == Ack::Later;
+                }
+                Taken::Trigger(trigger) => triggers.push(trigger),
+            }
+        }
+        for outcome in self.dispatcher.handle_group(&triggers).await {
+            // `Retry { due_ms: i64::MAX }` means even the failure could not be recorded.
+            let ack = match outcome {
+                Outcome::Retry { due_ms, .. } if due_ms == i64::MAX => Ack::Later,
+                _ => Ack::Done,
+            };
+            emit(Event::Consumed {
+                outcome: if ack == Ack::Later {
+                    "later"
+                } else {
+                    "handled"
+                },
+            });
+            later |= ack == Ack::Later;
+        }
+        if later { Ack::Later } else { Ack::Done }
+    }
+
+    /// Decodes a message and takes its row, or says how it was settled without a trigger.
+    async fn take(&self, received: &Received) -> Taken {
         let decoded = codec::decode(&received.body, received.keys.as_deref(), |k| {
             received.properties.get(k).cloned()
         });
         let message = match decoded {
             Ok(m) => m,
-            Err(reason) => return self.poison(received, &reason).await,
+            Err(reason) => {
+                let ack = self.poison(received, &reason).await;
+                let outcome = if ack == Ack::Done { "poison" } else { "later" };
+                return Taken::Settled(ack, outcome);
+            }
         };
         let span = tracing::info_span!("message", order = %message.order_id, phase = message.phase, id = %received.message_id);
-        match self.handle_decoded(&message).instrument(span).await {
-            Ok((ack, outcome)) => {
-                emit(Event::Consumed { outcome });
-                ack
-            }
+        match self.take_decoded(&message).instrument(span).await {
+            Ok(taken) => taken,
             Err(e) => {
                 tracing::warn!(error = %e, "message not handled; the broker will redeliver it");
-                emit(Event::Consumed { outcome: "later" });
-                Ack::Later
+                Taken::Settled(Ack::Later, "later")
             }
         }
     }
 
-    async fn handle_decoded(
-        &self,
-        message: &TimeoutMessage,
-    ) -> Result<(Ack, &'static str), DbError> {
+    async fn take_decoded(&self, message: &TimeoutMessage) -> Result<Taken, DbError> {
         let now_ms = self.dispatcher.clock().now_ms(self.db()).await?;
         if let Some(due_ms) = message.due_ms {
             match self.transport.schedule(message, now_ms).await {
-                Ok(Scheduled::Sent { .. }) => return Ok((Ack::Done, "hop")),
+                Ok(Scheduled::Sent { .. }) => return Ok(Taken::Settled(Ack::Done, "hop")),
                 Ok(Scheduled::Now { wait_ms }) if wait_ms > 0 => {
                     tokio::time::sleep(Duration::from_millis(wait_ms)).await;
                 }
@@ -166,7 +213,7 @@ impl TimeoutConsumer {
                 Err(e) => {
                     // The row is SENT; the outbox timer takes it back at due + fallback_after.
                     tracing::warn!(error = %e, due_ms, "re-sending a hop failed");
-                    return Ok((Ack::Later, "later"));
+                    return Ok(Taken::Settled(Ack::Later, "later"));
                 }
             }
         }
@@ -195,25 +242,18 @@ impl TimeoutConsumer {
             .await?;
             claim = relay::claim_row(self.db(), row_id, now_ms, self.lease_ms).await?;
         }
-        let row = match claim {
-            RowClaim::Claimed(row) => row,
-            RowClaim::Processed => return Ok((Ack::Done, "duplicate")),
-            RowClaim::Busy => return Ok((Ack::Done, "busy")),
-            RowClaim::Missing => return Ok((Ack::Later, "later")),
-        };
-        let trigger = Trigger {
-            order_id: row.order_id.clone(),
-            kind: TriggerKind::DelayMessage,
-            phase: u32::try_from(row.phase).unwrap_or(0),
-            attempt: row.attempts,
-            due_ms: Some(row.due_ms),
-            row_id: Some(row.id),
-        };
-        let outcome = self.dispatcher.handle(&trigger).await;
-        // `Retry { due_ms: i64::MAX }` means even the failure could not be recorded.
-        Ok(match outcome {
-            Outcome::Retry { due_ms, .. } if due_ms == i64::MAX => (Ack::Later, "later"),
-            _ => (Ack::Done, "handled"),
+        Ok(match claim {
+            RowClaim::Claimed(row) => Taken::Trigger(Trigger {
+                order_id: row.order_id.clone(),
+                kind: TriggerKind::DelayMessage,
+                phase: u32::try_from(row.phase).unwrap_or(0),
+                attempt: row.attempts,
+                due_ms: Some(row.due_ms),
+                row_id: Some(row.id),
+            }),
+            RowClaim::Processed => Taken::Settled(Ack::Done, "duplicate"),
+            RowClaim::Busy => Taken::Settled(Ack::Done, "busy"),
+            RowClaim::Missing => Taken::Settled(Ack::Later, "later"),
         })
     }
 
@@ -248,12 +288,10 @@ impl TimeoutConsumer {
                     source: SOURCE_ROCKETMQ,
                     reason,
                 });
-                emit(Event::Consumed { outcome: "poison" });
                 Ack::Done
             }
             Err(e) => {
                 tracing::warn!(error = %e, reason, "malformed message could not be dead-lettered yet");
-                emit(Event::Consumed { outcome: "later" });
                 Ack::Later
             }
         }
@@ -277,13 +315,9 @@ impl MessageListenerConcurrently for Listener {
     ) -> ClientResult<ConsumeConcurrentlyStatus> {
         let received: Vec<Received> = messages.iter().map(|m| Received::of(m)).collect();
         let consumer = self.consumer.clone();
-        let later = self.app.block_on(async move {
-            let mut later = false;
-            for r in &received {
-                later |= consumer.handle(r).await == Ack::Later;
-            }
-            later
-        });
+        let later = self
+            .app
+            .block_on(async move { consumer.handle_batch(&received).await == Ack::Later });
         Ok(if later {
             ConsumeConcurrentlyStatus::ReconsumeLater
         } else {

@@ -74,8 +74,9 @@ impl SweepTuning {
     }
 }
 
-/// Sweeps at start and then every interval until `shutdown` turns true. A change of `tuning`
-/// takes effect at once (the current wait is cut short).
+/// Sweeps at start and then every interval until `shutdown` turns true; a sweep that re-armed a
+/// full batch is followed at once by the next. A change of `tuning` takes effect at once (the
+/// current wait is cut short).
 pub async fn run(
     db: Db,
     clock: Clock,
@@ -107,6 +108,15 @@ pub async fn run(
         });
         if result.as_ref().is_ok_and(|r| r.rearmed > 0) {
             waker.notify_one();
+        }
+        // A sweep that filled its batch has more orphans waiting (a lost burst): sweep again at
+        // once instead of leaving them an interval later each.
+        let full = result
+            .as_ref()
+            .is_ok_and(|r| r.rearmed >= config.batch as usize);
+        if full && !crate::shutdown::is_stopping(&shutdown) {
+            tokio::task::yield_now().await;
+            continue;
         }
         tokio::select! {
             _ = tokio::time::sleep(config.interval) => {}
