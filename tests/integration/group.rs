@@ -197,3 +197,49 @@ each_backend! {
         assert_eq!(env.int("SELECT COUNT(*) FROM decision_log WHERE order_id = ? AND outcome = 'closed'", "due").await, 1);
     }
 }
+
+const TWO_PHASE: &[MerchantSpec<'static>] = &[("flashy", "builtin:two-phase", &[("grace", "60s")])];
+
+each_backend! {
+    /// Seed 001's two phases as a burst: the reminders of 30 orders sharing one deadline are
+    /// scheduled in one transaction, a paid order among them is left alone, and the second phase
+    /// closes the rest.
+    async fn a_group_of_waits_schedules_each_next_phase_and_reminder_once(env) {
+        env.stock_up(&[("sku-a", 1_000), ("sku-b", 1_000)]).await;
+        for i in 0..30 {
+            env.create(&order(&format!("w-{i:02}"), "flashy", T0)).await;
+        }
+        assert!(env.pay("w-07", T0 - 1).await);
+        let config = env.config(TWO_PHASE, "");
+        let (clock, now) = Clock::manual(T0 + 1);
+        let d = env.dispatcher(&config, clock).await;
+        let triggers = env.claim(T0 + 1).await;
+        assert_eq!(triggers.len(), 30);
+        let outcomes = d.handle_group(&triggers).await;
+        for (t, o) in triggers.iter().zip(&outcomes) {
+            match t.order_id.as_str() {
+                "w-07" => assert!(matches!(o, Outcome::NoOp { .. }), "{o:?}"),
+                id => assert!(matches!(o, Outcome::Waiting { next_phase: 1, due_ms } if *due_ms == T0 + 60_000), "{id}: {o:?}"),
+            }
+        }
+        assert_eq!(env.int("SELECT COUNT(*) FROM order_timeout_msg WHERE phase = 1 AND status = 'PENDING' AND source = ?", "wait").await, 29);
+        assert_eq!(env.int("SELECT COUNT(*) FROM order_timeout_msg WHERE phase = 1 AND order_id = ?", "w-07").await, 0);
+        assert_eq!(env.int("SELECT COUNT(*) FROM order_timeout_msg WHERE phase = 0 AND status <> ?", "PROCESSED").await, 0);
+        assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE kind = ?", "remind").await, 29);
+        assert_eq!(env.int("SELECT COUNT(DISTINCT idempotency_key) FROM effect_ledger WHERE kind = ?", "remind").await, 29);
+        assert_eq!(env.int("SELECT COUNT(*) FROM decision_log WHERE outcome = ?", "waiting").await, 29);
+        assert_eq!(env.int("SELECT COUNT(*) FROM orders WHERE status = ?", "PENDING").await, 29);
+        // The same phase-0 triggers again (redelivered) schedule nothing twice.
+        let again = d.handle_group(&triggers).await;
+        assert!(again.iter().all(|o| matches!(o, Outcome::NoOp { .. } | Outcome::Waiting { .. })), "{again:?}");
+        assert_eq!(env.int("SELECT COUNT(*) FROM order_timeout_msg WHERE phase = 1 AND source = ?", "wait").await, 29);
+        // The grace lapses: the second phase closes the 29, each once.
+        now.store(T0 + 60_000, std::sync::atomic::Ordering::SeqCst);
+        let closing = env.claim(T0 + 60_000).await;
+        assert_eq!(closing.len(), 29);
+        let closed = d.handle_group(&closing).await;
+        assert_eq!(tally(&closed), (29, 0));
+        assert_eq!(env.int("SELECT COUNT(*) FROM orders WHERE status = ?", "CLOSED").await, 29);
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (1_000 - 2, 1_000 - 1));
+    }
+}

@@ -517,7 +517,7 @@ mod defaults {
         8
     }
     pub fn outbox_batch() -> u32 {
-        256
+        1024
     }
     pub fn lease() -> Duration {
         Duration::from_secs(30)
@@ -529,7 +529,7 @@ mod defaults {
         16
     }
     pub fn group_commit() -> u32 {
-        64
+        128
     }
     pub fn sweep_interval() -> Duration {
         Duration::from_secs(30)

@@ -43,6 +43,8 @@ pub struct Report {
     pub audit: Audit,
     /// `EXPLAIN` of the hot queries (MariaDB and PostgreSQL), one line each.
     pub plans: Vec<(String, String)>,
+    /// Closes by trigger kind (`outbox`, `delay-message`, `sweep`): who closed them.
+    pub closed_by: Vec<(String, i64)>,
     /// The bench's database, kept for a look.
     pub database: String,
 }
@@ -109,6 +111,12 @@ impl Report {
             "  cpu s / 1000 closes {:.3}   peak RSS {:.0} MiB   ledger rows/close {:.2}\n",
             self.cpu_s_per_1000, self.peak_rss_mib, self.audit.ledger_rows_per_close
         ));
+        let by: Vec<String> = self
+            .closed_by
+            .iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect();
+        out.push_str(&format!("  closed by           {}\n", by.join(" · ")));
         for (name, plan) in &self.plans {
             out.push_str(&format!("  plan {name}: {plan}\n"));
         }
@@ -183,8 +191,28 @@ pub(super) async fn collect(db: &Db, i: Inputs) -> anyhow::Result<Report> {
         baseline_run: i.baseline,
         audit,
         plans: plans(db, i.deadline_ms).await,
+        closed_by: closed_by(db).await?,
         database: i.database,
     })
+}
+
+async fn closed_by(db: &Db) -> anyhow::Result<Vec<(String, i64)>> {
+    let rows = db
+        .backend()
+        .query(
+            "SELECT closed_by, COUNT(*) FROM orders WHERE id LIKE 'd-%' AND status = 'CLOSED' \
+             GROUP BY closed_by ORDER BY closed_by",
+        )
+        .fetch_all(db.pool())
+        .await?;
+    rows.iter()
+        .map(|r| {
+            Ok((
+                r.try_get::<Option<String>, _>(0)?.unwrap_or_default(),
+                r.try_get(1)?,
+            ))
+        })
+        .collect()
 }
 
 async fn scalar(db: &Db, sql: &'static str) -> anyhow::Result<i64> {

@@ -161,6 +161,20 @@ pub async fn status_and_user(
         .collect()
 }
 
+/// The status of order `id` as this transaction sees it; `None` when there is no such order.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn status_of(conn: &mut AnyConnection, id: &str) -> Result<Option<String>, DbError> {
+    Ok(Backend::of(conn)
+        .query("SELECT status FROM orders WHERE id = ?")
+        .bind(id)
+        .fetch_optional(&mut *conn)
+        .await?
+        .map(|r| r.try_get(0))
+        .transpose()?)
+}
+
 /// What a close records about itself.
 #[derive(Debug, Clone)]
 pub struct CloseStamp<'a> {
@@ -200,17 +214,18 @@ pub async fn compare_and_close(
     Ok(done.rows_affected() == 1)
 }
 
-/// The orders among `ids` that are PENDING with their deadline passed at `now_ms`, locked for
-/// this transaction (`FOR UPDATE` on MySQL/PostgreSQL, in id order so two groups never
+/// The orders among `ids` that are PENDING (and, with `deadline_by`, whose deadline has passed
+/// by then), locked for this transaction (`FOR UPDATE` on MySQL/PostgreSQL, in id order so two groups never
 /// deadlock on each other; SQLite's `BEGIN IMMEDIATE` already holds the only write lock). These
-/// are exactly the orders [`close_many`] then closes: nobody can pay or close them in between.
+/// are exactly the orders [`close_many`] then closes (or a group of waits schedules): nobody can
+/// pay or close them in between.
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
 pub async fn lock_pending(
     conn: &mut AnyConnection,
     ids: &[&str],
-    now_ms: i64,
+    deadline_by: Option<i64>,
 ) -> Result<Vec<String>, DbError> {
     let backend = Backend::of(conn);
     let lock = match backend {
@@ -225,7 +240,10 @@ pub async fn lock_pending(
     for id in ids {
         q = q.bind(id.to_string());
     }
-    let rows = q.bind(now_ms).fetch_all(&mut *conn).await?;
+    let rows = q
+        .bind(deadline_by.unwrap_or(i64::MAX))
+        .fetch_all(&mut *conn)
+        .await?;
     rows.iter()
         .map(|r| Ok(r.try_get::<String, _>(0)?))
         .collect()

@@ -347,6 +347,37 @@ pub async fn insert_row(
     Ok(())
 }
 
+/// [`insert_row`] for many `(order, phase, due_ms)` rows with one `source`, in multi-row
+/// statements.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn insert_rows(
+    conn: &mut AnyConnection,
+    backend: Backend,
+    rows: &[(&str, u32, i64)],
+    source: &str,
+) -> Result<(), DbError> {
+    for chunk in rows.chunks(super::ledger::ROWS_PER_INSERT) {
+        let values = vec!["(?, ?, ?, 'PENDING', ?)"; chunk.len()].join(", ");
+        let mut q = backend.query_owned(format!(
+            "{insert} INTO order_timeout_msg (order_id, due_ms, phase, status, source) \
+             VALUES {values}{on_conflict}",
+            insert = backend.insert_ignore().0,
+            on_conflict = backend.insert_ignore().1,
+        ));
+        for (order, phase, due_ms) in chunk {
+            q = q
+                .bind(order.to_string())
+                .bind(*due_ms)
+                .bind(i64::from(*phase))
+                .bind(source.to_string());
+        }
+        q.execute(&mut *conn).await?;
+    }
+    Ok(())
+}
+
 /// The latest phase scheduled for `order_id` (0 when it has no outbox row), the phase an
 /// operator's trigger for it decides.
 ///

@@ -11,7 +11,9 @@
 //!   order's own condition, so a payment that landed first simply leaves that order out (F12)
 //!   — then one statement per SKU for the stock, two for the coupons, and multi-row inserts for
 //!   the ledger and the decision log, and one update for the outbox rows;
-//! - if that transaction fails, the group is split: each order is tried alone through the
+//! - the permitted waits share another: their next phases' rows, reminders and decisions in
+//!   multi-row statements, for the orders still PENDING (locked likewise);
+//! - if a shared transaction fails, the group is split: each order is tried alone through the
 //!   single close, so one bad order never holds the others back.
 //!
 //! The lever and its measurement come from graphile-worker, River and db-scheduler (batched
@@ -24,8 +26,29 @@ use futures_util::future::join_all;
 use timeoutd_runtime::model::{Decision, Effect};
 
 use super::close::{CAS_LOST, closed_detail, is_external, noop_detail};
+use super::wait::{next_due_ms, wait_detail};
 use super::{Dispatcher, Outcome, Ready, Step, Trigger, permitted};
 use crate::db::{DbError, journal, ledger, orders, outbox};
+
+/// Which shared transaction a group of decisions goes through.
+#[derive(Clone, Copy)]
+enum GroupKind {
+    Wait,
+    Close,
+}
+
+/// Whether a wait can join its group's transaction: its reminder within the guard and its phase
+/// order sound. Anything else goes alone, where it is refused with its reason.
+fn groupable_wait(
+    ready: &Ready,
+    after_ms: u64,
+    next_phase: u32,
+    reminder: &Option<timeoutd_runtime::model::Notice>,
+) -> bool {
+    let notice: Vec<Effect> = reminder.iter().cloned().map(Effect::Notify).collect();
+    permitted(&ready.policy, &ready.order, &notice).is_ok()
+        && timeoutd_runtime::guard::check_wait(ready.trigger.phase, after_ms, next_phase).is_ok()
+}
 use crate::events::{Event, emit};
 
 impl Dispatcher {
@@ -62,6 +85,7 @@ impl Dispatcher {
         let mut alone = Vec::new();
         let mut not_pending = Vec::new();
         let mut closes: Vec<(usize, Box<Ready>)> = Vec::new();
+        let mut waits: Vec<(usize, Box<Ready>)> = Vec::new();
         let mut decided: Vec<(usize, Box<Ready>)> = Vec::new();
         for (i, step) in steps.into_iter().enumerate() {
             if step.is_some() {
@@ -78,6 +102,13 @@ impl Dispatcher {
                         if permitted(&ready.policy, &ready.order, effects).is_ok() =>
                     {
                         closes.push((i, ready))
+                    }
+                    Decision::Wait {
+                        after_ms,
+                        next_phase,
+                        reminder,
+                    } if groupable_wait(&ready, *after_ms, *next_phase, reminder) => {
+                        waits.push((i, ready))
                     }
                     _ => decided.push((i, ready)),
                 },
@@ -114,23 +145,30 @@ impl Dispatcher {
         for ((i, _), outcome) in decided.iter().zip(carried) {
             outcomes[*i] = Some(outcome);
         }
-        if !closes.is_empty() {
-            let readies: Vec<&Ready> = closes.iter().map(|(_, r)| r.as_ref()).collect();
-            match self.close_group(&readies).await {
-                Ok(closed) => {
-                    for ((i, _), outcome) in closes.iter().zip(closed) {
+        for (together, group) in [(GroupKind::Wait, &waits), (GroupKind::Close, &closes)] {
+            if group.is_empty() {
+                continue;
+            }
+            let readies: Vec<&Ready> = group.iter().map(|(_, r)| r.as_ref()).collect();
+            let committed = match together {
+                GroupKind::Wait => self.wait_group(&readies).await,
+                GroupKind::Close => self.close_group(&readies).await,
+            };
+            match committed {
+                Ok(done) => {
+                    for ((i, _), outcome) in group.iter().zip(done) {
                         outcomes[*i] = Some(outcome);
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, orders = closes.len(), "group close failed; closing each order alone");
+                    tracing::warn!(error = %e, orders = group.len(), "group transaction failed; carrying out each decision alone");
                     let each = join_all(
-                        closes
+                        group
                             .iter()
                             .map(|(i, r)| self.carry_out_or_fail(&triggers[*i], r)),
                     )
                     .await;
-                    for ((i, _), outcome) in closes.iter().zip(each) {
+                    for ((i, _), outcome) in group.iter().zip(each) {
                         outcomes[*i] = Some(outcome);
                     }
                 }
@@ -178,6 +216,91 @@ impl Dispatcher {
         Ok(())
     }
 
+    /// Carries out a group of permitted waits in one transaction: each still-PENDING order gets
+    /// its next phase's row and its reminder; an order that left PENDING meanwhile is a no-op
+    /// (its row finished with the reason). Outcomes in the same order.
+    ///
+    /// # Errors
+    /// [`DbError`] when any statement fails; nothing of the group is applied.
+    async fn wait_group(&self, group: &[&Ready]) -> Result<Vec<Outcome>, DbError> {
+        let now_ms = group.iter().map(|r| r.now_ms).max().unwrap_or_default();
+        let decided: Vec<_> = group.iter().map(|r| r.decided()).collect();
+        let waits: Vec<(u64, u32, Option<timeoutd_runtime::model::Notice>)> = group
+            .iter()
+            .map(|r| match &r.decision {
+                Decision::Wait {
+                    after_ms,
+                    next_phase,
+                    reminder,
+                } => (*after_ms, *next_phase, reminder.clone()),
+                _ => unreachable!("only waits are grouped here"),
+            })
+            .collect();
+        let ids: Vec<&str> = group.iter().map(|r| r.order.id.as_str()).collect();
+        let backend = self.db.backend();
+        let mut tx = self.db.begin().await?;
+        let pending: HashSet<String> = orders::lock_pending(&mut tx, &ids, None)
+            .await?
+            .into_iter()
+            .collect();
+        let open: Vec<usize> = (0..group.len())
+            .filter(|&k| pending.contains(ids[k]))
+            .collect();
+        let rows: Vec<(&str, u32, i64)> = open
+            .iter()
+            .map(|&k| (ids[k], waits[k].1, next_due_ms(group[k].now_ms, waits[k].0)))
+            .collect();
+        outbox::insert_rows(&mut tx, backend, &rows, outbox::SOURCE_WAIT).await?;
+        let mut reminded: Vec<&str> = Vec::new();
+        let mut entries = Vec::new();
+        for &k in &open {
+            if let Some(notice) = &waits[k].2 {
+                entries.push(decided[k].reminder_entry(notice));
+                reminded.push(ids[k]);
+            }
+        }
+        ledger::record_many(&mut tx, backend, &entries, now_ms).await?;
+        let records: Vec<journal::DecisionRecord<'_>> = open
+            .iter()
+            .map(|&k| {
+                let (after_ms, next_phase, reminder) = &waits[k];
+                decided[k].record(
+                    "wait",
+                    "waiting",
+                    wait_detail(*after_ms, *next_phase, reminder),
+                )
+            })
+            .collect();
+        journal::log_decisions(&mut tx, &records).await?;
+        let open_set: HashSet<usize> = open.iter().copied().collect();
+        let rows_of = |waiting: bool| -> Vec<i64> {
+            (0..group.len())
+                .filter(|k| open_set.contains(k) == waiting)
+                .filter_map(|k| group[k].trigger.row_id)
+                .collect()
+        };
+        outbox::finish_many(&mut tx, &rows_of(true), now_ms, None).await?;
+        outbox::finish_many(&mut tx, &rows_of(false), now_ms, Some("order left PENDING")).await?;
+        tx.commit().await?;
+        if !reminded.is_empty() {
+            self.after_commit(&reminded).await;
+        }
+        Ok((0..group.len())
+            .map(|k| {
+                if open_set.contains(&k) {
+                    Outcome::Waiting {
+                        next_phase: waits[k].1,
+                        due_ms: next_due_ms(group[k].now_ms, waits[k].0),
+                    }
+                } else {
+                    Outcome::NoOp {
+                        reason: "order left PENDING before the wait".to_string(),
+                    }
+                }
+            })
+            .collect())
+    }
+
     /// Closes a group of permitted cancels in one transaction; outcomes in the same order.
     /// An order that left PENDING before the lock (paid, closed by another trigger) is a no-op
     /// with its decision logged, exactly as in the single close.
@@ -196,7 +319,7 @@ impl Dispatcher {
         let ids: Vec<&str> = group.iter().map(|r| r.order.id.as_str()).collect();
         let backend = self.db.backend();
         let mut tx = self.db.begin().await?;
-        let locked: HashSet<String> = orders::lock_pending(&mut tx, &ids, now_ms)
+        let locked: HashSet<String> = orders::lock_pending(&mut tx, &ids, Some(now_ms))
             .await?
             .into_iter()
             .collect();

@@ -1,13 +1,45 @@
-//! A `wait` decision: schedule the next phase and record the reminder, in one transaction.
+//! A `wait` decision: schedule the next phase and record the reminder, in one transaction. The
+//! rules shared with the group of waits ([`super::group`]) live here: when the next phase is due,
+//! the reminder's ledger row and the decision's detail.
 
-use sqlx::Row;
 use timeoutd_runtime::model::Notice;
 
 use super::{Decided, Dispatcher, Outcome};
-use crate::db::{DbError, journal, ledger, outbox};
+use crate::db::{DbError, journal, ledger, orders, outbox};
 
 /// Ledger kind of a reminder sent with a `wait` (a closed notice is a `notify` effect).
 pub const REMIND: &str = "remind";
+
+/// When a wait's next phase is due: `after_ms` from the decision's database time.
+pub(super) fn next_due_ms(now_ms: i64, after_ms: u64) -> i64 {
+    now_ms.saturating_add(i64::try_from(after_ms).unwrap_or(i64::MAX))
+}
+
+/// The `decision_log.detail` of a wait.
+pub(super) fn wait_detail(after_ms: u64, next_phase: u32, reminder: &Option<Notice>) -> String {
+    serde_json::json!({
+        "decision": "wait", "after_ms": after_ms, "next_phase": next_phase, "reminder": reminder,
+    })
+    .to_string()
+}
+
+impl<'a> Decided<'a> {
+    /// The ledger row of a wait's reminder (kind `remind`, index 0 of the deciding phase),
+    /// PENDING for the ledger executor, which skips it if the order is no longer PENDING.
+    pub(super) fn reminder_entry(&self, notice: &Notice) -> ledger::NewEntry<'a> {
+        ledger::NewEntry {
+            order_id: &self.order.id,
+            merchant_id: &self.order.merchant,
+            phase: self.trigger.phase,
+            index: 0,
+            kind: REMIND,
+            payload: serde_json::to_string(notice).expect("notice serialises"),
+            status: ledger::PENDING,
+            note: None,
+            key: None,
+        }
+    }
+}
 
 impl Dispatcher {
     pub(super) async fn wait(
@@ -17,9 +49,6 @@ impl Dispatcher {
         next_phase: u32,
         reminder: Option<Notice>,
     ) -> Result<Outcome, DbError> {
-        let decision = serde_json::json!({
-            "decision": "wait", "after_ms": after_ms, "next_phase": next_phase, "reminder": reminder,
-        });
         if let Err(reason) =
             timeoutd_runtime::guard::check_wait(d.trigger.phase, after_ms, next_phase)
         {
@@ -30,20 +59,10 @@ impl Dispatcher {
             };
             return self.refuse(d, &refused, reason).await;
         }
-        let due_ms = d
-            .now_ms
-            .saturating_add(i64::try_from(after_ms).unwrap_or(i64::MAX));
+        let due_ms = next_due_ms(d.now_ms, after_ms);
         let mut tx = self.db.begin().await?;
         outbox::schedule_phase(&mut tx, self.db.backend(), &d.order.id, next_phase, due_ms).await?;
-        let status: Option<String> = self
-            .db
-            .backend()
-            .query("SELECT status FROM orders WHERE id = ?")
-            .bind(&d.order.id)
-            .fetch_optional(&mut *tx)
-            .await?
-            .map(|r| r.try_get(0))
-            .transpose()?;
+        let status = orders::status_of(&mut tx, &d.order.id).await?;
         if status.as_deref() != Some("PENDING") {
             tx.rollback().await?;
             return Ok(Outcome::NoOp {
@@ -51,20 +70,16 @@ impl Dispatcher {
             });
         }
         if let Some(notice) = &reminder {
-            let entry = ledger::NewEntry {
-                order_id: &d.order.id,
-                merchant_id: &d.order.merchant,
-                phase: d.trigger.phase,
-                index: 0,
-                kind: REMIND,
-                payload: serde_json::to_string(notice).expect("notice serialises"),
-                status: ledger::PENDING,
-                note: None,
-                key: None,
-            };
-            ledger::record(&mut tx, self.db.backend(), &entry, d.now_ms).await?;
+            ledger::record(
+                &mut tx,
+                self.db.backend(),
+                &d.reminder_entry(notice),
+                d.now_ms,
+            )
+            .await?;
         }
-        journal::log_decision(&mut tx, &d.record("wait", "waiting", decision.to_string())).await?;
+        let detail = wait_detail(after_ms, next_phase, &reminder);
+        journal::log_decision(&mut tx, &d.record("wait", "waiting", detail)).await?;
         if let Some(id) = d.trigger.row_id {
             outbox::finish(&mut tx, id, d.now_ms, None).await?;
         }
