@@ -243,3 +243,131 @@ each_backend! {
         assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (1_000 - 2, 1_000 - 1));
     }
 }
+
+/// Waits until a transaction of this test's database is blocked on a row lock (the group
+/// waiting for the payment's lock): PostgreSQL `pg_stat_activity`, MariaDB's process list.
+async fn until_blocked_on_a_lock(env: &Env) {
+    let database = env.url.rsplit('/').next().unwrap().to_string();
+    let sql = match env.db.backend() {
+        Backend::Postgres => {
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = ?"
+        }
+        // The blocked locking read shows in the process list (InnoDB's own INNODB_TRX does not
+        // list it while it sorts its candidates).
+        _ => {
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+             WHERE INFO LIKE 'SELECT id FROM orders WHERE id IN %FOR UPDATE' AND DB = ?"
+        }
+    };
+    let started = std::time::Instant::now();
+    while env.int(sql, &database).await == 0 {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "the group never waited on the payment's lock"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// F12 for groups: payments commit while the group waits on their lock — after the orders were
+/// read and decided. The paid close and the paid wait are left alone; the others go through.
+/// (MariaDB and PostgreSQL: SQLite's single writer cannot interleave a payment there.)
+async fn payments_committed_while_a_group_waits_on_their_lock_are_left_alone(env: &Env) {
+    env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
+    for i in 0..4 {
+        env.create(&order(&format!("c-{i}"), "acme", T0)).await;
+        env.create(&order(&format!("w-{i}"), "flashy", T0)).await;
+    }
+    let merchants = [SINGLE[0], TWO_PHASE[0]];
+    let (clock, _) = Clock::manual(T0 + 1);
+    let d = env.dispatcher(&env.config(&merchants, ""), clock).await;
+    let triggers = env.claim(T0 + 1).await;
+    assert_eq!(triggers.len(), 8);
+    let mut payment = env.db.begin().await.unwrap();
+    env.db
+        .backend()
+        .query("UPDATE orders SET status = 'PAID', paid_at_ms = ? WHERE id IN ('c-1', 'w-1') AND status = 'PENDING'")
+        .bind(T0)
+        .execute(&mut *payment)
+        .await
+        .unwrap();
+    let group = {
+        let (d, triggers) = (d.clone(), triggers.clone());
+        tokio::spawn(async move { d.handle_group(&triggers).await })
+    };
+    until_blocked_on_a_lock(env).await;
+    assert!(
+        !group.is_finished(),
+        "the group went past the payment's lock"
+    );
+    payment.commit().await.unwrap();
+    let outcomes = group.await.unwrap();
+    for (t, o) in triggers.iter().zip(&outcomes) {
+        match t.order_id.as_str() {
+            "c-1" | "w-1" => assert!(matches!(o, Outcome::NoOp { .. }), "{}: {o:?}", t.order_id),
+            id if id.starts_with('c') => {
+                assert!(matches!(o, Outcome::Closed { .. }), "{id}: {o:?}")
+            }
+            id => assert!(matches!(o, Outcome::Waiting { .. }), "{id}: {o:?}"),
+        }
+    }
+    for paid in ["c-1", "w-1"] {
+        assert_eq!(env.status(paid).await, "PAID");
+        assert_eq!(
+            env.int(
+                "SELECT COUNT(*) FROM effect_ledger WHERE order_id = ?",
+                paid
+            )
+            .await,
+            0
+        );
+        assert_eq!(
+            env.int(
+                "SELECT COUNT(*) FROM order_timeout_msg WHERE phase = 1 AND order_id = ?",
+                paid
+            )
+            .await,
+            0
+        );
+        assert_eq!(
+            env.text(
+                "SELECT status FROM order_timeout_msg WHERE phase = 0 AND order_id = ?",
+                paid
+            )
+            .await,
+            "PROCESSED"
+        );
+    }
+    assert_eq!(
+        env.int("SELECT COUNT(*) FROM orders WHERE status = ?", "CLOSED")
+            .await,
+        3
+    );
+    assert_eq!(
+        env.int(
+            "SELECT COUNT(*) FROM order_timeout_msg WHERE phase = 1 AND source = ?",
+            "wait"
+        )
+        .await,
+        3
+    );
+    // Three closes gave back 2 + 1 units each; the five others hold theirs.
+    assert_eq!(
+        (env.stock("sku-a").await, env.stock("sku-b").await),
+        (100 - 10, 100 - 5)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn payments_committed_while_a_group_waits_on_their_lock_are_left_alone_mariadb() {
+    let env = Env::new(Backend::MySql).await;
+    payments_committed_while_a_group_waits_on_their_lock_are_left_alone(&env).await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn payments_committed_while_a_group_waits_on_their_lock_are_left_alone_postgres() {
+    let env = Env::new(Backend::Postgres).await;
+    payments_committed_while_a_group_waits_on_their_lock_are_left_alone(&env).await;
+    env.cleanup().await;
+}
