@@ -116,7 +116,7 @@ pub(super) async fn seed(db: &Db, merchant: &str, n: u32, outbox: bool) -> anyho
         for id in chunk {
             let i: u32 = id[2..].parse().expect("seeded id");
             let coupon = coupon_of(id, i);
-            let activity = (i % 2 == 0).then_some("flash-bench");
+            let activity = i.is_multiple_of(2).then_some("flash-bench");
             let order_lines = lines_of(i);
             let total: i64 = order_lines.iter().map(|(_, q)| q * 1_990).sum();
             for (line_no, (sku, qty)) in order_lines.iter().enumerate() {
@@ -207,7 +207,7 @@ pub(super) async fn seed(db: &Db, merchant: &str, n: u32, outbox: bool) -> anyho
 pub(super) fn lines_of(i: u32) -> Vec<(usize, i64)> {
     let first = (i % SKUS) as usize;
     let mut lines = vec![(first, 1 + i64::from(i % 3))];
-    if i % 4 == 0 {
+    if i.is_multiple_of(4) {
         lines.push(((first + 1) % SKUS as usize, 1));
     }
     lines
@@ -215,7 +215,7 @@ pub(super) fn lines_of(i: u32) -> Vec<(usize, i64)> {
 
 /// The coupon order `id` (number `i`) holds, on every fifth order.
 pub(super) fn coupon_of(id: &str, i: u32) -> Option<String> {
-    (i % 5 == 0).then(|| format!("c-{id}"))
+    i.is_multiple_of(5).then(|| format!("c-{id}"))
 }
 
 /// The SKU code of SKU index `sku`.
