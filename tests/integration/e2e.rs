@@ -402,3 +402,39 @@ async fn sigterm_mid_burst_loses_and_doubles_nothing() {
     eprintln!("SIGTERM after {closed_by_first} of {ORDERS} closes; stopped in {stop_s:.2} s");
     env.cleanup().await;
 }
+
+/// `timeoutd bench` on the embedded default: a small burst through the real daemon path, its
+/// baseline, and an audit that passes, read from its JSON line; every order closed by the
+/// outbox, none before the deadline.
+#[test]
+fn bench_runs_a_burst_against_its_baseline_and_audits_it() {
+    let data = tempfile::tempdir().unwrap();
+    let out = Command::new(timeoutd_bin())
+        .args(["bench", "--orders", "300", "--lead", "1s", "--config"])
+        .arg(repo_root().join("config/timeoutd.toml"))
+        .env("TIMEOUTD_DATA_DIR", data.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "exit {:?}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(json["backend"], "sqlite");
+    assert_eq!(json["orders"], 300);
+    assert!(
+        json["audit"]["problems"].as_array().unwrap().is_empty(),
+        "{json}"
+    );
+    assert!(json["closes_per_s"].as_f64().unwrap() > 0.0);
+    assert!(json["baseline_closes_per_s"].as_f64().unwrap() > 0.0);
+    assert!(
+        json["lateness_ms"]["min"].as_i64().unwrap() >= 0,
+        "closed before the deadline: {json}"
+    );
+    assert_eq!(json["closed_by"], serde_json::json!([["outbox", 300]]));
+    assert!(stdout.contains("audit               ok"), "{stdout}");
+}

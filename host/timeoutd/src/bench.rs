@@ -48,7 +48,8 @@ pub enum BenchPath {
     Sweep,
     /// Outbox rows due `--lead` ahead (at least 15 s), relayed by the config's `[rocketmq]`
     /// transport as timer (or delay-level) messages; the broker's delivery closes them, the
-    /// outbox timer takes back what is late. The report counts closes by who made them.
+    /// outbox timer takes back what is late. The report counts closes by who made them. The
+    /// bench uses topics and groups of its own (the config's names with `_BENCH`).
     Broker,
 }
 
@@ -123,6 +124,15 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         );
         // The relay publishes rows due later than relay_lead; leave it time to send them all.
         lead_ms = lead_ms.max(15_000);
+        // Topics and groups of the bench's own, so no daemon on the config's topic ever sees
+        // the bench's orders' messages (nor the bench theirs).
+        if let Some(r) = config.rocketmq.as_mut() {
+            r.topic = format!("{}_BENCH", r.topic);
+            r.consumer_group = format!("{}_BENCH", r.consumer_group);
+            r.producer_group = format!("{}_BENCH", r.producer_group);
+            r.transaction_group = format!("{}_BENCH", r.transaction_group);
+            r.notification_topic = format!("{}_BENCH", r.notification_topic);
+        }
     } else {
         config.rocketmq = None;
     }

@@ -13,11 +13,8 @@ use super::{Backend, DbError};
 /// [`DbError::Sql`] on query failure; [`DbError::BadRow`] when the row holds an unknown status.
 pub async fn load(conn: &mut AnyConnection, id: &str) -> Result<Option<Order>, DbError> {
     let Some(row) = Backend::of(conn)
-        .query(
-            "SELECT id, merchant_id, user_id, status, created_at_ms, deadline_ms, total_cents, \
-         coupon_id, activity_id, payment_ref FROM orders WHERE id = ?",
-        )
-        .bind(id)
+        .query_owned(format!("SELECT {ORDER_COLUMNS} FROM orders WHERE id = ?"))
+        .bind(id.to_string())
         .fetch_optional(&mut *conn)
         .await?
     else {
@@ -47,7 +44,16 @@ pub async fn load(conn: &mut AnyConnection, id: &str) -> Result<Option<Order>, D
         })
     })
     .collect::<Result<Vec<_>, DbError>>()?;
-    Ok(Some(Order {
+    Ok(Some(order_of(&row, status, items)?))
+}
+
+/// The order a row of [`ORDER_COLUMNS`] holds, with its `status` already read and its `items`.
+fn order_of(
+    row: &sqlx::any::AnyRow,
+    status: OrderStatus,
+    items: Vec<OrderItem>,
+) -> Result<Order, sqlx::Error> {
+    Ok(Order {
         id: row.try_get("id")?,
         merchant: row.try_get("merchant_id")?,
         user: row.try_get("user_id")?,
@@ -59,8 +65,12 @@ pub async fn load(conn: &mut AnyConnection, id: &str) -> Result<Option<Order>, D
         coupon: row.try_get("coupon_id")?,
         flash_activity: row.try_get("activity_id")?,
         payment_ref: row.try_get("payment_ref")?,
-    }))
+    })
 }
+
+/// The columns of `orders` an [`Order`] is read from.
+const ORDER_COLUMNS: &str = "id, merchant_id, user_id, status, created_at_ms, deadline_ms, \
+     total_cents, coupon_id, activity_id, payment_ref";
 
 /// Loads the orders among `ids` with their lines in two statements, by id. Orders that do not
 /// exist or hold something unreadable are left out: the caller takes those one at a time through
@@ -78,8 +88,7 @@ pub async fn load_many(
         return Ok(found);
     }
     let mut q = backend.query_owned(format!(
-        "SELECT id, merchant_id, user_id, status, created_at_ms, deadline_ms, total_cents, \
-         coupon_id, activity_id, payment_ref FROM orders WHERE id IN ({})",
+        "SELECT {ORDER_COLUMNS} FROM orders WHERE id IN ({})",
         marks(ids.len())
     ));
     for id in ids {
@@ -90,19 +99,7 @@ pub async fn load_many(
         let Some(status) = OrderStatus::parse(&status) else {
             continue;
         };
-        let order = Order {
-            id: row.try_get("id")?,
-            merchant: row.try_get("merchant_id")?,
-            user: row.try_get("user_id")?,
-            status,
-            created_at_ms: row.try_get("created_at_ms")?,
-            deadline_ms: row.try_get("deadline_ms")?,
-            total_cents: row.try_get("total_cents")?,
-            items: Vec::new(),
-            coupon: row.try_get("coupon_id")?,
-            flash_activity: row.try_get("activity_id")?,
-            payment_ref: row.try_get("payment_ref")?,
-        };
+        let order = order_of(&row, status, Vec::new())?;
         found.insert(order.id.clone(), order);
     }
     let mut q = backend.query_owned(format!(
