@@ -11,7 +11,8 @@
 //!    coupon, one ledger row per effect, one `decision_log` row, outbox row PROCESSED) — over as
 //!    many connections as the daemon dispatches on ([`baseline`]). That is this machine's
 //!    one-order-per-commit limit for this backend;
-//! 3. starts the real daemon in this process, moves the other N orders' deadline to one instant
+//! 3. starts the real daemon in this process (or several, `--daemons`, each with its own pool
+//!    and sources, as separate hosts would run on one database), moves the other N orders' deadline to one instant
 //!    a few seconds ahead, and waits until every one is closed;
 //! 4. reports closes/s, the ratio to the baseline, lateness p50/p99/max from the database
 //!    (`closed_at_ms − deadline_ms`), CPU seconds per 1,000 closes, peak RSS, commits and
@@ -67,6 +68,9 @@ pub struct BenchArgs {
     pub lead_ms: i64,
     /// Merchant whose plugin decides (default: the first configured).
     pub merchant: Option<String>,
+    /// Daemons draining the burst together (scale-out), each with its own pool and sources, in
+    /// this process.
+    pub daemons: u32,
 }
 
 /// Runs the bench and returns its report (also printed as a table and one JSON line by the
@@ -141,15 +145,23 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         config.sweep.interval = Duration::from_secs(1);
         config.sweep.grace = Duration::ZERO;
     }
-    let daemon = Daemon::start(&config, Clock::Database)
-        .await
-        .context("starting the daemon")?;
+    let mut daemons = Vec::new();
+    for _ in 0..args.daemons.max(1) {
+        daemons.push(
+            Daemon::start(&config, Clock::Database)
+                .await
+                .context("starting the daemon")?,
+        );
+    }
     let db = Db::connect(&url, 2).await?;
     let deadline_ms = db.now_ms().await? + lead_ms;
     seed::set_deadline(&db, deadline_ms).await?;
-    daemon.waker().notify_one();
+    for daemon in &daemons {
+        daemon.waker().notify_one();
+    }
     progress(format_args!(
-        "daemon: {n} orders due at one instant, {lead_ms} ms from now"
+        "{} daemon(s): {n} orders due at one instant, {lead_ms} ms from now",
+        daemons.len()
     ));
     let before = counters::Counters::read(&db).await;
     let cpu_before = counters::cpu_seconds();
@@ -176,7 +188,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         );
     }
     let cpu_s = counters::cpu_seconds() - cpu_before;
-    daemon.stop().await;
+    for daemon in daemons {
+        daemon.stop().await;
+    }
     let after = counters::Counters::read(&db).await;
     let daemon_counts = after.since(&before, n);
     let report = report::collect(
@@ -184,6 +198,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         report::Inputs {
             backend,
             path: args.path,
+            daemons: args.daemons.max(1),
             orders: n,
             deadline_ms,
             baseline,

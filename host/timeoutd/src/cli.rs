@@ -97,6 +97,9 @@ pub enum Command {
         /// at the deadline, like `builtin:single-phase`.
         #[arg(long)]
         merchant: Option<String>,
+        /// Daemons draining the burst together (scale-out on one database).
+        #[arg(long, default_value_t = 1)]
+        daemons: u32,
     },
     /// A merchant's tools for a plugin file: `check`, `test` (a CASES.toml file), `replay`
     /// (over the recorded decisions).
@@ -136,6 +139,7 @@ pub fn main() -> ExitCode {
                 orders,
                 lead,
                 merchant,
+                daemons,
             } => match load(&config) {
                 Ok(config) => {
                     bench(crate::bench::BenchArgs {
@@ -144,6 +148,7 @@ pub fn main() -> ExitCode {
                         orders,
                         lead_ms: lead.as_millis() as i64,
                         merchant,
+                        daemons,
                     })
                     .await
                 }

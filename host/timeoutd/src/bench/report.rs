@@ -19,6 +19,8 @@ pub struct Report {
     pub path: BenchPath,
     /// Orders in the burst.
     pub orders: u32,
+    /// Daemons that drained it together.
+    pub daemons: u32,
     /// The daemon's drain rate: orders ÷ (last close − deadline), per second.
     pub closes_per_s: f64,
     /// The baseline's rate, per second.
@@ -82,8 +84,8 @@ impl Report {
         let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
         let mut out = String::new();
         out.push_str(&format!(
-            "timeoutd bench · {} · path {:?} · {} orders sharing one deadline\n",
-            self.backend, self.path, self.orders
+            "timeoutd bench · {} · path {:?} · {} orders sharing one deadline · {} daemon(s)\n",
+            self.backend, self.path, self.orders, self.daemons
         ));
         out.push_str(&format!(
             "  closes/s            {:>10.0}   baseline {:>8.0}   ratio {:.2}\n",
@@ -135,6 +137,7 @@ impl Report {
 pub(super) struct Inputs {
     pub backend: Backend,
     pub path: BenchPath,
+    pub daemons: u32,
     pub orders: u32,
     pub deadline_ms: i64,
     pub baseline: Baseline,
@@ -178,6 +181,7 @@ pub(super) async fn collect(db: &Db, i: Inputs) -> anyhow::Result<Report> {
     Ok(Report {
         backend: format!("{:?}", i.backend).to_lowercase(),
         path: i.path,
+        daemons: i.daemons,
         orders: i.orders,
         closes_per_s,
         baseline_closes_per_s: i.baseline.closes_per_s,
