@@ -25,6 +25,7 @@ pub mod effects;
 pub mod events;
 pub mod gauges;
 pub mod http;
+pub mod lateness;
 pub mod plugin_cli;
 pub mod policies;
 /// The backoff rule and the default retry settings (shared with the plugin harness).

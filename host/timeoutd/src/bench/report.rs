@@ -162,13 +162,7 @@ pub(super) async fn collect(db: &Db, i: Inputs) -> anyhow::Result<Report> {
         .map(|r| r.try_get::<i64, _>(0))
         .collect::<Result<_, _>>()?;
     lateness.sort_unstable();
-    let pick = |q: f64| {
-        if lateness.is_empty() {
-            0
-        } else {
-            lateness[((lateness.len() as f64 * q).ceil() as usize).clamp(1, lateness.len()) - 1]
-        }
-    };
+    let pick = |q: f64| crate::lateness::nearest_rank(&lateness, q);
     let late = Lateness {
         p50: pick(0.50),
         p99: pick(0.99),

@@ -118,13 +118,7 @@ impl DemoReport {
         .map(|r| r.try_get::<i64, _>(0))
         .collect::<Result<_, _>>()?;
         lateness.sort_unstable();
-        let rank = |q: f64| -> i64 {
-            if lateness.is_empty() {
-                return 0;
-            }
-            let i = ((q * lateness.len() as f64).ceil() as usize).clamp(1, lateness.len()) - 1;
-            lateness[i]
-        };
+        let rank = |q: f64| crate::lateness::nearest_rank(&lateness, q);
         let restores = scalar(
             db,
             "SELECT COUNT(*) FROM effect_ledger WHERE kind = 'restore-stock'",

@@ -20,7 +20,7 @@
 //! completion; see `../shared/PERFORMANCE.md`); `timeoutd bench` measures it against the
 //! one-order-per-commit baseline in the same run.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 
 use futures_util::future::join_all;
 use timeoutd_runtime::model::{Decision, Effect};
@@ -136,15 +136,7 @@ impl Dispatcher {
                 }
             }
         }
-        let carried = join_all(
-            decided
-                .iter()
-                .map(|(i, r)| self.carry_out_or_fail(&triggers[*i], r)),
-        )
-        .await;
-        for ((i, _), outcome) in decided.iter().zip(carried) {
-            outcomes[*i] = Some(outcome);
-        }
+        self.carry_out_each(triggers, &decided, &mut outcomes).await;
         for (together, group) in [(GroupKind::Wait, &waits), (GroupKind::Close, &closes)] {
             if group.is_empty() {
                 continue;
@@ -162,15 +154,7 @@ impl Dispatcher {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, orders = group.len(), "group transaction failed; carrying out each decision alone");
-                    let each = join_all(
-                        group
-                            .iter()
-                            .map(|(i, r)| self.carry_out_or_fail(&triggers[*i], r)),
-                    )
-                    .await;
-                    for ((i, _), outcome) in group.iter().zip(each) {
-                        outcomes[*i] = Some(outcome);
-                    }
+                    self.carry_out_each(triggers, group, &mut outcomes).await;
                 }
             }
         }
@@ -182,6 +166,25 @@ impl Dispatcher {
 
     async fn handle_each(&self, triggers: &[Trigger]) -> Vec<Outcome> {
         join_all(triggers.iter().map(|t| self.handle(t))).await
+    }
+
+    /// Carries out each of `readies` (position in `triggers`, decision) on its own, side by side,
+    /// into `outcomes`.
+    async fn carry_out_each(
+        &self,
+        triggers: &[Trigger],
+        readies: &[(usize, Box<Ready>)],
+        outcomes: &mut [Option<Outcome>],
+    ) {
+        let each = join_all(
+            readies
+                .iter()
+                .map(|(i, r)| self.carry_out_or_fail(&triggers[*i], r)),
+        )
+        .await;
+        for ((i, _), outcome) in readies.iter().zip(each) {
+            outcomes[*i] = Some(outcome);
+        }
     }
 
     async fn carry_out_or_fail(&self, trigger: &Trigger, ready: &Ready) -> Outcome {
@@ -311,11 +314,13 @@ impl Dispatcher {
     async fn close_group(&self, group: &[&Ready]) -> Result<Vec<Outcome>, DbError> {
         let now_ms = group.iter().map(|r| r.now_ms).max().unwrap_or_default();
         let decided: Vec<_> = group.iter().map(|r| r.decided()).collect();
-        let cancel = |r: &Ready| match &r.decision {
-            Decision::Cancel { reason, effects } => (reason.clone(), effects.clone()),
-            _ => unreachable!("only cancels are grouped"),
-        };
-        let cancels: Vec<(String, Vec<Effect>)> = group.iter().map(|r| cancel(r)).collect();
+        let cancels: Vec<(&str, &[Effect])> = group
+            .iter()
+            .map(|r| match &r.decision {
+                Decision::Cancel { reason, effects } => (reason.as_str(), effects.as_slice()),
+                _ => unreachable!("only cancels are grouped"),
+            })
+            .collect();
         let ids: Vec<&str> = group.iter().map(|r| r.order.id.as_str()).collect();
         let backend = self.db.backend();
         let mut tx = self.db.begin().await?;
@@ -323,28 +328,27 @@ impl Dispatcher {
             .await?
             .into_iter()
             .collect();
-        let won: Vec<usize> = (0..group.len())
-            .filter(|&k| locked.contains(&group[k].order.id))
-            .collect();
-        let stamps: Vec<(&str, orders::CloseStamp<'_>)> = won
-            .iter()
-            .map(|&k| (ids[k], decided[k].close_stamp(&cancels[k].0)))
+        // Which orders of the group this transaction closes, by position.
+        let won: Vec<bool> = ids.iter().map(|id| locked.contains(*id)).collect();
+        let closing = || (0..group.len()).filter(|&k| won[k]);
+        let stamps: Vec<(&str, orders::CloseStamp<'_>)> = closing()
+            .map(|k| (ids[k], decided[k].close_stamp(cancels[k].0)))
             .collect();
         let changed = orders::close_many(&mut tx, &stamps, now_ms).await?;
-        if changed != won.len() as u64 {
+        if changed != stamps.len() as u64 {
             return Err(DbError::BadRow {
                 table: "orders",
                 detail: format!(
                     "group close changed {changed} of {} locked orders",
-                    won.len()
+                    stamps.len()
                 ),
             });
         }
         // Stock: one statement per SKU, in SKU order (two groups never deadlock on stock rows).
         let mut per_sku: BTreeMap<&str, i64> = BTreeMap::new();
         let mut coupons: Vec<(&str, &str)> = Vec::new();
-        for &k in &won {
-            for effect in &cancels[k].1 {
+        for k in closing() {
+            for effect in cancels[k].1 {
                 match effect {
                     Effect::RestoreStock { sku, quantity } => {
                         *per_sku.entry(sku).or_default() += i64::from(*quantity)
@@ -361,65 +365,58 @@ impl Dispatcher {
             }
         }
         let released = orders::release_coupons(&mut tx, &coupons).await?;
-        let mut entries = Vec::new();
-        let mut external: Vec<&str> = Vec::new();
-        for &k in &won {
-            let effects = &cancels[k].1;
-            if effects.iter().any(is_external) {
-                external.push(ids[k]);
-            }
-            let applied = |_: usize, e: &Effect| match e {
-                Effect::RestoreStock { sku, .. } => !missing_skus.contains(sku.as_str()),
-                Effect::ReleaseCoupon { coupon } => released.contains(coupon),
-                _ => false,
-            };
-            entries.extend(decided[k].ledger_entries(effects, applied));
-        }
+        let applied = |_: usize, e: &Effect| match e {
+            Effect::RestoreStock { sku, .. } => !missing_skus.contains(sku.as_str()),
+            Effect::ReleaseCoupon { coupon } => released.contains(coupon),
+            _ => false,
+        };
+        let entries: Vec<_> = closing()
+            .flat_map(|k| decided[k].ledger_entries(cancels[k].1, applied))
+            .collect();
         ledger::record_many(&mut tx, backend, &entries, now_ms).await?;
-        let won_set: HashSet<usize> = won.iter().copied().collect();
         let records: Vec<journal::DecisionRecord<'_>> = (0..group.len())
-            .map(|k| {
-                if won_set.contains(&k) {
-                    decided[k].record(
-                        "cancel",
-                        "closed",
-                        closed_detail(&cancels[k].0, &cancels[k].1),
-                    )
-                } else {
-                    decided[k].record("cancel", "noop", noop_detail())
-                }
+            .map(|k| match won[k] {
+                true => decided[k].record(
+                    "cancel",
+                    "closed",
+                    closed_detail(cancels[k].0, cancels[k].1),
+                ),
+                false => decided[k].record("cancel", "noop", noop_detail()),
             })
             .collect();
         journal::log_decisions(&mut tx, &records).await?;
         let rows = |closed: bool| -> Vec<i64> {
             (0..group.len())
-                .filter(|k| won_set.contains(k) == closed)
+                .filter(|&k| won[k] == closed)
                 .filter_map(|k| group[k].trigger.row_id)
                 .collect()
         };
         outbox::finish_many(&mut tx, &rows(true), now_ms, None).await?;
         outbox::finish_many(&mut tx, &rows(false), now_ms, Some(CAS_LOST)).await?;
         tx.commit().await?;
-        let mut lateness: HashMap<usize, i64> = HashMap::new();
-        for &k in &won {
-            let late = group[k].now_ms - decided[k].close_due_ms();
-            lateness.insert(k, late);
-            emit(Event::Closed {
-                source: group[k].trigger.kind.as_str(),
-                lateness_ms: late,
-                effects: cancels[k].1.len(),
-            });
-        }
-        if !external.is_empty() {
-            self.after_commit(&external).await;
-        }
-        Ok((0..group.len())
-            .map(|k| match lateness.get(&k) {
-                Some(&lateness_ms) => Outcome::Closed { lateness_ms },
-                None => Outcome::NoOp {
+        let outcomes: Vec<Outcome> = (0..group.len())
+            .map(|k| match won[k] {
+                true => {
+                    let lateness_ms = group[k].now_ms - decided[k].close_due_ms();
+                    emit(Event::Closed {
+                        source: group[k].trigger.kind.as_str(),
+                        lateness_ms,
+                        effects: cancels[k].1.len(),
+                    });
+                    Outcome::Closed { lateness_ms }
+                }
+                false => Outcome::NoOp {
                     reason: CAS_LOST.to_string(),
                 },
             })
-            .collect())
+            .collect();
+        let external: Vec<&str> = closing()
+            .filter(|&k| cancels[k].1.iter().any(is_external))
+            .map(|k| ids[k])
+            .collect();
+        if !external.is_empty() {
+            self.after_commit(&external).await;
+        }
+        Ok(outcomes)
     }
 }
