@@ -17,7 +17,7 @@ fn every_shipped_config_validates() {
         })
         .unwrap_or_else(|p| panic!("config/{name}: {p}"));
         assert!(!config.merchants.is_empty(), "{name}");
-        timeoutd::daemon::load_policies(&config).unwrap_or_else(|e| panic!("config/{name}: {e}"));
+        timeoutd::policies::load(&config).unwrap_or_else(|e| panic!("config/{name}: {e}"));
     }
 }
 

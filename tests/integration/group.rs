@@ -2,8 +2,10 @@
 //! its own compare-and-set, one bad order never holding the others back, and every trigger the
 //! outcome it would have had alone. On SQLite, MariaDB and PostgreSQL.
 
+use sqlx::Row;
 use timeoutd::clock::Clock;
 use timeoutd::db::Backend;
+use timeoutd::db::relay::{self, RowClaim};
 use timeoutd::dispatch::Outcome;
 
 use crate::support::{Env, MerchantSpec, T0, each_backend, order};
@@ -370,4 +372,67 @@ async fn payments_committed_while_a_group_waits_on_their_lock_are_left_alone_pos
     let env = Env::new(Backend::Postgres).await;
     payments_committed_while_a_group_waits_on_their_lock_are_left_alone(&env).await;
     env.cleanup().await;
+}
+
+each_backend! {
+    /// The broker consumer's claim of a group's rows (`relay::claim_rows`): one statement takes
+    /// every open row nobody holds; each position gets its own answer — a row listed twice is
+    /// taken once, a PROCESSED row is a duplicate, a held row is busy, an unknown id missing —
+    /// and the rows taken carry the claim's lease in the table.
+    async fn the_consumers_group_claim_takes_each_open_row_once(env) {
+        for id in ["r-open", "r-other", "r-done", "r-held"] {
+            env.create(&order(id, "acme", T0)).await;
+        }
+        let row = |id: &'static str| async move {
+            env.int("SELECT id FROM order_timeout_msg WHERE order_id = ?", id).await
+        };
+        let (open, other, done, held) =
+            (row("r-open").await, row("r-other").await, row("r-done").await, row("r-held").await);
+        env.db.backend()
+            .query("UPDATE order_timeout_msg SET status = 'PROCESSED' WHERE id = ?")
+            .bind(done)
+            .execute(env.db.pool())
+            .await
+            .unwrap();
+        // Another handler holds r-held until T0 + 60 s.
+        env.db.backend()
+            .query("UPDATE order_timeout_msg SET claim_token = 'someone', claim_until_ms = ? WHERE id = ?")
+            .bind(T0 + 60_000)
+            .bind(held)
+            .execute(env.db.pool())
+            .await
+            .unwrap();
+        let missing = open + other + done + held + 1_000;
+        let ids = [open, open, other, done, held, missing];
+        let claims = relay::claim_rows(&env.db, &ids, T0 + 10, 30_000).await.unwrap();
+        let shape: Vec<&str> = claims
+            .iter()
+            .map(|c| match c {
+                RowClaim::Claimed(_) => "claimed",
+                RowClaim::Busy => "busy",
+                RowClaim::Processed => "processed",
+                RowClaim::Missing => "missing",
+            })
+            .collect();
+        assert_eq!(shape, ["claimed", "busy", "claimed", "processed", "busy", "missing"]);
+        let RowClaim::Claimed(first) = &claims[0] else { unreachable!() };
+        assert_eq!((first.id, first.order_id.as_str(), first.phase), (open, "r-open", 0));
+        // Both taken rows hold one token and the lease; the held row kept its holder.
+        let leased: Vec<(String, i64)> = env.db.backend()
+            .query("SELECT claim_token, claim_until_ms FROM order_timeout_msg WHERE order_id IN ('r-open', 'r-other')")
+            .fetch_all(env.db.pool())
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        assert_eq!(leased.len(), 2);
+        assert!(leased.iter().all(|l| *l == (leased[0].0.clone(), T0 + 30_010)), "{leased:?}");
+        assert_eq!(env.text("SELECT claim_token FROM order_timeout_msg WHERE order_id = ?", "r-held").await, "someone");
+        // While the lease runs, nobody else takes them; once it lapses, they can be taken again.
+        let again = relay::claim_rows(&env.db, &[open, other], T0 + 20, 30_000).await.unwrap();
+        assert_eq!(again, [RowClaim::Busy, RowClaim::Busy]);
+        let lapsed = relay::claim_rows(&env.db, &[open], T0 + 40_000, 30_000).await.unwrap();
+        assert!(matches!(lapsed[..], [RowClaim::Claimed(_)]), "{lapsed:?}");
+    }
 }

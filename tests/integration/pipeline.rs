@@ -519,12 +519,12 @@ each_backend! {
         let path = env.dir.path().join("swap.wasm");
         std::fs::write(&path, timeoutd::policies::builtin("single-phase").unwrap()).unwrap();
         let config = env.config(&[("swap", path.to_str().unwrap(), &[])], "");
-        let policies = timeoutd::daemon::load_policies(&config).unwrap();
+        let policies = timeoutd::policies::load(&config).unwrap();
         let old = policies.get("swap").unwrap().plugin.digest().to_string();
         let (clock, _) = Clock::manual(T0 + 1);
         let db = Db::connect(&env.url, 8).await.unwrap();
         let effects = EffectRunner::from_config(db.clone(), clock.clone(), &config).await.unwrap();
-        let d = Arc::new(Dispatcher::new(db, clock, policies.clone(), config.dispatch.clone(), effects));
+        let d = Arc::new(Dispatcher::new(db, clock, policies.clone(), config.dispatch.clone(), Arc::new(effects)));
         let triggers = env.claim(T0 + 1).await;
         assert_eq!(triggers.len(), ORDERS);
         // Each worker decides its share; its last 5 wait for the swap, so both versions serve.

@@ -507,7 +507,7 @@ async fn warm_instances_never_carry_one_merchants_module_state_into_anothers_ord
         "another merchant's state decided:\n{}",
         wrong.join("\n")
     );
-    let policies = timeoutd::daemon::load_policies(&config).unwrap();
+    let policies = timeoutd::policies::load(&config).unwrap();
     for (lang, _) in &files {
         let (a, b) = (
             policies.get(&format!("{lang}-A")).unwrap(),

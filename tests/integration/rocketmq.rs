@@ -625,7 +625,7 @@ with_broker!(
         env.create(&order("later-1", "acme", now + 600_000)).await;
         env.create(&order("paid-1", "acme", now + 600_000)).await;
         assert!(env.pay("paid-1", now).await);
-        let policies = timeoutd::daemon::load_policies(&config).unwrap();
+        let policies = timeoutd::policies::load(&config).unwrap();
         let listener = ArmListener::new(
             tokio::runtime::Handle::current(),
             env.db.clone(),
@@ -695,7 +695,7 @@ with_broker!(
                 tokio::runtime::Handle::current(),
                 env.db.clone(),
                 Clock::Database,
-                timeoutd::daemon::load_policies(&daemon_config).unwrap(),
+                timeoutd::policies::load(&daemon_config).unwrap(),
             )),
         )
         .await

@@ -328,7 +328,7 @@ fn plugin_files_are_hot_reloaded_and_a_bad_version_is_refused() {
         path.display()
     );
     let config = timeoutd::config::Config::from_toml(&toml, dir.path(), &|_| None).unwrap();
-    let policies = timeoutd::daemon::load_policies(&config).unwrap();
+    let policies = timeoutd::policies::load(&config).unwrap();
     let first = policies.get("m").unwrap().plugin.digest().to_string();
     assert!(
         !policies.reload(false)[0].changed,

@@ -177,7 +177,7 @@ impl Env {
 
     /// A dispatcher like a daemon's, over its own pool (a second one is a second daemon).
     pub async fn dispatcher(&self, config: &Config, clock: Clock) -> Arc<Dispatcher> {
-        let policies = timeoutd::daemon::load_policies(config).unwrap();
+        let policies = timeoutd::policies::load(config).unwrap();
         let db = Db::connect(&self.url, 8).await.unwrap();
         let effects = EffectRunner::from_config(db.clone(), clock.clone(), config)
             .await
@@ -187,7 +187,7 @@ impl Env {
             clock,
             policies,
             config.dispatch.clone(),
-            effects,
+            Arc::new(effects),
         ))
     }
 
@@ -283,7 +283,7 @@ impl Env {
             .await
             .unwrap()
             .iter()
-            .map(timeoutd::sources::outbox::trigger_of)
+            .map(|row| timeoutd::sources::outbox::trigger_of(row).expect("a valid row"))
             .collect()
     }
 

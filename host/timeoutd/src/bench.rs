@@ -19,13 +19,20 @@
 //!    statements per close ([`counters`]), the plans of the hot queries, and an exactly-once
 //!    audit ([`report`]).
 //!
+//! Options: `--spread D` puts the deadlines D apart instead of at one instant (`--orders 100
+//! --spread 200ms`: a single order at a time on an idle daemon); `--history N` first fills the
+//! tables with N PAID/CLOSED orders and their PROCESSED outbox rows, and the report times the
+//! sweep's query over them; `--plot FILE.svg` draws the run ([`plot`]).
+//!
 //! Lateness under a burst is drain time: with N orders sharing one deadline and a sustained
 //! rate R, p99 ≥ 0.99·N/R (the "drain floor", reported beside p99).
 
 mod baseline;
 mod counters;
+mod plot;
 mod report;
 mod seed;
+mod watch;
 
 use std::time::Duration;
 
@@ -52,6 +59,15 @@ pub enum BenchPath {
     /// outbox timer takes back what is late. The report counts closes by who made them. The
     /// bench uses topics and groups of its own (the config's names with `_BENCH`).
     Broker,
+    /// As `broker`, with `rocketmq.delay_mode = "levels"`: the 18 fixed delay levels, chained
+    /// hop by hop (brokers without the timer wheel).
+    BrokerLevels,
+}
+
+impl BenchPath {
+    fn is_broker(self) -> bool {
+        matches!(self, BenchPath::Broker | BenchPath::BrokerLevels)
+    }
 }
 
 /// What to run.
@@ -71,6 +87,13 @@ pub struct BenchArgs {
     /// Daemons draining the burst together (scale-out), each with its own pool and sources, in
     /// this process.
     pub daemons: u32,
+    /// Deadlines this far apart, ms (0: one shared instant). Order k is due at the first
+    /// deadline + k × spread.
+    pub spread_ms: i64,
+    /// PAID/CLOSED orders with PROCESSED outbox rows seeded first ([`seed::history`]).
+    pub history: u32,
+    /// Where to draw the run as an SVG ([`plot`]), if anywhere.
+    pub plot: Option<std::path::PathBuf>,
 }
 
 /// Runs the bench and returns its report (also printed as a table and one JSON line by the
@@ -100,6 +123,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     progress(format_args!("seeding 2 × {n} orders on {backend:?}"));
     let with_rows = args.path != BenchPath::Sweep;
     let shape = seed::seed(&db, &merchant, n, with_rows).await?;
+    if args.history > 0 {
+        progress(format_args!(
+            "history: {} PAID/CLOSED orders with PROCESSED outbox rows",
+            args.history
+        ));
+        seed::history(&db, &merchant, args.history).await?;
+    }
 
     let connections = match backend {
         Backend::Sqlite => 1,
@@ -121,7 +151,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     config.admin = None;
     config.alerts = None;
     let mut lead_ms = args.lead_ms;
-    if args.path == BenchPath::Broker {
+    if args.path.is_broker() {
         anyhow::ensure!(
             config.rocketmq.is_some(),
             "--path broker needs a config with [rocketmq] (config/rocketmq.toml)"
@@ -136,6 +166,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
             r.producer_group = format!("{}_BENCH", r.producer_group);
             r.transaction_group = format!("{}_BENCH", r.transaction_group);
             r.notification_topic = format!("{}_BENCH", r.notification_topic);
+            if args.path == BenchPath::BrokerLevels {
+                r.delay_mode = crate::config::DelayMode::Levels;
+            }
         }
     } else {
         config.rocketmq = None;
@@ -145,6 +178,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         config.sweep.interval = Duration::from_secs(1);
         config.sweep.grace = Duration::ZERO;
     }
+    let watch = match &config.rocketmq {
+        Some(r) => Some(
+            watch::Watch::start(r)
+                .await
+                .context("starting the bench's watching consumer group")?,
+        ),
+        None => None,
+    };
     let mut daemons = Vec::new();
     for _ in 0..args.daemons.max(1) {
         daemons.push(
@@ -155,14 +196,23 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     }
     let db = Db::connect(&url, 2).await?;
     let deadline_ms = db.now_ms().await? + lead_ms;
-    seed::set_deadline(&db, deadline_ms).await?;
+    seed::set_deadline(&db, deadline_ms, args.spread_ms).await?;
     for daemon in &daemons {
         daemon.waker().notify_one();
     }
-    progress(format_args!(
-        "{} daemon(s): {n} orders due at one instant, {lead_ms} ms from now",
-        daemons.len()
-    ));
+    if args.spread_ms == 0 {
+        progress(format_args!(
+            "{} daemon(s): {n} orders due at one instant, {lead_ms} ms from now",
+            daemons.len()
+        ));
+    } else {
+        progress(format_args!(
+            "{} daemon(s): {n} orders due {} ms apart, the first {lead_ms} ms from now",
+            daemons.len(),
+            args.spread_ms
+        ));
+    }
+    let last_due_ms = deadline_ms + args.spread_ms * i64::from(n.saturating_sub(1));
     let before = counters::Counters::read(&db).await;
     let cpu_before = counters::cpu_seconds();
     let limit_ms = (i64::from(n) * 50).max(120_000);
@@ -170,12 +220,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let open = seed::open_orders(&db).await?;
         let now = db.now_ms().await?;
-        let since = now - deadline_ms;
-        if since >= 0 {
+        let since = now - last_due_ms;
+        if now >= deadline_ms {
             progress(format_args!(
-                "{} / {n} closed, {:.1} s after the deadline",
+                "{} / {n} closed, {:.1} s after the (first) deadline",
                 u64::from(n).saturating_sub(open),
-                since as f64 / 1000.0
+                (now - deadline_ms) as f64 / 1000.0
             ));
         }
         if open == 0 {
@@ -183,7 +233,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         }
         anyhow::ensure!(
             since < limit_ms,
-            "{open} of {n} orders still open {} s after the deadline",
+            "{open} of {n} orders still open {} s after the (last) deadline",
             since / 1000
         );
     }
@@ -191,6 +241,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     for daemon in daemons {
         daemon.stop().await;
     }
+    let released = match watch {
+        Some(w) => {
+            let released = w.released();
+            w.stop().await;
+            Some(released)
+        }
+        None => None,
+    };
     let after = counters::Counters::read(&db).await;
     let daemon_counts = after.since(&before, n);
     let report = report::collect(
@@ -201,15 +259,24 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
             daemons: args.daemons.max(1),
             orders: n,
             deadline_ms,
+            spread_ms: args.spread_ms,
+            history: args.history,
             baseline,
             baseline_counts,
             daemon_counts,
             cpu_s,
+            released,
             shape,
             database: url,
         },
     )
     .await?;
+    if let Some(file) = &args.plot {
+        plot::draw(&db, deadline_ms, file)
+            .await
+            .with_context(|| format!("--plot {}", file.display()))?;
+        progress(format_args!("plot written to {}", file.display()));
+    }
     db.close().await;
     Ok(report)
 }

@@ -100,6 +100,18 @@ pub enum Command {
         /// Daemons draining the burst together (scale-out on one database).
         #[arg(long, default_value_t = 1)]
         daemons: u32,
+        /// Deadlines this far apart instead of one shared instant (order k at deadline + k ×
+        /// spread): `--orders 100 --spread 200ms` measures single orders on an idle daemon.
+        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        spread: std::time::Duration,
+        /// PAID and CLOSED orders (with their PROCESSED outbox rows) put in the tables first,
+        /// as months of trade leave them: the report times the sweep's query over them.
+        #[arg(long, default_value_t = 0)]
+        history: u32,
+        /// Also draws the run as an SVG: closes per 100 ms against time from the deadline, and
+        /// the lateness distribution.
+        #[arg(long)]
+        plot: Option<PathBuf>,
     },
     /// A merchant's tools for a plugin file: `check`, `test` (a CASES.toml file), `replay`
     /// (over the recorded decisions).
@@ -140,6 +152,9 @@ pub fn main() -> ExitCode {
                 lead,
                 merchant,
                 daemons,
+                spread,
+                history,
+                plot,
             } => match load(&config) {
                 Ok(config) => {
                     bench(crate::bench::BenchArgs {
@@ -149,6 +164,9 @@ pub fn main() -> ExitCode {
                         lead_ms: lead.as_millis() as i64,
                         merchant,
                         daemons,
+                        spread_ms: spread.as_millis() as i64,
+                        history,
+                        plot,
                     })
                     .await
                 }
@@ -199,7 +217,7 @@ fn validate(path: &std::path::Path) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
-    match daemon::load_policies(&config) {
+    match crate::policies::load(&config) {
         Ok(policies) => {
             for p in policies.all() {
                 println!(
@@ -230,7 +248,7 @@ async fn run(path: &std::path::Path) -> ExitCode {
     };
     let daemon = match Daemon::start(&config, Clock::Database).await {
         Ok(d) => d,
-        Err(e @ daemon::StartError::Plugins(_)) => {
+        Err(e @ daemon::StartError::Policies(crate::policies::SetupError::Plugins(_))) => {
             eprintln!("{}: {e}", path.display());
             return ExitCode::from(EXIT_BAD_CONFIG);
         }

@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 
-use timeoutd_runtime::PolicyEngine;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 
@@ -11,7 +10,6 @@ use crate::config::Config;
 use crate::db::{Db, DbError};
 use crate::dispatch::Dispatcher;
 use crate::effects::EffectRunner;
-use crate::policies::{self, Policies};
 use crate::sources::{self, outbox::Waker};
 
 /// Why the daemon could not start.
@@ -20,12 +18,9 @@ pub enum StartError {
     /// The database is unreachable or its schema could not be applied.
     #[error(transparent)]
     Db(#[from] DbError),
-    /// The wasmtime engine could not be built.
-    #[error("plugin engine: {0}")]
-    Engine(String),
-    /// One or more plugins could not be loaded.
-    #[error("plugins refused:\n  - {}", .0.join("\n  - "))]
-    Plugins(Vec<String>),
+    /// The engine could not be built or a plugin could not be loaded.
+    #[error(transparent)]
+    Policies(#[from] crate::policies::SetupError),
     /// An effect executor (Redis, payment provider, channels) could not be set up.
     #[error("effects: {0}")]
     Effects(String),
@@ -49,22 +44,6 @@ pub struct Daemon {
     broker: Option<crate::rocketmq::Broker>,
 }
 
-/// Builds the engine and loads every merchant's plugin (no database needed): what `validate`
-/// checks offline and `run` does first.
-///
-/// # Errors
-/// [`StartError::Engine`] or [`StartError::Plugins`].
-pub fn load_policies(config: &Config) -> Result<Arc<Policies>, StartError> {
-    let engine = PolicyEngine::new(
-        policies::limits(config),
-        config.runtime.cache_dir.as_deref(),
-    )
-    .map_err(StartError::Engine)?;
-    Policies::load(config, &engine)
-        .map(Arc::new)
-        .map_err(StartError::Plugins)
-}
-
 impl Daemon {
     /// Connects, migrates (unless disabled), loads plugins and starts the outbox timer, the
     /// sweep and the ledger backlog runner, as configured.
@@ -72,7 +51,7 @@ impl Daemon {
     /// # Errors
     /// [`StartError`] naming what could not be set up.
     pub async fn start(config: &Config, clock: Clock) -> Result<Daemon, StartError> {
-        let policies = load_policies(config)?;
+        let policies = crate::policies::load(config)?;
         for warning in crate::effects::unexecuted(config) {
             tracing::warn!("{warning}");
         }
@@ -91,16 +70,14 @@ impl Daemon {
             effects = effects.with_rocketmq(t.clone());
         }
         let effects_wake = Arc::new(Notify::new());
-        let dispatcher = Arc::new(
-            Dispatcher::new(
-                db.clone(),
-                clock.clone(),
-                policies.clone(),
-                config.dispatch.clone(),
-                effects.clone(),
-            )
-            .with_effects_wake(effects_wake.clone()),
-        );
+        // The trigger's work ends at its commit: the ledger worker is woken to run effects.
+        let dispatcher = Arc::new(Dispatcher::new(
+            db.clone(),
+            clock.clone(),
+            policies.clone(),
+            config.dispatch.clone(),
+            effects_wake.clone(),
+        ));
         let waker: Waker = Arc::new(Notify::new());
         let (shutdown, rx) = watch::channel(false);
         let mut tasks = JoinSet::new();

@@ -23,8 +23,6 @@ mod group;
 pub mod guard;
 mod wait;
 
-pub use wait::REMIND;
-
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -36,7 +34,6 @@ use tracing::Instrument;
 use crate::clock::{Clock, Stopwatch};
 use crate::config::{DispatchConfig, OnPluginError};
 use crate::db::{Db, DbError, journal, orders, outbox};
-use crate::effects::EffectRunner;
 use crate::events::{Event, emit};
 use crate::policies::{MerchantPolicy, Policies};
 
@@ -55,6 +52,34 @@ pub struct Trigger {
     pub due_ms: Option<i64>,
     /// The `order_timeout_msg` row it came from, if any.
     pub row_id: Option<i64>,
+}
+
+impl Trigger {
+    /// The trigger a claimed `order_timeout_msg` row stands for, fired by `kind` (the outbox
+    /// timer, a sweep's or an operator's row, a broker message). A row whose phase is outside
+    /// `0..=u32::MAX` cannot be one: `Err` carries the trigger (phase 0), to dead-letter it
+    /// with, and the reason naming the row and the value.
+    pub fn of_row(row: &outbox::DueRow, kind: TriggerKind) -> Result<Trigger, (Trigger, String)> {
+        let trigger = |phase| Trigger {
+            order_id: row.order_id.clone(),
+            kind,
+            phase,
+            attempt: row.attempts,
+            due_ms: Some(row.due_ms),
+            row_id: Some(row.id),
+        };
+        u32::try_from(row.phase).map(trigger).map_err(|_| {
+            (
+                trigger(0),
+                format!(
+                    "order_timeout_msg row {} has phase {}, outside 0..={}",
+                    row.id,
+                    row.phase,
+                    u32::MAX
+                ),
+            )
+        })
+    }
 }
 
 /// What handling a trigger came to.
@@ -107,6 +132,13 @@ pub enum Outcome {
         /// Why.
         reason: String,
     },
+    /// Failed, and not even the failure could be written (the database is unreachable):
+    /// nothing durable happened. An outbox row's lease lapses and it is claimed again; a broker
+    /// message is answered `ReconsumeLater` and redelivered.
+    Unrecorded {
+        /// Why it failed, and why that could not be recorded.
+        error: String,
+    },
 }
 
 /// Handles triggers. Shared by every source; cheap to share behind an `Arc`.
@@ -115,8 +147,25 @@ pub struct Dispatcher {
     clock: Clock,
     policies: Arc<Policies>,
     retry: DispatchConfig,
-    effects: EffectRunner,
-    effects_wake: Option<Arc<tokio::sync::Notify>>,
+    effects: Arc<dyn AfterCommit>,
+}
+
+/// The ledger executor's side of a commit: told which orders a transaction just recorded
+/// PENDING external effects for. The daemon's worker is woken ([`tokio::sync::Notify`]: the
+/// trigger's work ends at its commit); tests and tools run the effects right there
+/// (`effects::EffectRunner`). Dispatch names only this port, never the executor.
+pub trait AfterCommit: Send + Sync {
+    /// Effects of `order_ids` were committed; runs or schedules them. Never fails: what it
+    /// cannot do now stays PENDING for the backlog.
+    fn committed<'a>(&'a self, order_ids: &'a [&'a str])
+    -> futures_util::future::BoxFuture<'a, ()>;
+}
+
+impl AfterCommit for tokio::sync::Notify {
+    fn committed<'a>(&'a self, _: &'a [&'a str]) -> futures_util::future::BoxFuture<'a, ()> {
+        self.notify_one();
+        Box::pin(std::future::ready(()))
+    }
 }
 
 /// What a plugin said, with what is needed to log it.
@@ -198,13 +247,14 @@ impl Decided<'_> {
 }
 
 impl Dispatcher {
-    /// A dispatcher over `db`, reading time from `clock`.
+    /// A dispatcher over `db`, reading time from `clock`, telling `effects` after each commit
+    /// that recorded external effects ([`AfterCommit`]).
     pub fn new(
         db: Db,
         clock: Clock,
         policies: Arc<Policies>,
         retry: DispatchConfig,
-        effects: EffectRunner,
+        effects: Arc<dyn AfterCommit>,
     ) -> Self {
         Dispatcher {
             db,
@@ -212,17 +262,7 @@ impl Dispatcher {
             policies,
             retry,
             effects,
-            effects_wake: None,
         }
-    }
-
-    /// Hands external effects to a ledger executor running on its own (the daemon's), woken
-    /// through `wake` after each commit that recorded some, instead of running them on the
-    /// trigger's path. Without it (tests, tools) a trigger runs its own order's effects after its
-    /// commit.
-    pub fn with_effects_wake(mut self, wake: Arc<tokio::sync::Notify>) -> Self {
-        self.effects_wake = Some(wake);
-        self
     }
 
     /// The database.
@@ -461,18 +501,9 @@ impl Dispatcher {
         }
     }
 
-    /// After a commit that recorded PENDING ledger rows for `order_ids`: wakes the ledger
-    /// executor when the daemon runs one ([`Dispatcher::with_effects_wake`]), so the trigger's
-    /// work ends at its commit; otherwise runs those orders' effects here.
+    /// After a commit that recorded PENDING ledger rows for `order_ids`.
     pub(crate) async fn after_commit(&self, order_ids: &[&str]) {
-        match &self.effects_wake {
-            Some(wake) => wake.notify_one(),
-            None => {
-                for id in order_ids {
-                    self.effects.run_for_order(id).await;
-                }
-            }
-        }
+        self.effects.committed(order_ids).await;
     }
 
     async fn finish_row(&self, trigger: &Trigger, now_ms: i64, note: &str) -> Result<(), DbError> {

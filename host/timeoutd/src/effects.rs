@@ -26,9 +26,9 @@ pub use payment::{CloseOutcome, HttpPaymentGateway, PaymentGateway};
 
 use crate::clock::Clock;
 use crate::config::{Config, EffectsConfig, PaidAfterClose};
+use crate::db::ledger::REMIND;
 use crate::db::payments::{self, REFUND};
 use crate::db::{Db, DbError, ledger, orders};
-use crate::dispatch::REMIND;
 use crate::retry::Backoff;
 
 /// Ledger rows read per page.
@@ -137,6 +137,19 @@ impl std::fmt::Debug for EffectRunner {
     }
 }
 
+impl crate::dispatch::AfterCommit for EffectRunner {
+    fn committed<'a>(
+        &'a self,
+        order_ids: &'a [&'a str],
+    ) -> futures_util::future::BoxFuture<'a, ()> {
+        Box::pin(async move {
+            for id in order_ids {
+                self.run_for_order(id).await;
+            }
+        })
+    }
+}
+
 impl EffectRunner {
     /// A runner with only the log channel and default retries (tests, the demo).
     pub fn new(db: Db, clock: Clock) -> Self {
@@ -215,6 +228,8 @@ impl EffectRunner {
     }
 
     /// Runs the PENDING effects of one order (right after its transaction committed).
+    /// As the dispatcher's [`crate::dispatch::AfterCommit`] (tests, tools), each committed
+    /// order's effects run this way.
     /// Failures are logged and left to the backlog.
     pub async fn run_for_order(&self, order_id: &str) {
         if let Err(e) = self.run(Some(order_id), i64::MAX).await {

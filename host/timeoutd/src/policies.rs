@@ -86,6 +86,30 @@ impl std::fmt::Debug for Policies {
     }
 }
 
+/// Why the merchants' policies could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// The wasmtime engine could not be built.
+    #[error("plugin engine: {0}")]
+    Engine(String),
+    /// One or more plugins could not be loaded, each named with its merchant and reason.
+    #[error("plugins refused:\n  - {}", .0.join("\n  - "))]
+    Plugins(Vec<String>),
+}
+
+/// Builds the engine and loads every merchant's plugin (no database needed): what `validate`
+/// checks offline, and what `run` and `arm` do first.
+///
+/// # Errors
+/// [`SetupError::Engine`] or [`SetupError::Plugins`].
+pub fn load(config: &Config) -> Result<Arc<Policies>, SetupError> {
+    let engine = PolicyEngine::new(limits(config), config.runtime.cache_dir.as_deref())
+        .map_err(SetupError::Engine)?;
+    Policies::load(config, &engine)
+        .map(Arc::new)
+        .map_err(SetupError::Plugins)
+}
+
 /// The engine limits a config asks for. The pool's memory slots are sized for the largest cap
 /// any merchant's plugin is given.
 pub fn limits(config: &Config) -> RuntimeLimits {

@@ -4,7 +4,7 @@
 //! - [`planner`]: delays with millisecond precision over 18 fixed levels or timer messages;
 //! - [`codec`]: the message formats (the seeds' text and JSON bodies, timeoutd's properties);
 //! - [`consumer`]: the timeout topic's consumer (ack after commit, poison to the dead-letter
-//!   table);
+//!   table), its listener calls merged into groups by [`coalesce`];
 //! - [`relay`]: the outbox relay (PENDING rows → delay/timer messages → SENT);
 //! - [`arming`]: transactional arming with check-back;
 //! - [`dlq`]: the broker's `%DLQ%` topic drained into the dead-letter table.
@@ -14,6 +14,7 @@
 
 pub mod arming;
 pub mod client;
+pub mod coalesce;
 pub mod codec;
 pub mod consumer;
 pub mod dlq;
@@ -84,7 +85,12 @@ impl Broker {
                     &config.topic,
                     consumer::Listener {
                         app: app.clone(),
-                        consumer,
+                        groups: Arc::new(coalesce::Coalescer::start(
+                            &app,
+                            consumer,
+                            config.group_commit as usize,
+                            config.groups_in_flight as usize,
+                        )),
                     },
                 )
                 .await?;

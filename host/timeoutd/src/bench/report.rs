@@ -21,7 +21,13 @@ pub struct Report {
     pub orders: u32,
     /// Daemons that drained it together.
     pub daemons: u32,
-    /// The daemon's drain rate: orders ÷ (last close − deadline), per second.
+    /// Deadlines this far apart, ms (0: one shared instant).
+    pub spread_ms: i64,
+    /// PAID/CLOSED orders of the past in the tables besides the burst.
+    pub history: u32,
+    /// The sweep's query ([`crate::db::outbox::find_orphans`]) after the burst, median of 5, ms.
+    pub sweep_query_ms: f64,
+    /// The daemon's drain rate: orders ÷ (last close − first deadline), per second.
     pub closes_per_s: f64,
     /// The baseline's rate, per second.
     pub baseline_closes_per_s: f64,
@@ -29,8 +35,9 @@ pub struct Report {
     pub ratio: f64,
     /// Lateness `closed_at_ms − deadline_ms` (database clock), ms.
     pub lateness_ms: Lateness,
-    /// 0.99 × orders ÷ closes/s, ms: the best p99 this rate allows.
-    pub drain_floor_p99_ms: f64,
+    /// 0.99 × orders ÷ closes/s, ms: the best p99 this rate allows when the orders share one
+    /// deadline (`None` with a spread).
+    pub drain_floor_p99_ms: Option<f64>,
     /// Daemon CPU seconds per 1,000 closes (this process, during the drain).
     pub cpu_s_per_1000: f64,
     /// Peak RSS of the process over the whole run, MiB.
@@ -45,6 +52,11 @@ pub struct Report {
     pub audit: Audit,
     /// `EXPLAIN` of the hot queries (MariaDB and PostgreSQL), one line each.
     pub plans: Vec<(String, String)>,
+    /// Path `broker`: when the broker released the messages, against their due time (host
+    /// clock; a second consumer group watched), ms, and how many it released.
+    pub broker_release_ms: Option<Lateness>,
+    /// Path `broker`: messages released ÷ (last release − deadline), per second.
+    pub broker_releases_per_s: Option<f64>,
     /// Closes by trigger kind (`outbox`, `delay-message`, `sweep`): who closed them.
     pub closed_by: Vec<(String, i64)>,
     /// The bench's database, kept for a look.
@@ -62,6 +74,19 @@ pub struct Lateness {
     pub max: i64,
     /// Smallest (negative would be a close before the deadline).
     pub min: i64,
+}
+
+impl Lateness {
+    /// The percentiles of `sorted` (nearest rank); all 0 when it is empty.
+    pub fn of(sorted: &[i64]) -> Lateness {
+        let pick = |q: f64| crate::lateness::nearest_rank(sorted, q);
+        Lateness {
+            p50: pick(0.50),
+            p99: pick(0.99),
+            max: sorted.last().copied().unwrap_or(0),
+            min: sorted.first().copied().unwrap_or(0),
+        }
+    }
 }
 
 /// The audit: each must hold for the run to count.
@@ -83,8 +108,13 @@ impl Report {
     pub fn table(&self) -> String {
         let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
         let mut out = String::new();
+        let due = if self.spread_ms == 0 {
+            "sharing one deadline".to_string()
+        } else {
+            format!("due {} ms apart", self.spread_ms)
+        };
         out.push_str(&format!(
-            "timeoutd bench · {} · path {:?} · {} orders sharing one deadline · {} daemon(s)\n",
+            "timeoutd bench · {} · path {:?} · {} orders {due} · {} daemon(s)\n",
             self.backend, self.path, self.orders, self.daemons
         ));
         out.push_str(&format!(
@@ -92,12 +122,13 @@ impl Report {
             self.closes_per_s, self.baseline_closes_per_s, self.ratio
         ));
         out.push_str(&format!(
-            "  lateness ms         p50 {} · p99 {} · max {} · min {}   (drain floor p99 {:.0})\n",
+            "  lateness ms         p50 {} · p99 {} · max {} · min {}{}\n",
             self.lateness_ms.p50,
             self.lateness_ms.p99,
             self.lateness_ms.max,
             self.lateness_ms.min,
             self.drain_floor_p99_ms
+                .map_or(String::new(), |f| format!("   (drain floor p99 {f:.0})"))
         ));
         out.push_str(&format!(
             "  commits/close       daemon {} · baseline {}\n",
@@ -119,6 +150,16 @@ impl Report {
             .map(|(k, n)| format!("{k} {n}"))
             .collect();
         out.push_str(&format!("  closed by           {}\n", by.join(" · ")));
+        if let (Some(r), Some(rate)) = (self.broker_release_ms, self.broker_releases_per_s) {
+            out.push_str(&format!(
+                "  broker released     {rate:.0}/s · after the due time p50 {} · p99 {} · max {} ms\n",
+                r.p50, r.p99, r.max
+            ));
+        }
+        out.push_str(&format!(
+            "  sweep query         {:.2} ms over {} orders of the past\n",
+            self.sweep_query_ms, self.history
+        ));
         for (name, plan) in &self.plans {
             out.push_str(&format!("  plan {name}: {plan}\n"));
         }
@@ -140,10 +181,13 @@ pub(super) struct Inputs {
     pub daemons: u32,
     pub orders: u32,
     pub deadline_ms: i64,
+    pub spread_ms: i64,
+    pub history: u32,
     pub baseline: Baseline,
     pub baseline_counts: PerClose,
     pub daemon_counts: PerClose,
     pub cpu_s: f64,
+    pub released: Option<Vec<i64>>,
     pub shape: Shape,
     pub database: String,
 }
@@ -162,26 +206,35 @@ pub(super) async fn collect(db: &Db, i: Inputs) -> anyhow::Result<Report> {
         .map(|r| r.try_get::<i64, _>(0))
         .collect::<Result<_, _>>()?;
     lateness.sort_unstable();
-    let pick = |q: f64| crate::lateness::nearest_rank(&lateness, q);
-    let late = Lateness {
-        p50: pick(0.50),
-        p99: pick(0.99),
-        max: lateness.last().copied().unwrap_or(0),
-        min: lateness.first().copied().unwrap_or(0),
-    };
-    let drain_ms = late.max.max(1) as f64;
+    let late = Lateness::of(&lateness);
+    let release = i.released.as_deref().map(Lateness::of);
+    let releases_per_s = i
+        .released
+        .as_ref()
+        .map(|r| r.len() as f64 * 1000.0 / r.last().copied().unwrap_or(0).max(1) as f64);
+    let last_close: Option<i64> = backend
+        .query("SELECT MAX(closed_at_ms) FROM orders WHERE id LIKE 'd-%'")
+        .fetch_one(db.pool())
+        .await?
+        .try_get(0)?;
+    let drain_ms = (last_close.unwrap_or(i.deadline_ms) - i.deadline_ms).max(1) as f64;
     let closes_per_s = f64::from(i.orders) * 1000.0 / drain_ms;
+    let sweep_query_ms = sweep_query_ms(db).await?;
     let audit = audit(db, &i).await?;
     Ok(Report {
         backend: format!("{:?}", i.backend).to_lowercase(),
         path: i.path,
         daemons: i.daemons,
         orders: i.orders,
+        spread_ms: i.spread_ms,
+        history: i.history,
+        sweep_query_ms,
         closes_per_s,
         baseline_closes_per_s: i.baseline.closes_per_s,
         ratio: closes_per_s / i.baseline.closes_per_s.max(f64::MIN_POSITIVE),
         lateness_ms: late,
-        drain_floor_p99_ms: 0.99 * f64::from(i.orders) * 1000.0 / closes_per_s,
+        drain_floor_p99_ms: (i.spread_ms == 0)
+            .then(|| 0.99 * f64::from(i.orders) * 1000.0 / closes_per_s),
         cpu_s_per_1000: i.cpu_s * 1000.0 / f64::from(i.orders.max(1)),
         peak_rss_mib: peak_rss_mib(),
         daemon: i.daemon_counts,
@@ -190,8 +243,23 @@ pub(super) async fn collect(db: &Db, i: Inputs) -> anyhow::Result<Report> {
         audit,
         plans: plans(db, i.deadline_ms).await,
         closed_by: closed_by(db).await?,
+        broker_release_ms: release,
+        broker_releases_per_s: releases_per_s,
         database: i.database,
     })
+}
+
+/// The sweep's own query, as the daemon runs it (grace 0, its default batch), median of 5, ms.
+async fn sweep_query_ms(db: &Db) -> anyhow::Result<f64> {
+    let now_ms = db.now_ms().await?;
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        let started = std::time::Instant::now();
+        crate::db::outbox::find_orphans(db, now_ms, 0, 500).await?;
+        times.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[2])
 }
 
 async fn closed_by(db: &Db) -> anyhow::Result<Vec<(String, i64)>> {
@@ -225,7 +293,11 @@ async fn scalar(db: &Db, sql: &'static str) -> anyhow::Result<i64> {
 async fn audit(db: &Db, i: &Inputs) -> anyhow::Result<Audit> {
     let mut problems = Vec::new();
     let n = i64::from(i.orders);
-    let closed = scalar(db, "SELECT COUNT(*) FROM orders WHERE status = 'CLOSED'").await?;
+    let closed = scalar(
+        db,
+        "SELECT COUNT(*) FROM orders WHERE status = 'CLOSED' AND (id LIKE 'b-%' OR id LIKE 'd-%')",
+    )
+    .await?;
     if closed != 2 * n {
         problems.push(format!("{closed} orders CLOSED, want {}", 2 * n));
     }

@@ -223,24 +223,95 @@ pub(super) fn sku_name(sku: usize) -> String {
     format!("sku-{sku}")
 }
 
-/// Moves every daemon order's deadline (and its outbox row's due time) to `deadline_ms`.
+/// Moves every daemon order's deadline (and its outbox row's due time) to `deadline_ms`, or
+/// with `spread_ms` > 0, order `d-k` to `deadline_ms + k × spread_ms`.
 ///
 /// # Errors
 /// A statement fails.
-pub(super) async fn set_deadline(db: &Db, deadline_ms: i64) -> anyhow::Result<()> {
+pub(super) async fn set_deadline(db: &Db, deadline_ms: i64, spread_ms: i64) -> anyhow::Result<()> {
+    let backend = db.backend();
+    // The order's number, from its id `d-0000042`.
+    let number = |column: &str| match backend {
+        Backend::MySql => format!("CAST(SUBSTR({column}, 3) AS SIGNED)"),
+        Backend::Postgres => format!("CAST(SUBSTR({column}, 3) AS BIGINT)"),
+        Backend::Sqlite => format!("CAST(SUBSTR({column}, 3) AS INTEGER)"),
+    };
+    let due = |column: &str| format!("(? + ? * {})", number(column));
     let mut tx = db.begin().await?;
-    db.backend()
-        .query("UPDATE orders SET deadline_ms = ?, created_at_ms = ? WHERE id LIKE 'd-%'")
+    backend
+        .query_owned(format!(
+            "UPDATE orders SET deadline_ms = {d}, created_at_ms = {d} - 900000 WHERE id LIKE 'd-%'",
+            d = due("id")
+        ))
         .bind(deadline_ms)
-        .bind(deadline_ms - 900_000)
+        .bind(spread_ms)
+        .bind(deadline_ms)
+        .bind(spread_ms)
         .execute(&mut *tx)
         .await?;
-    db.backend()
-        .query("UPDATE order_timeout_msg SET due_ms = ? WHERE order_id LIKE 'd-%'")
+    backend
+        .query_owned(format!(
+            "UPDATE order_timeout_msg SET due_ms = {} WHERE order_id LIKE 'd-%'",
+            due("order_id")
+        ))
         .bind(deadline_ms)
+        .bind(spread_ms)
         .execute(&mut *tx)
         .await?;
     tx.commit().await?;
+    Ok(())
+}
+
+/// Seeds `n` orders of months past (`h-…`), half PAID and half CLOSED, each with its PROCESSED
+/// phase-0 outbox row: the tables as a shop that has traded for a while leaves them, under
+/// which the sweep's and the claim's queries must stay fast.
+///
+/// # Errors
+/// A statement fails.
+pub(super) async fn history(db: &Db, merchant: &str, n: u32) -> anyhow::Result<()> {
+    let backend = db.backend();
+    let long_ago = db.now_ms().await? - 90 * 86_400_000;
+    let mut written = 0u32;
+    while written < n {
+        let count = (n - written).min(CHUNK as u32 * 2);
+        let mut tx = db.begin().await?;
+        let marks = vec!["(?, ?, ?, ?, ?, ?, ?, 1990, ?)"; count as usize].join(", ");
+        let mut q = backend.query_owned(format!(
+            "INSERT INTO orders (id, merchant_id, user_id, status, created_at_ms, deadline_ms, \
+             closed_at_ms, total_cents, payment_ref) VALUES {marks}"
+        ));
+        for k in written..written + count {
+            let deadline = long_ago + i64::from(k);
+            q = q
+                .bind(format!("h-{k:07}"))
+                .bind(merchant.to_string())
+                .bind(format!("u-{k}"))
+                .bind(if k % 2 == 0 { "PAID" } else { "CLOSED" })
+                .bind(deadline - 900_000)
+                .bind(deadline)
+                .bind((k % 2 == 1).then_some(deadline + 5))
+                .bind(format!("pay-h-{k}"));
+        }
+        q.execute(&mut *tx).await?;
+        let marks = vec!["(?, ?, 0, 'PROCESSED', ?)"; count as usize].join(", ");
+        let mut q = backend.query_owned(format!(
+            "INSERT INTO order_timeout_msg (order_id, due_ms, phase, status, processed_at_ms) \
+             VALUES {marks}"
+        ));
+        for k in written..written + count {
+            let deadline = long_ago + i64::from(k);
+            q = q
+                .bind(format!("h-{k:07}"))
+                .bind(deadline)
+                .bind(deadline + 5);
+        }
+        q.execute(&mut *tx).await?;
+        tx.commit().await?;
+        written += count;
+        if written % 100_000 < count {
+            super::progress(format_args!("history: {written} / {n}"));
+        }
+    }
     Ok(())
 }
 

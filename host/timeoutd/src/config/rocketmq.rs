@@ -96,6 +96,14 @@ pub struct RocketMqConfig {
     /// any could not be (its committed messages are then no-ops).
     #[serde(default = "defaults::consume_batch")]
     pub consume_batch: u32,
+    /// Most messages in one group: the batches of concurrent listener calls are merged
+    /// (`rocketmq/coalesce.rs`) and decided and committed together, as the outbox timer's
+    /// `group_commit`. A lone message on an idle daemon is handled at once.
+    #[serde(default = "defaults::group_commit")]
+    pub group_commit: u32,
+    /// Groups handled at once; while all are busy, further calls queue and form the next group.
+    #[serde(default = "defaults::groups_in_flight")]
+    pub groups_in_flight: u32,
     /// Where a new consumer group starts: `last` or `first`.
     #[serde(default)]
     pub consume_from: ConsumeFrom,
@@ -156,6 +164,8 @@ impl RocketMqConfig {
             ("rocketmq.max_in_flight", self.max_in_flight),
             ("rocketmq.consume_threads", self.consume_threads),
             ("rocketmq.consume_batch", self.consume_batch),
+            ("rocketmq.group_commit", self.group_commit),
+            ("rocketmq.groups_in_flight", self.groups_in_flight),
             ("rocketmq.max_reconsume", self.max_reconsume),
         ] {
             if value == 0 {
@@ -225,6 +235,12 @@ mod defaults {
     }
     pub fn consume_batch() -> u32 {
         32
+    }
+    pub fn group_commit() -> u32 {
+        256
+    }
+    pub fn groups_in_flight() -> u32 {
+        4
     }
     pub fn consume_threads() -> u32 {
         16

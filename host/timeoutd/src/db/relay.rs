@@ -1,6 +1,8 @@
 //! The outbox rows' side of the RocketMQ transport: the relay's claims (PENDING → SENT, or a
 //! counted failure with backoff), and the consumer's claim of the one row a message stands for.
 
+use std::collections::{HashMap, HashSet};
+
 use sqlx::Row;
 
 use super::outbox::{self, DueRow};
@@ -123,45 +125,80 @@ pub enum RowClaim {
     Missing,
 }
 
-/// Claims row `id` for `lease_ms` if it is open (PENDING or SENT) and nobody holds it.
+/// Claims the rows `ids` for `lease_ms` where they are open (PENDING or SENT) and nobody holds
+/// them: one `UPDATE … WHERE id IN (…)` and one read of what it took, plus one status read for
+/// the rest. Returns one [`RowClaim`] per entry of `ids`, in order; an id listed twice is
+/// claimed once (its later entries are [`RowClaim::Busy`]: the first one holds it).
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
-pub async fn claim_row(db: &Db, id: i64, now_ms: i64, lease_ms: i64) -> Result<RowClaim, DbError> {
+pub async fn claim_rows(
+    db: &Db,
+    ids: &[i64],
+    now_ms: i64,
+    lease_ms: i64,
+) -> Result<Vec<RowClaim>, DbError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut distinct = ids.to_vec();
+    distinct.sort_unstable();
+    distinct.dedup();
     let token = format!("c{:016x}{:08x}", fastrand::u64(..), std::process::id());
+    let marks = super::orders::marks(distinct.len());
     let claimed = {
         let _gate = db.write_gate().await;
-        db.backend()
-            .query(
-                "UPDATE order_timeout_msg SET claim_token = ?, claim_until_ms = ? \
-                 WHERE id = ? AND status IN ('PENDING', 'SENT') \
-                 AND (claim_until_ms IS NULL OR claim_until_ms < ?)",
-            )
-            .bind(&token)
-            .bind(now_ms + lease_ms)
-            .bind(id)
-            .bind(now_ms)
-            .execute(db.pool())
-            .await?
-            .rows_affected()
+        let mut q = db.backend().query_owned(format!(
+            "UPDATE order_timeout_msg SET claim_token = ?, claim_until_ms = ? \
+             WHERE id IN ({marks}) AND status IN ('PENDING', 'SENT') \
+             AND (claim_until_ms IS NULL OR claim_until_ms < ?)"
+        ));
+        q = q.bind(token.clone()).bind(now_ms + lease_ms);
+        for id in &distinct {
+            q = q.bind(*id);
+        }
+        q.bind(now_ms).execute(db.pool()).await?.rows_affected()
     };
-    if claimed == 1 {
-        let mut rows = outbox::held_by(db, &token).await?;
-        return Ok(rows.pop().map_or(RowClaim::Missing, RowClaim::Claimed));
+    let mut held: HashMap<i64, DueRow> = HashMap::new();
+    if claimed > 0 {
+        held = outbox::held_by(db, &token)
+            .await?
+            .into_iter()
+            .map(|row| (row.id, row))
+            .collect();
     }
-    let status: Option<String> = db
-        .backend()
-        .query("SELECT status FROM order_timeout_msg WHERE id = ?")
-        .bind(id)
-        .fetch_optional(db.pool())
-        .await?
-        .map(|r| r.try_get(0))
-        .transpose()?;
-    Ok(match status.as_deref() {
-        None => RowClaim::Missing,
-        Some("PROCESSED") => RowClaim::Processed,
-        Some(_) => RowClaim::Busy,
-    })
+    let mut status: HashMap<i64, String> = HashMap::new();
+    if held.len() < distinct.len() {
+        let rest: Vec<i64> = distinct
+            .iter()
+            .copied()
+            .filter(|id| !held.contains_key(id))
+            .collect();
+        let mut q = db.backend().query_owned(format!(
+            "SELECT id, status FROM order_timeout_msg WHERE id IN ({})",
+            super::orders::marks(rest.len())
+        ));
+        for id in &rest {
+            q = q.bind(*id);
+        }
+        for row in q.fetch_all(db.pool()).await? {
+            status.insert(row.try_get(0)?, row.try_get(1)?);
+        }
+    }
+    // An id listed twice is claimed by its first entry; the later ones find it held.
+    let mut given = HashSet::new();
+    Ok(ids
+        .iter()
+        .map(|id| match held.get(id) {
+            Some(row) if given.insert(*id) => RowClaim::Claimed(row.clone()),
+            Some(_) => RowClaim::Busy,
+            None => match status.get(id).map(String::as_str) {
+                None => RowClaim::Missing,
+                Some("PROCESSED") => RowClaim::Processed,
+                Some(_) => RowClaim::Busy,
+            },
+        })
+        .collect())
 }
 
 /// The row for `(order_id, phase)`, inserted PENDING at `due_ms` with source `message` when the

@@ -59,9 +59,8 @@ impl Dispatcher {
         .await;
         result.unwrap_or_else(|e| {
             tracing::error!(%error, db_error = %e, "trigger failed and the failure could not be recorded; its lease will lapse");
-            Outcome::Retry {
-                due_ms: i64::MAX,
-                error,
+            Outcome::Unrecorded {
+                error: format!("{error}; recording the failure: {e}"),
             }
         })
     }
@@ -88,9 +87,8 @@ impl Dispatcher {
             self.dead_letter(trigger, now_ms, reason).await
         }
         .await;
-        result.unwrap_or_else(|e| Outcome::Retry {
-            due_ms: i64::MAX,
-            error: e.to_string(),
+        result.unwrap_or_else(|e| Outcome::Unrecorded {
+            error: format!("dead-lettering `{reason}`: {e}"),
         })
     }
 

@@ -5,10 +5,8 @@
 use timeoutd_runtime::model::Notice;
 
 use super::{Decided, Dispatcher, Outcome};
-use crate::db::{DbError, journal, ledger, orders, outbox};
-
-/// Ledger kind of a reminder sent with a `wait` (a closed notice is a `notify` effect).
-pub const REMIND: &str = "remind";
+use crate::db::ledger::{self, REMIND};
+use crate::db::{DbError, journal, orders, outbox};
 
 /// When a wait's next phase is due: `after_ms` from the decision's database time.
 pub(super) fn next_due_ms(now_ms: i64, after_ms: u64) -> i64 {

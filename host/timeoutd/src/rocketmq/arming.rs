@@ -293,7 +293,7 @@ pub async fn arm_orders(
         .rocketmq
         .as_ref()
         .ok_or_else(|| anyhow::anyhow!("the configuration has no [rocketmq] section"))?;
-    let policies = crate::daemon::load_policies(config)?;
+    let policies = crate::policies::load(config)?;
     let db = Db::connect(&config.database.url, config.database.max_connections).await?;
     if config.database.migrate {
         db.migrate().await?;

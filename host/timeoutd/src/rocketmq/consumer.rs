@@ -28,6 +28,7 @@ use tokio::runtime::Handle;
 use tracing::Instrument;
 
 use super::client::{Scheduled, Transport};
+use super::coalesce::Coalescer;
 use super::codec::{self, TimeoutMessage};
 use crate::db::journal::{self, DeadLetter};
 use crate::db::relay::{self, RowClaim};
@@ -113,6 +114,42 @@ enum Taken {
     Settled(Ack, &'static str),
     /// Its row is held; the trigger goes to the batch's group.
     Trigger(Trigger),
+    /// Its row is held but cannot be a trigger (a bad phase): dead-lettered, like the outbox
+    /// timer's.
+    Reject(Trigger, String),
+}
+
+/// What the hop step made of a decoded message.
+enum Hop {
+    /// Settled without its row (re-sent towards its due time, or the re-send failed).
+    Settled(Ack, &'static str),
+    /// Due: take its row (`true` when its last sub-second rest was waited out first).
+    Take(TimeoutMessage, bool),
+}
+
+/// The messages at `positions`, not handled: the database failed (`error`); the broker
+/// redelivers them.
+fn later(positions: impl Iterator<Item = usize>, error: &DbError) -> Vec<(usize, Taken)> {
+    tracing::warn!(%error, "messages not handled; the broker will redeliver them");
+    positions
+        .map(|i| (i, Taken::Settled(Ack::Later, "later")))
+        .collect()
+}
+
+/// A message is acknowledged once its outcome is committed: every outcome but
+/// [`Outcome::Unrecorded`] (redeliver it).
+fn ack_of(outcome: &Outcome) -> Ack {
+    match outcome {
+        Outcome::Unrecorded { .. } => Ack::Later,
+        _ => Ack::Done,
+    }
+}
+
+/// Records message `i`'s acknowledgement and counts its `timeoutd_broker_messages_total`
+/// outcome.
+fn settle(acks: &mut [Ack], i: usize, ack: Ack, outcome: &'static str) {
+    emit(Event::Consumed { outcome });
+    acks[i] = ack;
 }
 
 /// Handles timeout messages. Shared by the listener threads.
@@ -142,119 +179,199 @@ impl TimeoutConsumer {
         self.handle_batch(std::slice::from_ref(received)).await
     }
 
-    /// Handles a batch of messages to one [`Ack`]: each is decoded, its hop re-sent or its row
-    /// taken (side by side); the triggers of the rows taken are then decided together and their
-    /// closes committed in one transaction ([`Dispatcher::handle_group`]). [`Ack::Later`] when
-    /// any message's outcome could not be committed (the batch is redelivered; the messages that
-    /// were committed are then no-ops).
+    /// Handles a batch of messages to one [`Ack`]: [`Ack::Later`] when any message's outcome
+    /// could not be committed (the batch is redelivered; the messages that were committed are
+    /// then no-ops).
     pub async fn handle_batch(&self, batch: &[Received]) -> Ack {
-        let taken = futures_util::future::join_all(batch.iter().map(|r| self.take(r))).await;
-        let mut later = false;
-        let mut triggers = Vec::new();
-        for t in taken {
-            match t {
-                Taken::Settled(ack, outcome) => {
-                    emit(Event::Consumed { outcome });
-                    later |= ack == Ack::Later;
-                }
-                Taken::Trigger(trigger) => triggers.push(trigger),
-            }
+        if self.handle_each(batch).await.contains(&Ack::Later) {
+            Ack::Later
+        } else {
+            Ack::Done
         }
-        for outcome in self.dispatcher.handle_group(&triggers).await {
-            // `Retry { due_ms: i64::MAX }` means even the failure could not be recorded.
-            let ack = match outcome {
-                Outcome::Retry { due_ms, .. } if due_ms == i64::MAX => Ack::Later,
-                _ => Ack::Done,
-            };
-            emit(Event::Consumed {
-                outcome: if ack == Ack::Later {
-                    "later"
-                } else {
-                    "handled"
-                },
-            });
-            later |= ack == Ack::Later;
-        }
-        if later { Ack::Later } else { Ack::Done }
     }
 
-    /// Decodes a message and takes its row, or says how it was settled without a trigger.
-    async fn take(&self, received: &Received) -> Taken {
-        let decoded = codec::decode(&received.body, received.keys.as_deref(), |k| {
-            received.properties.get(k).cloned()
-        });
-        let message = match decoded {
-            Ok(m) => m,
-            Err(reason) => {
-                let ack = self.poison(received, &reason).await;
-                let outcome = if ack == Ack::Done { "poison" } else { "later" };
-                return Taken::Settled(ack, outcome);
+    /// Handles a batch of messages to one [`Ack`] per message, in order. The batch costs one
+    /// clock read, one row claim for all its rows ([`relay::claim_rows`]) and one group
+    /// ([`Dispatcher::handle_group`]: decided together, closes committed in one transaction);
+    /// decoding, hops and the wait for the last sub-second run side by side.
+    pub async fn handle_each(&self, batch: &[Received]) -> Vec<Ack> {
+        let mut acks = vec![Ack::Done; batch.len()];
+        let mut decoded = Vec::new();
+        for (i, received) in batch.iter().enumerate() {
+            let message = codec::decode(&received.body, received.keys.as_deref(), |k| {
+                received.properties.get(k).cloned()
+            });
+            match message {
+                Ok(m) => decoded.push((i, m)),
+                Err(reason) => {
+                    let ack = self.poison(received, &reason).await;
+                    settle(
+                        &mut acks,
+                        i,
+                        ack,
+                        if ack == Ack::Done { "poison" } else { "later" },
+                    );
+                }
             }
+        }
+        if decoded.is_empty() {
+            return acks;
+        }
+        let taken = self.take_all(batch, decoded).await;
+        let mut triggers = Vec::new();
+        let mut owners = Vec::new();
+        for (i, t) in taken {
+            match t {
+                Taken::Settled(ack, outcome) => settle(&mut acks, i, ack, outcome),
+                Taken::Reject(trigger, reason) => {
+                    let outcome = self.dispatcher.reject(&trigger, &reason).await;
+                    tracing::warn!(?outcome, "message's outbox row dead-lettered");
+                    let ack = ack_of(&outcome);
+                    settle(
+                        &mut acks,
+                        i,
+                        ack,
+                        if ack == Ack::Done { "poison" } else { "later" },
+                    );
+                }
+                Taken::Trigger(trigger) => {
+                    triggers.push(trigger);
+                    owners.push(i);
+                }
+            }
+        }
+        let outcomes = self.dispatcher.handle_group(&triggers).await;
+        for (i, outcome) in owners.into_iter().zip(outcomes) {
+            let ack = ack_of(&outcome);
+            settle(
+                &mut acks,
+                i,
+                ack,
+                if ack == Ack::Done { "handled" } else { "later" },
+            );
+        }
+        acks
+    }
+
+    /// Re-sends the hops not yet due, waits out the last sub-second rest, then takes the rows
+    /// of the rest in one claim. When the database cannot be read or written, the messages not
+    /// yet settled are left to be redelivered ([`Ack::Later`]).
+    async fn take_all(
+        &self,
+        batch: &[Received],
+        decoded: Vec<(usize, TimeoutMessage)>,
+    ) -> Vec<(usize, Taken)> {
+        let now_ms = match self.dispatcher.clock().now_ms(self.db()).await {
+            Ok(now) => now,
+            Err(e) => return later(decoded.iter().map(|(i, _)| *i), &e),
+        };
+        let scheduled = futures_util::future::join_all(
+            decoded
+                .into_iter()
+                .map(|(i, m)| async move { (i, self.schedule(&batch[i], m, now_ms).await) }),
+        )
+        .await;
+        let mut out = Vec::new();
+        let mut ready = Vec::new();
+        let mut waited = false;
+        for (i, s) in scheduled {
+            match s {
+                Hop::Settled(ack, outcome) => out.push((i, Taken::Settled(ack, outcome))),
+                Hop::Take(m, w) => {
+                    waited |= w;
+                    ready.push((i, m));
+                }
+            }
+        }
+        if ready.is_empty() {
+            return out;
+        }
+        // After a wait, the claim reads the clock again.
+        match self.claim(&ready, (!waited).then_some(now_ms)).await {
+            Ok(claims) => out.extend(ready.iter().map(|(i, _)| *i).zip(claims)),
+            Err(e) => out.extend(later(ready.iter().map(|(i, _)| *i), &e)),
+        }
+        out
+    }
+
+    /// Takes the rows of `ready` in one claim (adopting a row for each message that names none,
+    /// or whose row is gone), at `now_ms` or, after a wait, a fresh clock read.
+    async fn claim(
+        &self,
+        ready: &[(usize, TimeoutMessage)],
+        now_ms: Option<i64>,
+    ) -> Result<Vec<Taken>, DbError> {
+        let now_ms = match now_ms {
+            Some(now) => now,
+            None => self.dispatcher.clock().now_ms(self.db()).await?,
+        };
+        let mut ids = Vec::with_capacity(ready.len());
+        for (_, m) in ready {
+            ids.push(match m.row_id {
+                Some(id) => id,
+                None => self.adopt(m, now_ms).await?,
+            });
+        }
+        let mut claims = relay::claim_rows(self.db(), &ids, now_ms, self.lease_ms).await?;
+        for (k, (_, m)) in ready.iter().enumerate() {
+            if claims[k] == RowClaim::Missing && m.row_id.is_some() {
+                // The row named by the message is gone (an operator deleted it): adopt a new one.
+                let id = self.adopt(m, now_ms).await?;
+                claims[k] = relay::claim_rows(self.db(), &[id], now_ms, self.lease_ms)
+                    .await?
+                    .pop()
+                    .unwrap_or(RowClaim::Missing);
+            }
+        }
+        Ok(claims
+            .into_iter()
+            .map(|claim| match claim {
+                RowClaim::Claimed(row) => match Trigger::of_row(&row, TriggerKind::DelayMessage) {
+                    Ok(trigger) => Taken::Trigger(trigger),
+                    Err((trigger, reason)) => Taken::Reject(trigger, reason),
+                },
+                RowClaim::Processed => Taken::Settled(Ack::Done, "duplicate"),
+                RowClaim::Busy => Taken::Settled(Ack::Done, "busy"),
+                RowClaim::Missing => Taken::Settled(Ack::Later, "later"),
+            })
+            .collect())
+    }
+
+    /// A hop not yet due is re-sent towards its due time; one due within a second is waited out
+    /// here and then taken.
+    async fn schedule(&self, received: &Received, message: TimeoutMessage, now_ms: i64) -> Hop {
+        let Some(due_ms) = message.due_ms else {
+            return Hop::Take(message, false);
         };
         let span = tracing::info_span!("message", order = %message.order_id, phase = message.phase, id = %received.message_id);
-        match self.take_decoded(&message).instrument(span).await {
-            Ok(taken) => taken,
+        match self
+            .transport
+            .schedule(&message, now_ms)
+            .instrument(span)
+            .await
+        {
+            Ok(Scheduled::Sent { .. }) => Hop::Settled(Ack::Done, "hop"),
+            Ok(Scheduled::Now { wait_ms }) if wait_ms > 0 => {
+                tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+                Hop::Take(message, true)
+            }
+            Ok(Scheduled::Now { .. }) => Hop::Take(message, false),
             Err(e) => {
-                tracing::warn!(error = %e, "message not handled; the broker will redeliver it");
-                Taken::Settled(Ack::Later, "later")
+                // The row is SENT; the outbox timer takes it back at due + fallback_after.
+                tracing::warn!(error = %e, due_ms, order = %message.order_id, "re-sending a hop failed");
+                Hop::Settled(Ack::Later, "later")
             }
         }
     }
 
-    async fn take_decoded(&self, message: &TimeoutMessage) -> Result<Taken, DbError> {
-        let now_ms = self.dispatcher.clock().now_ms(self.db()).await?;
-        if let Some(due_ms) = message.due_ms {
-            match self.transport.schedule(message, now_ms).await {
-                Ok(Scheduled::Sent { .. }) => return Ok(Taken::Settled(Ack::Done, "hop")),
-                Ok(Scheduled::Now { wait_ms }) if wait_ms > 0 => {
-                    tokio::time::sleep(Duration::from_millis(wait_ms)).await;
-                }
-                Ok(Scheduled::Now { .. }) => {}
-                Err(e) => {
-                    // The row is SENT; the outbox timer takes it back at due + fallback_after.
-                    tracing::warn!(error = %e, due_ms, "re-sending a hop failed");
-                    return Ok(Taken::Settled(Ack::Later, "later"));
-                }
-            }
-        }
-        let now_ms = self.dispatcher.clock().now_ms(self.db()).await?;
-        let mut row_id = match message.row_id {
-            Some(id) => id,
-            None => {
-                relay::adopt(
-                    self.db(),
-                    &message.order_id,
-                    message.phase,
-                    message.due_ms.unwrap_or(now_ms),
-                )
-                .await?
-            }
-        };
-        let mut claim = relay::claim_row(self.db(), row_id, now_ms, self.lease_ms).await?;
-        if claim == RowClaim::Missing && message.row_id.is_some() {
-            // The row named by the message is gone (an operator deleted it): adopt a new one.
-            row_id = relay::adopt(
-                self.db(),
-                &message.order_id,
-                message.phase,
-                message.due_ms.unwrap_or(now_ms),
-            )
-            .await?;
-            claim = relay::claim_row(self.db(), row_id, now_ms, self.lease_ms).await?;
-        }
-        Ok(match claim {
-            RowClaim::Claimed(row) => Taken::Trigger(Trigger {
-                order_id: row.order_id.clone(),
-                kind: TriggerKind::DelayMessage,
-                phase: u32::try_from(row.phase).unwrap_or(0),
-                attempt: row.attempts,
-                due_ms: Some(row.due_ms),
-                row_id: Some(row.id),
-            }),
-            RowClaim::Processed => Taken::Settled(Ack::Done, "duplicate"),
-            RowClaim::Busy => Taken::Settled(Ack::Done, "busy"),
-            RowClaim::Missing => Taken::Settled(Ack::Later, "later"),
-        })
+    async fn adopt(&self, message: &TimeoutMessage, now_ms: i64) -> Result<i64, DbError> {
+        relay::adopt(
+            self.db(),
+            &message.order_id,
+            message.phase,
+            message.due_ms.unwrap_or(now_ms),
+        )
+        .await
     }
 
     /// Dead-letters a malformed message (once per message id) and acknowledges it; if that
@@ -298,13 +415,13 @@ impl TimeoutConsumer {
     }
 }
 
-/// The client's listener: runs each message through a [`TimeoutConsumer`] on the daemon's
-/// runtime, blocking the client's listener thread until the outcome is committed.
+/// The client's listener: hands each call's messages to the [`Coalescer`] (on the daemon's
+/// runtime), blocking the client's listener thread until their outcomes are committed.
 pub struct Listener {
     /// The daemon's runtime.
     pub app: Handle,
-    /// What handles each message.
-    pub consumer: Arc<TimeoutConsumer>,
+    /// What merges the calls into groups and handles them.
+    pub groups: Arc<Coalescer>,
 }
 
 impl MessageListenerConcurrently for Listener {
@@ -314,10 +431,10 @@ impl MessageListenerConcurrently for Listener {
         _context: &ConsumeConcurrentlyContext,
     ) -> ClientResult<ConsumeConcurrentlyStatus> {
         let received: Vec<Received> = messages.iter().map(|m| Received::of(m)).collect();
-        let consumer = self.consumer.clone();
+        let groups = self.groups.clone();
         let later = self
             .app
-            .block_on(async move { consumer.handle_batch(&received).await == Ack::Later });
+            .block_on(async move { groups.handle(received).await == Ack::Later });
         Ok(if later {
             ConsumeConcurrentlyStatus::ReconsumeLater
         } else {

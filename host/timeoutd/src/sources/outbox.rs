@@ -18,32 +18,15 @@ use crate::dispatch::{Dispatcher, Outcome, Trigger};
 /// Wakes the outbox timer when this process has written a row that may be due soon.
 pub type Waker = Arc<Notify>;
 
-/// The trigger a claimed row stands for (a bad phase is reported by [`check_row`]).
-pub fn trigger_of(row: &DueRow) -> Trigger {
-    Trigger {
-        order_id: row.order_id.clone(),
-        kind: match row.source.as_str() {
-            SOURCE_SWEEP => TriggerKind::Sweep,
-            SOURCE_MANUAL => TriggerKind::Manual,
-            _ => TriggerKind::Outbox,
-        },
-        phase: u32::try_from(row.phase).unwrap_or(0),
-        attempt: row.attempts,
-        due_ms: Some(row.due_ms),
-        row_id: Some(row.id),
-    }
-}
-
-/// Why a claimed row cannot be a trigger at all, if so.
-pub fn check_row(row: &DueRow) -> Option<String> {
-    u32::try_from(row.phase).is_err().then(|| {
-        format!(
-            "order_timeout_msg row {} has phase {}, outside 0..={}",
-            row.id,
-            row.phase,
-            u32::MAX
-        )
-    })
+/// The trigger a claimed row stands for: its `source` says who fired it ([`Trigger::of_row`]:
+/// `Err` for a row that cannot be a trigger, with the reason).
+pub fn trigger_of(row: &DueRow) -> Result<Trigger, (Trigger, String)> {
+    let kind = match row.source.as_str() {
+        SOURCE_SWEEP => TriggerKind::Sweep,
+        SOURCE_MANUAL => TriggerKind::Manual,
+        _ => TriggerKind::Outbox,
+    };
+    Trigger::of_row(row, kind)
 }
 
 /// Runs the timer until `shutdown` turns true; a batch in flight is finished first. With a
@@ -117,7 +100,7 @@ pub async fn run(
 }
 
 /// Splits claimed rows into groups of at most `group` and starts each on its own task once a
-/// permit is free; a bad row is dead-lettered on its own ([`check_row`]).
+/// permit is free; a row that cannot be a trigger is dead-lettered on its own.
 async fn dispatch_groups(
     dispatcher: &Arc<Dispatcher>,
     rows: Vec<DueRow>,
@@ -136,10 +119,10 @@ async fn dispatch_groups(
         in_flight.spawn(async move {
             let mut triggers = Vec::with_capacity(chunk.len());
             for row in &chunk {
-                match check_row(row) {
-                    None => triggers.push(trigger_of(row)),
-                    Some(reason) => {
-                        let outcome = dispatcher.reject(&trigger_of(row), &reason).await;
+                match trigger_of(row) {
+                    Ok(trigger) => triggers.push(trigger),
+                    Err((trigger, reason)) => {
+                        let outcome = dispatcher.reject(&trigger, &reason).await;
                         tracing::warn!(?outcome, "outbox row dead-lettered");
                     }
                 }

@@ -1,0 +1,96 @@
+//! Path `broker`: a second consumer group on the bench's topic that only records when the
+//! broker released each message, against the due time the message carries — so the report
+//! tells the broker's own release rate from the daemon's close rate, and says which of the two
+//! held the burst back.
+
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rocketmq_client_rust::{
+    ClientResult, ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus,
+    MessageListenerConcurrently,
+};
+use rocketmq_model::common::message::message_ext::MessageExt;
+
+use crate::config::RocketMqConfig;
+use crate::rocketmq::codec;
+use crate::rocketmq::consumer::Received;
+use crate::rocketmq::{Transport, TransportError};
+
+/// The watching group and what it saw.
+pub(super) struct Watch {
+    transport: Arc<Transport>,
+    released: Arc<Mutex<Vec<i64>>>,
+}
+
+impl Watch {
+    /// Subscribes group `<consumer_group>_WATCH` to the daemon's topic (acknowledging every
+    /// message; the daemon's group gets its own copy).
+    ///
+    /// # Errors
+    /// The transport or the consumer cannot start.
+    pub(super) async fn start(config: &RocketMqConfig) -> Result<Watch, TransportError> {
+        let mut config = config.clone();
+        config.consumer_group = format!("{}_WATCH", config.consumer_group);
+        config.producer_group = format!("{}_WATCH", config.producer_group);
+        config.instance = None;
+        let transport = Transport::start(&config).await?;
+        let released = Arc::new(Mutex::new(Vec::new()));
+        transport
+            .start_consumer(
+                &config.consumer_group,
+                &config.topic,
+                Recorder {
+                    released: released.clone(),
+                },
+            )
+            .await?;
+        Ok(Watch {
+            transport,
+            released,
+        })
+    }
+
+    /// Each message's release time minus its due time (host clock), ms, sorted.
+    pub(super) fn released(&self) -> Vec<i64> {
+        let mut released = self.released.lock().expect("not poisoned").clone();
+        released.sort_unstable();
+        released
+    }
+
+    /// Stops the group and its transport.
+    pub(super) async fn stop(self) {
+        self.transport.shutdown().await;
+    }
+}
+
+struct Recorder {
+    released: Arc<Mutex<Vec<i64>>>,
+}
+
+impl MessageListenerConcurrently for Recorder {
+    fn consume_message(
+        &self,
+        messages: &[&MessageExt],
+        _context: &ConsumeConcurrentlyContext,
+    ) -> ClientResult<ConsumeConcurrentlyStatus> {
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let mut released = self.released.lock().expect("not poisoned");
+        for m in messages {
+            let r = Received::of(m);
+            let decoded =
+                codec::decode(&r.body, r.keys.as_deref(), |k| r.properties.get(k).cloned());
+            // A hop of a chain, released more than a second early to be re-sent towards its due
+            // time, is not the release at the due time.
+            if let Ok(message) = decoded
+                && let Some(due_ms) = message.due_ms
+                && now_ms - due_ms >= -1000
+            {
+                released.push(now_ms - due_ms);
+            }
+        }
+        Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)
+    }
+}

@@ -1,0 +1,96 @@
+//! Group commit for the broker path: the messages of concurrent listener calls are merged into
+//! one group, so a burst costs one clock read, one row claim and one close transaction per
+//! group instead of per message — as the outbox timer's claimed batches do.
+//!
+//! The client hands each listener thread a batch of at most `rocketmq.consume_batch` messages,
+//! and under a timer burst those batches are often a message or two. Here the calls queue;
+//! while `rocketmq.groups_in_flight` groups are being handled, the queue fills, and the next
+//! free slot takes everything queued (up to `rocketmq.group_commit` messages) as one group.
+//! An idle daemon handles a lone message at once: nothing waits for company (no linger timer).
+//! Each caller gets its own messages' acknowledgements back, so one message that could not be
+//! committed makes only its own batch `ReconsumeLater`.
+
+use std::sync::Arc;
+
+use tokio::runtime::Handle;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use super::consumer::{Ack, Received, TimeoutConsumer};
+
+/// One listener call waiting for its acknowledgements.
+struct Call {
+    messages: Vec<Received>,
+    reply: oneshot::Sender<Vec<Ack>>,
+}
+
+/// Merges listener calls into groups; cheap to share (the listener threads hold one).
+pub struct Coalescer {
+    calls: mpsc::UnboundedSender<Call>,
+}
+
+impl Coalescer {
+    /// Starts the merging task on `app`: groups of at most `group` messages (a call is never
+    /// split, so one call larger than that is its own group), at most `in_flight` at once.
+    /// The task ends when the coalescer is dropped and the queued calls are answered.
+    pub fn start(
+        app: &Handle,
+        consumer: Arc<TimeoutConsumer>,
+        group: usize,
+        in_flight: usize,
+    ) -> Coalescer {
+        let (calls, queue) = mpsc::unbounded_channel();
+        app.spawn(merge(consumer, queue, group.max(1), in_flight.max(1)));
+        Coalescer { calls }
+    }
+
+    /// Handles `messages` within a group and returns their [`Ack`]: [`Ack::Later`] when any of
+    /// them could not be committed (or the group's task failed).
+    pub async fn handle(&self, messages: Vec<Received>) -> Ack {
+        let (reply, answer) = oneshot::channel();
+        if self.calls.send(Call { messages, reply }).is_err() {
+            return Ack::Later;
+        }
+        match answer.await {
+            Ok(acks) if !acks.contains(&Ack::Later) => Ack::Done,
+            _ => Ack::Later,
+        }
+    }
+}
+
+async fn merge(
+    consumer: Arc<TimeoutConsumer>,
+    mut queue: mpsc::UnboundedReceiver<Call>,
+    group: usize,
+    in_flight: usize,
+) {
+    let slots = Arc::new(Semaphore::new(in_flight));
+    while let Some(first) = queue.recv().await {
+        // Waiting for a slot is what lets the queue fill under a burst.
+        let slot = slots.clone().acquire_owned().await.expect("never closed");
+        let mut size = first.messages.len();
+        let mut calls = vec![first];
+        while size < group {
+            match queue.try_recv() {
+                Ok(call) => {
+                    size += call.messages.len();
+                    calls.push(call);
+                }
+                Err(_) => break,
+            }
+        }
+        let consumer = consumer.clone();
+        tokio::spawn(async move {
+            let lengths: Vec<usize> = calls.iter().map(|c| c.messages.len()).collect();
+            let all: Vec<Received> = calls
+                .iter_mut()
+                .flat_map(|c| std::mem::take(&mut c.messages))
+                .collect();
+            let mut acks = consumer.handle_each(&all).await.into_iter();
+            for (call, len) in calls.into_iter().zip(lengths) {
+                // A caller gone (its listener thread stopped) needs no answer.
+                let _ = call.reply.send(acks.by_ref().take(len).collect());
+            }
+            drop(slot);
+        });
+    }
+}
