@@ -8,10 +8,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::clock::Clock;
 use crate::config::Config;
+pub use crate::config::EXIT_BAD_CONFIG;
 use crate::daemon::{self, Daemon};
-
-/// Exit status for a configuration that does not validate (`EX_USAGE` of sysexits.h).
-pub const EXIT_BAD_CONFIG: u8 = 64;
 
 /// timeoutd closes unpaid orders when their payment window lapses, exactly once, under each
 /// merchant's WebAssembly policy plugin.

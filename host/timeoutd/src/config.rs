@@ -24,6 +24,10 @@ use serde::Deserialize;
 pub use rocketmq::{ConsumeFrom, DelayMode, RocketMqConfig};
 pub use validate::ConfigProblems;
 
+/// Exit status of every command given a configuration (or plugin input) that does not
+/// validate (`EX_USAGE` of sysexits.h).
+pub const EXIT_BAD_CONFIG: u8 = 64;
+
 /// The whole file.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -82,7 +82,7 @@ impl LimitArgs {
 }
 
 /// Exit status of a bad cases file or configuration.
-const EXIT_BAD_INPUT: u8 = crate::cli::EXIT_BAD_CONFIG;
+const EXIT_BAD_INPUT: u8 = crate::config::EXIT_BAD_CONFIG;
 
 /// Runs a `timeoutd plugin` subcommand.
 pub async fn run(command: PluginCommand) -> ExitCode {

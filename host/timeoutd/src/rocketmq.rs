@@ -19,6 +19,7 @@ pub mod codec;
 pub mod consumer;
 pub mod dlq;
 pub mod planner;
+pub mod received;
 pub mod relay;
 
 use std::sync::Arc;
@@ -83,7 +84,7 @@ impl Broker {
                 .start_consumer(
                     &config.consumer_group,
                     &config.topic,
-                    consumer::Listener {
+                    coalesce::Listener {
                         app: app.clone(),
                         groups: Arc::new(coalesce::Coalescer::start(
                             &app,

@@ -14,7 +14,7 @@ use rocketmq_model::common::message::message_ext::MessageExt;
 
 use crate::config::RocketMqConfig;
 use crate::rocketmq::codec;
-use crate::rocketmq::consumer::Received;
+use crate::rocketmq::received::Received;
 use crate::rocketmq::{Transport, TransportError};
 
 /// The watching group and what it saw.

@@ -12,10 +12,16 @@
 
 use std::sync::Arc;
 
+use rocketmq_client_rust::{
+    ClientResult, ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus,
+    MessageListenerConcurrently,
+};
+use rocketmq_model::common::message::message_ext::MessageExt;
 use tokio::runtime::Handle;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::consumer::{Ack, Received, TimeoutConsumer};
+use super::consumer::{Ack, TimeoutConsumer};
+use super::received::Received;
 
 /// One listener call waiting for its acknowledgements.
 struct Call {
@@ -92,5 +98,33 @@ async fn merge(
             }
             drop(slot);
         });
+    }
+}
+
+/// The client's listener: hands each call's messages to the [`Coalescer`] (on the daemon's
+/// runtime), blocking the client's listener thread until their outcomes are committed.
+pub struct Listener {
+    /// The daemon's runtime.
+    pub app: Handle,
+    /// What merges the calls into groups and handles them.
+    pub groups: Arc<Coalescer>,
+}
+
+impl MessageListenerConcurrently for Listener {
+    fn consume_message(
+        &self,
+        messages: &[&MessageExt],
+        _context: &ConsumeConcurrentlyContext,
+    ) -> ClientResult<ConsumeConcurrentlyStatus> {
+        let received: Vec<Received> = messages.iter().map(|m| Received::of(m)).collect();
+        let groups = self.groups.clone();
+        let later = self
+            .app
+            .block_on(async move { groups.handle(received).await == Ack::Later });
+        Ok(if later {
+            ConsumeConcurrentlyStatus::ReconsumeLater
+        } else {
+            ConsumeConcurrentlyStatus::ConsumeSuccess
+        })
     }
 }

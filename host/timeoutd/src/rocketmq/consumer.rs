@@ -13,23 +13,15 @@
 //!    (the database is down) it answers `ReconsumeLater`, and the broker redelivers on its
 //!    backoff schedule, then to `%DLQ%<group>` ([`super::dlq`] drains that).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rocketmq_client_rust::{
-    ClientResult, ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus,
-    MessageListenerConcurrently,
-};
-use rocketmq_model::common::message::message_ext::MessageExt;
-use serde_json::json;
 use timeoutd_runtime::model::TriggerKind;
-use tokio::runtime::Handle;
 use tracing::Instrument;
 
 use super::client::{Scheduled, Transport};
-use super::coalesce::Coalescer;
 use super::codec::{self, TimeoutMessage};
+pub use super::received::Received;
 use crate::db::journal::{self, DeadLetter};
 use crate::db::relay::{self, RowClaim};
 use crate::db::{Db, DbError};
@@ -38,66 +30,6 @@ use crate::events::{Event, emit};
 
 /// Dead-letter `source` of malformed broker messages.
 pub const SOURCE_ROCKETMQ: &str = "rocketmq";
-/// The broker's property holding a message's unique client id.
-const UNIQ_KEY: &str = "UNIQ_KEY";
-
-/// A message as received, copied out of the client's types.
-#[derive(Debug, Clone)]
-pub struct Received {
-    /// Unique id (the producer's `UNIQ_KEY`, else the broker's message id).
-    pub message_id: String,
-    /// Topic.
-    pub topic: String,
-    /// `KEYS`.
-    pub keys: Option<String>,
-    /// Body bytes.
-    pub body: Vec<u8>,
-    /// Properties.
-    pub properties: HashMap<String, String>,
-    /// Earlier deliveries (the broker's reconsume count).
-    pub reconsume_times: u32,
-}
-
-impl Received {
-    /// Copies what timeoutd needs out of a client message.
-    pub fn of(m: &MessageExt) -> Received {
-        let properties: HashMap<String, String> = m
-            .properties()
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        Received {
-            message_id: properties
-                .get(UNIQ_KEY)
-                .cloned()
-                .unwrap_or_else(|| m.msg_id().to_string()),
-            topic: m.topic().to_string(),
-            keys: properties.get("KEYS").cloned(),
-            body: m.body().map(|b| b.to_vec()).unwrap_or_default(),
-            properties,
-            reconsume_times: m.reconsume_times().max(0) as u32,
-        }
-    }
-
-    /// The dead-letter payload: topic, ids, keys and the raw body (as text, or hex when it is not
-    /// UTF-8).
-    pub fn payload(&self) -> String {
-        let body = match std::str::from_utf8(&self.body) {
-            Ok(text) => json!({ "body": text }),
-            Err(_) => json!({ "body_hex": hex::encode(&self.body) }),
-        };
-        let mut value = json!({
-            "topic": self.topic, "message_id": self.message_id, "keys": self.keys,
-            "reconsume_times": self.reconsume_times,
-        });
-        value
-            .as_object_mut()
-            .expect("object")
-            .extend(body.as_object().expect("object").clone());
-        value.to_string()
-    }
-}
-
 /// Whether the broker should consider a message done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ack {
@@ -412,33 +344,5 @@ impl TimeoutConsumer {
                 Ack::Later
             }
         }
-    }
-}
-
-/// The client's listener: hands each call's messages to the [`Coalescer`] (on the daemon's
-/// runtime), blocking the client's listener thread until their outcomes are committed.
-pub struct Listener {
-    /// The daemon's runtime.
-    pub app: Handle,
-    /// What merges the calls into groups and handles them.
-    pub groups: Arc<Coalescer>,
-}
-
-impl MessageListenerConcurrently for Listener {
-    fn consume_message(
-        &self,
-        messages: &[&MessageExt],
-        _context: &ConsumeConcurrentlyContext,
-    ) -> ClientResult<ConsumeConcurrentlyStatus> {
-        let received: Vec<Received> = messages.iter().map(|m| Received::of(m)).collect();
-        let groups = self.groups.clone();
-        let later = self
-            .app
-            .block_on(async move { groups.handle(received).await == Ack::Later });
-        Ok(if later {
-            ConsumeConcurrentlyStatus::ReconsumeLater
-        } else {
-            ConsumeConcurrentlyStatus::ConsumeSuccess
-        })
     }
 }

@@ -10,7 +10,7 @@ use rocketmq_model::common::message::message_ext::MessageExt;
 use tokio::runtime::Handle;
 
 use super::codec;
-use super::consumer::Received;
+use super::received::Received;
 use crate::clock::Clock;
 use crate::db::journal::{self, DeadLetter};
 use crate::db::{Db, DbError};

@@ -1,0 +1,67 @@
+//! A broker message as timeoutd handles it: copied out of the client's types once, so the
+//! consumer, the DLQ drain and the bench's watcher share one shape and one dead-letter payload.
+
+use std::collections::HashMap;
+
+use rocketmq_model::common::message::message_ext::MessageExt;
+use serde_json::json;
+
+/// The broker's property holding a message's unique client id.
+const UNIQ_KEY: &str = "UNIQ_KEY";
+
+/// A message as received, copied out of the client's types.
+#[derive(Debug, Clone)]
+pub struct Received {
+    /// Unique id (the producer's `UNIQ_KEY`, else the broker's message id).
+    pub message_id: String,
+    /// Topic.
+    pub topic: String,
+    /// `KEYS`.
+    pub keys: Option<String>,
+    /// Body bytes.
+    pub body: Vec<u8>,
+    /// Properties.
+    pub properties: HashMap<String, String>,
+    /// Earlier deliveries (the broker's reconsume count).
+    pub reconsume_times: u32,
+}
+
+impl Received {
+    /// Copies what timeoutd needs out of a client message.
+    pub fn of(m: &MessageExt) -> Received {
+        let properties: HashMap<String, String> = m
+            .properties()
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Received {
+            message_id: properties
+                .get(UNIQ_KEY)
+                .cloned()
+                .unwrap_or_else(|| m.msg_id().to_string()),
+            topic: m.topic().to_string(),
+            keys: properties.get("KEYS").cloned(),
+            body: m.body().map(|b| b.to_vec()).unwrap_or_default(),
+            properties,
+            reconsume_times: m.reconsume_times().max(0) as u32,
+        }
+    }
+
+    /// The dead-letter payload: topic, ids, keys and the raw body (as text, or hex when it is not
+    /// UTF-8).
+    pub fn payload(&self) -> String {
+        let body = match std::str::from_utf8(&self.body) {
+            Ok(text) => json!({ "body": text }),
+            Err(_) => json!({ "body_hex": hex::encode(&self.body) }),
+        };
+        let mut value = json!({
+            "topic": self.topic, "message_id": self.message_id, "keys": self.keys,
+            "reconsume_times": self.reconsume_times,
+        });
+        value
+            .as_object_mut()
+            .expect("object")
+            .extend(body.as_object().expect("object").clone());
+        value.to_string()
+    }
+}
