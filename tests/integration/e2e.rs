@@ -310,7 +310,7 @@ async fn sigterm_mid_burst_loses_and_doubles_nothing() {
     let config = env.dir.path().join("mariadb-small-groups.toml");
     let small = shipped
         .replace("batch = 1024\n", "batch = 32\n")
-        .replace("group_commit = 128\n", "group_commit = 8\n")
+        .replace("group_commit = 512\n", "group_commit = 8\n")
         .replace("concurrency = 16\n", "concurrency = 2\n");
     assert!(
         small.contains("group_commit = 8") && small.contains("concurrency = 2"),

@@ -533,7 +533,7 @@ mod defaults {
         16
     }
     pub fn group_commit() -> u32 {
-        128
+        512
     }
     pub fn sweep_interval() -> Duration {
         Duration::from_secs(30)
