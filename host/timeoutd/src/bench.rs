@@ -251,8 +251,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     };
     let after = counters::Counters::read(&db).await;
     let daemon_counts = after.since(&before, n);
+    let closes = report::Closes::read(&db, deadline_ms).await?;
     let report = report::collect(
         &db,
+        &closes,
         report::Inputs {
             backend,
             path: args.path,
@@ -272,9 +274,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     )
     .await?;
     if let Some(file) = &args.plot {
-        plot::draw(&db, deadline_ms, file)
-            .await
-            .with_context(|| format!("--plot {}", file.display()))?;
+        plot::draw(&closes, file).with_context(|| format!("--plot {}", file.display()))?;
         progress(format_args!("plot written to {}", file.display()));
     }
     db.close().await;

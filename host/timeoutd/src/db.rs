@@ -301,6 +301,17 @@ impl Db {
     }
 }
 
+/// A new claim token: `prefix` (who claims: `""` the outbox timer, `r` the relay, `c` the
+/// broker consumer, `e` the ledger executor), 16 random hex digits and this process's id as 8
+/// hex digits. Rows a claim takes carry it in `claim_token` until their lease lapses.
+pub(crate) fn claim_token(prefix: &str) -> String {
+    format!(
+        "{prefix}{:016x}{:08x}",
+        fastrand::u64(..),
+        std::process::id()
+    )
+}
+
 /// Creates the directory a `sqlite://PATH` lives in, so `data/timeoutd.db` works on a fresh
 /// checkout.
 fn create_sqlite_parent(url: &str) -> Result<(), DbError> {

@@ -9,35 +9,19 @@ use std::path::Path;
 
 use anyhow::Context as _;
 use plotters::prelude::*;
-use sqlx::Row;
 
-use crate::db::Db;
+use super::report::Closes;
 
 /// Width of one bar of the top chart, ms.
 const BUCKET_MS: i64 = 100;
 
-/// Draws the daemon's orders of this run into `file`, `deadline_ms` being the first deadline.
+/// Draws the daemon's closes of this run into `file`.
 ///
 /// # Errors
-/// The query fails, or the file cannot be written.
-pub(super) async fn draw(db: &Db, deadline_ms: i64, file: &Path) -> anyhow::Result<()> {
-    let rows = db
-        .backend()
-        .query(
-            "SELECT closed_at_ms, closed_at_ms - deadline_ms FROM orders \
-             WHERE id LIKE 'd-%' AND status = 'CLOSED'",
-        )
-        .fetch_all(db.pool())
-        .await?;
-    let mut since = Vec::with_capacity(rows.len());
-    let mut lateness = Vec::with_capacity(rows.len());
-    for r in &rows {
-        since.push(r.try_get::<i64, _>(0)? - deadline_ms);
-        lateness.push(r.try_get::<i64, _>(1)?);
-    }
-    lateness.sort_unstable();
-    anyhow::ensure!(!since.is_empty(), "no closed orders to draw");
-    render(&since, &lateness, file).map_err(|e| anyhow::anyhow!("{e}"))?;
+/// There is nothing to draw, or the file cannot be written.
+pub(super) fn draw(closes: &Closes, file: &Path) -> anyhow::Result<()> {
+    anyhow::ensure!(!closes.since_ms.is_empty(), "no closed orders to draw");
+    render(&closes.since_ms, &closes.lateness_ms, file).map_err(|e| anyhow::anyhow!("{e}"))?;
     std::fs::metadata(file).context("the plot was not written")?;
     Ok(())
 }

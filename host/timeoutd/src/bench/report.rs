@@ -192,32 +192,53 @@ pub(super) struct Inputs {
     pub database: String,
 }
 
-/// Reads lateness and the audit back from the database.
+/// The daemon's closes of one run, read back once for the report and the plot.
+pub(super) struct Closes {
+    /// Each close's `closed_at_ms` minus the (first) deadline, ms, in no particular order.
+    pub since_ms: Vec<i64>,
+    /// Each close's lateness `closed_at_ms − deadline_ms` (its own deadline), ms, sorted.
+    pub lateness_ms: Vec<i64>,
+}
+
+impl Closes {
+    /// Reads the CLOSED daemon orders (`d-…`), `deadline_ms` being the first deadline.
+    ///
+    /// # Errors
+    /// The query fails.
+    pub(super) async fn read(db: &Db, deadline_ms: i64) -> anyhow::Result<Closes> {
+        let rows = db
+            .backend()
+            .query(
+                "SELECT closed_at_ms, closed_at_ms - deadline_ms FROM orders \
+                 WHERE id LIKE 'd-%' AND status = 'CLOSED'",
+            )
+            .fetch_all(db.pool())
+            .await?;
+        let mut closes = Closes {
+            since_ms: Vec::with_capacity(rows.len()),
+            lateness_ms: Vec::with_capacity(rows.len()),
+        };
+        for r in &rows {
+            closes.since_ms.push(r.try_get::<i64, _>(0)? - deadline_ms);
+            closes.lateness_ms.push(r.try_get::<i64, _>(1)?);
+        }
+        closes.lateness_ms.sort_unstable();
+        Ok(closes)
+    }
+}
+
+/// Reads the audit back from the database and puts the figures together.
 ///
 /// # Errors
 /// A query fails.
-pub(super) async fn collect(db: &Db, i: Inputs) -> anyhow::Result<Report> {
-    let backend = db.backend();
-    let mut lateness: Vec<i64> = backend
-        .query("SELECT closed_at_ms - deadline_ms FROM orders WHERE id LIKE 'd-%' AND status = 'CLOSED'")
-        .fetch_all(db.pool())
-        .await?
-        .iter()
-        .map(|r| r.try_get::<i64, _>(0))
-        .collect::<Result<_, _>>()?;
-    lateness.sort_unstable();
-    let late = Lateness::of(&lateness);
+pub(super) async fn collect(db: &Db, closes: &Closes, i: Inputs) -> anyhow::Result<Report> {
+    let late = Lateness::of(&closes.lateness_ms);
     let release = i.released.as_deref().map(Lateness::of);
     let releases_per_s = i
         .released
         .as_ref()
         .map(|r| r.len() as f64 * 1000.0 / r.last().copied().unwrap_or(0).max(1) as f64);
-    let last_close: Option<i64> = backend
-        .query("SELECT MAX(closed_at_ms) FROM orders WHERE id LIKE 'd-%'")
-        .fetch_one(db.pool())
-        .await?
-        .try_get(0)?;
-    let drain_ms = (last_close.unwrap_or(i.deadline_ms) - i.deadline_ms).max(1) as f64;
+    let drain_ms = closes.since_ms.iter().copied().max().unwrap_or(0).max(1) as f64;
     let closes_per_s = f64::from(i.orders) * 1000.0 / drain_ms;
     let sweep_query_ms = sweep_query_ms(db).await?;
     let audit = audit(db, &i).await?;

@@ -78,8 +78,7 @@ impl MessageListenerConcurrently for Recorder {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
         let mut released = self.released.lock().expect("not poisoned");
-        for m in messages {
-            let r = Received::of(m);
+        for r in Received::all(messages) {
             let decoded =
                 codec::decode(&r.body, r.keys.as_deref(), |k| r.properties.get(k).cloned());
             // A hop of a chain, released more than a second early to be re-sent towards its due

@@ -241,7 +241,7 @@ pub async fn claim_many(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    let token = format!("e{:016x}{:08x}", fastrand::u64(..), std::process::id());
+    let token = super::claim_token("e");
     {
         let _gate = db.write_gate().await;
         let mut q = db.backend().query_owned(format!(

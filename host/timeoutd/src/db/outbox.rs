@@ -62,7 +62,7 @@ pub async fn claim_due_with_sent(
 ) -> Result<Vec<DueRow>, DbError> {
     // i64::MIN: no SENT row qualifies (no broker configured).
     let sent_cutoff = sent_due_before_ms.unwrap_or(i64::MIN);
-    let token = format!("{:016x}{:08x}", fastrand::u64(..), std::process::id());
+    let token = super::claim_token("");
     claim(
         db,
         "SELECT id FROM order_timeout_msg WHERE ((status = 'PENDING' AND due_ms <= ?) \

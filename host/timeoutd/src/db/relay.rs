@@ -25,7 +25,7 @@ pub async fn claim_for_relay(
     batch: u32,
     lease_ms: i64,
 ) -> Result<(String, Vec<DueRow>), DbError> {
-    let token = format!("r{:016x}{:08x}", fastrand::u64(..), std::process::id());
+    let token = super::claim_token("r");
     let rows = outbox::claim(
         db,
         "SELECT id FROM order_timeout_msg WHERE status = 'PENDING' \
@@ -144,7 +144,7 @@ pub async fn claim_rows(
     let mut distinct = ids.to_vec();
     distinct.sort_unstable();
     distinct.dedup();
-    let token = format!("c{:016x}{:08x}", fastrand::u64(..), std::process::id());
+    let token = super::claim_token("c");
     let marks = super::orders::marks(distinct.len());
     let claimed = {
         let _gate = db.write_gate().await;

@@ -3,7 +3,8 @@
 //! group instead of per message — as the outbox timer's claimed batches do.
 //!
 //! The client hands each listener thread a batch of at most `rocketmq.consume_batch` messages,
-//! and under a timer burst those batches are often a message or two. Here the calls queue;
+//! and a timer burst released a few messages at a time makes those batches small. Here the
+//! calls queue;
 //! while `rocketmq.groups_in_flight` groups are being handled, the queue fills, and the next
 //! free slot takes everything queued (up to `rocketmq.group_commit` messages) as one group.
 //! An idle daemon handles a lone message at once: nothing waits for company (no linger timer).
@@ -21,7 +22,7 @@ use tokio::runtime::Handle;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::consumer::{Ack, TimeoutConsumer};
-use super::received::Received;
+use super::received::{Received, consume_blocking};
 
 /// One listener call waiting for its acknowledgements.
 struct Call {
@@ -116,15 +117,9 @@ impl MessageListenerConcurrently for Listener {
         messages: &[&MessageExt],
         _context: &ConsumeConcurrentlyContext,
     ) -> ClientResult<ConsumeConcurrentlyStatus> {
-        let received: Vec<Received> = messages.iter().map(|m| Received::of(m)).collect();
         let groups = self.groups.clone();
-        let later = self
-            .app
-            .block_on(async move { groups.handle(received).await == Ack::Later });
-        Ok(if later {
-            ConsumeConcurrentlyStatus::ReconsumeLater
-        } else {
-            ConsumeConcurrentlyStatus::ConsumeSuccess
+        consume_blocking(&self.app, messages, |received| async move {
+            groups.handle(received).await == Ack::Done
         })
     }
 }

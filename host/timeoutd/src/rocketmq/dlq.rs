@@ -10,7 +10,7 @@ use rocketmq_model::common::message::message_ext::MessageExt;
 use tokio::runtime::Handle;
 
 use super::codec;
-use super::received::Received;
+use super::received::{Received, consume_blocking};
 use crate::clock::Clock;
 use crate::db::journal::{self, DeadLetter};
 use crate::db::{Db, DbError};
@@ -82,9 +82,8 @@ impl MessageListenerConcurrently for DlqListener {
         messages: &[&MessageExt],
         _context: &ConsumeConcurrentlyContext,
     ) -> ClientResult<ConsumeConcurrentlyStatus> {
-        let received: Vec<Received> = messages.iter().map(|m| Received::of(m)).collect();
         let (db, clock) = (self.db.clone(), self.clock.clone());
-        let ok = self.app.block_on(async move {
+        consume_blocking(&self.app, messages, |received| async move {
             for r in &received {
                 if let Err(e) = record(&db, &clock, r).await {
                     tracing::warn!(error = %e, "DLQ message not recorded yet");
@@ -92,11 +91,6 @@ impl MessageListenerConcurrently for DlqListener {
                 }
             }
             true
-        });
-        Ok(if ok {
-            ConsumeConcurrentlyStatus::ConsumeSuccess
-        } else {
-            ConsumeConcurrentlyStatus::ReconsumeLater
         })
     }
 }

@@ -1,10 +1,15 @@
 //! A broker message as timeoutd handles it: copied out of the client's types once, so the
-//! consumer, the DLQ drain and the bench's watcher share one shape and one dead-letter payload.
+//! consumer, the DLQ drain and the bench's watcher share one shape and one dead-letter payload;
+//! and [`consume_blocking`], the one way a listener call hands its messages to the daemon's
+//! runtime.
 
 use std::collections::HashMap;
+use std::future::Future;
 
+use rocketmq_client_rust::{ClientResult, ConsumeConcurrentlyStatus};
 use rocketmq_model::common::message::message_ext::MessageExt;
 use serde_json::json;
+use tokio::runtime::Handle;
 
 /// The broker's property holding a message's unique client id.
 const UNIQ_KEY: &str = "UNIQ_KEY";
@@ -26,7 +31,32 @@ pub struct Received {
     pub reconsume_times: u32,
 }
 
+/// Runs `handle` over a listener call's messages on the daemon's runtime `app`, blocking the
+/// client's listener thread until it answers: `true` acknowledges the call
+/// (`ConsumeSuccess`), `false` has the broker deliver it again (`ReconsumeLater`).
+pub fn consume_blocking<F, Fut>(
+    app: &Handle,
+    messages: &[&MessageExt],
+    handle: F,
+) -> ClientResult<ConsumeConcurrentlyStatus>
+where
+    F: FnOnce(Vec<Received>) -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let done = app.block_on(handle(Received::all(messages)));
+    Ok(if done {
+        ConsumeConcurrentlyStatus::ConsumeSuccess
+    } else {
+        ConsumeConcurrentlyStatus::ReconsumeLater
+    })
+}
+
 impl Received {
+    /// Copies a listener call's messages.
+    pub fn all(messages: &[&MessageExt]) -> Vec<Received> {
+        messages.iter().map(|m| Received::of(m)).collect()
+    }
+
     /// Copies what timeoutd needs out of a client message.
     pub fn of(m: &MessageExt) -> Received {
         let properties: HashMap<String, String> = m
