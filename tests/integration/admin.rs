@@ -103,7 +103,6 @@ each_backend! {
         env.create(&order("future", "acme", env.db.now_ms().await.unwrap() + 600_000)).await;
         let daemon = Daemon::start(&admin_config(env, ACME), Clock::Database).await.unwrap();
         let api = Api::of(&daemon);
-        tokio::time::sleep(Duration::from_millis(300)).await;
         let (status, overdue) = api.call("GET", "/v1/orders/overdue", None).await;
         assert_eq!(status, 200);
         assert_eq!(overdue["orders"].as_array().unwrap().len(), 1, "{overdue}");
@@ -120,15 +119,25 @@ each_backend! {
         assert_eq!(timeline["order"]["status"], "CLOSED");
         assert_eq!(timeline["decisions"][0]["outcome"], "closed");
         assert_eq!(timeline["effects"].as_array().unwrap().len(), 5);
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let metrics = reqwest::get(format!("{}/metrics", api.base)).await.unwrap().text().await.unwrap();
-        for needle in [
+        // Names only: this process's recorder is shared by every test's daemon (values are
+        // checked on a daemon of its own, `e2e::a_daemons_metric_values_agree_with_its_rows…`).
+        // The gauges appear with the first backlog sample.
+        let needles = [
             "timeoutd_closes_total{source=\"manual\"}",
             "timeoutd_decisions_total{merchant=\"acme\",decision=\"cancel\"}",
             "timeoutd_plugin_decision_seconds_bucket",
             "timeoutd_overdue_open_orders{merchant=\"acme\"}",
             "timeoutd_dead_letters_open",
-        ] {
+        ];
+        let started = std::time::Instant::now();
+        let metrics = loop {
+            let page = reqwest::get(format!("{}/metrics", api.base)).await.unwrap().text().await.unwrap();
+            if needles.iter().all(|n| page.contains(n)) || started.elapsed() > Duration::from_secs(30) {
+                break page;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        for needle in needles {
             assert!(metrics.contains(needle), "{needle} missing from /metrics:\n{metrics}");
         }
         daemon.stop().await;
@@ -239,11 +248,138 @@ async fn sweep_is_retuned_at_run_time_and_bad_values_are_refused() {
     env.cleanup().await;
 }
 
-#[test]
-fn the_openapi_document_matches_the_routes() {
-    let doc: Value = serde_json::from_str(timeoutd::admin::OPENAPI).unwrap();
+each_backend! {
+    /// An effect the provider refuses for good ends FAILED; `/v1/ledger/failed` lists it,
+    /// `/v1/ledger/{id}/retry` puts it back with a fresh budget (409 for an effect the close
+    /// transaction applies, 404 for no row), and the executor completes it under its original
+    /// key once the provider accepts: the trade is closed once, after one refused request.
+    async fn a_failed_effect_is_listed_and_an_operators_retry_completes_it_once(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        let provider = crate::fakes::Provider::start().await;
+        let key = "acme/refused/0/3";
+        provider.books.lock().unwrap().answers.insert(key.into(), (400, serde_json::json!({ "error": "unknown reference" })));
+        let toml = format!(
+            "[admin]\nlisten = \"127.0.0.1:0\"\n[admin.tokens]\nops = \"{TOKEN}\"\n[sweep]\nenabled = false\n\
+             [runtime]\ndeadline = \"2s\"\n[payment]\nbase_url = \"{}\"\nattempts = 1\n[database]\nurl = \"{}\"\n{ACME}",
+            provider.base_url, env.url
+        );
+        let config = timeoutd::config::Config::from_toml(&toml, env.dir.path(), &|_| None).unwrap();
+        env.create(&order("refused", "acme", env.db.now_ms().await.unwrap() - 1_000)).await;
+        let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
+        let api = Api::of(&daemon);
+        let status = "SELECT MIN(status) FROM effect_ledger WHERE kind = 'close-payment' AND order_id = ?";
+        until(Duration::from_secs(30), "close-payment ends FAILED", || async { env.text(status, "refused").await == "FAILED" }).await;
+        let (code, failed) = api.call("GET", "/v1/ledger/failed", None).await;
+        assert_eq!(code, 200, "{failed}");
+        let listed = failed["effects"].as_array().unwrap();
+        assert_eq!(listed.len(), 1, "{failed}");
+        assert_eq!((listed[0]["kind"].as_str(), listed[0]["order_id"].as_str()), (Some("close-payment"), Some("refused")), "{failed}");
+        assert!(listed[0]["reason"].as_str().unwrap_or_default().contains("400"), "{failed}");
+        let id = listed[0]["id"].as_i64().unwrap();
+        let stock_row = env.int("SELECT id FROM effect_ledger WHERE kind = 'restore-stock' AND order_id = ?", "refused").await;
+        assert_eq!(api.call("POST", &format!("/v1/ledger/{stock_row}/retry"), None).await.0, 409, "applied in the close transaction");
+        assert_eq!(api.call("POST", "/v1/ledger/999999/retry", None).await.0, 404);
+        // The provider accepts the reference now; the operator retries.
+        provider.books.lock().unwrap().answers.remove(key);
+        let (code, answer) = api.call("POST", &format!("/v1/ledger/{id}/retry"), None).await;
+        assert_eq!((code, answer["retrying"].as_i64()), (200, Some(id)), "{answer}");
+        until(Duration::from_secs(30), "the retried effect completes", || async { env.text(status, "refused").await == "DONE" }).await;
+        assert_eq!(api.call("POST", &format!("/v1/ledger/{id}/retry"), None).await.0, 409, "DONE is not FAILED");
+        assert_eq!(api.call("GET", "/v1/ledger/failed", None).await.1["effects"].as_array().unwrap().len(), 0);
+        daemon.stop().await;
+        let books = provider.books.lock().unwrap();
+        assert_eq!(books.calls_for("close", "pay-refused"), 2, "one refused, one accepted: {:?}", books.calls);
+        assert_eq!(books.closes, vec![("pay-refused".to_string(), key.to_string())], "closed once, under the original key");
+    }
+}
+
+/// A plugin file swapped on disk: `/v1/plugins/reload` refuses a broken version (the old keeps
+/// serving and deciding) and takes a good one, whose digest `/v1/plugins` then shows and the
+/// next decision records. The served `/v1/openapi.json` documents exactly the routes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn plugins_reload_refusing_a_broken_file_and_the_served_openapi_lists_every_route() {
+    let env = Env::new(timeoutd::db::Backend::Sqlite).await;
+    env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+    let path = env.dir.path().join("swap.wasm");
+    std::fs::write(&path, timeoutd::policies::builtin("single-phase").unwrap()).unwrap();
+    let daemon = Daemon::start(
+        &admin_config(
+            &env,
+            &format!("[merchants.swap]\nplugin = \"{}\"\n", path.display()),
+        ),
+        Clock::Database,
+    )
+    .await
+    .unwrap();
+    let api = Api::of(&daemon);
+    let digest = |plugins: &Value| {
+        plugins["plugins"][0]["digest"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let old = digest(&api.call("GET", "/v1/plugins", None).await.1);
+    let decided_with = |id: &'static str| {
+        let env = &env;
+        async move {
+            until(Duration::from_secs(30), "the order closes", || async {
+                env.status(id).await == "CLOSED"
+            })
+            .await;
+            env.text(
+                "SELECT plugin_digest FROM decision_log WHERE order_id = ?",
+                id,
+            )
+            .await
+        }
+    };
+    std::fs::write(&path, b"not a component").unwrap();
+    let (code, report) = api.call("POST", "/v1/plugins/reload", None).await;
+    assert_eq!(code, 200, "{report}");
+    assert!(
+        report["plugins"][0]["refused"]
+            .as_str()
+            .is_some_and(|r| !r.is_empty()),
+        "{report}"
+    );
+    assert_eq!(
+        digest(&api.call("GET", "/v1/plugins", None).await.1),
+        old,
+        "the old version keeps serving"
+    );
+    env.create(&order(
+        "before",
+        "swap",
+        env.db.now_ms().await.unwrap() - 1_000,
+    ))
+    .await;
+    assert_eq!(decided_with("before").await, old);
+    std::fs::write(&path, crate::support::HOSTILE_WASM).unwrap();
+    let (code, report) = api.call("POST", "/v1/plugins/reload", None).await;
+    assert_eq!(
+        (code, report["plugins"][0]["changed"].as_bool()),
+        (200, Some(true)),
+        "{report}"
+    );
+    let new = digest(&api.call("GET", "/v1/plugins", None).await.1);
+    assert_ne!(new, old);
+    assert_eq!(report["plugins"][0]["digest"].as_str(), Some(new.as_str()));
+    env.create(&order(
+        "after",
+        "swap",
+        env.db.now_ms().await.unwrap() - 1_000,
+    ))
+    .await;
+    assert_eq!(
+        decided_with("after").await,
+        new,
+        "the next decision is the new version's"
+    );
+    // The document the daemon serves, not the compiled-in constant.
+    let (code, served) = api.call("GET", "/v1/openapi.json", None).await;
+    assert_eq!(code, 200, "{served}");
     let mut documented: Vec<(String, String)> = Vec::new();
-    for (path, ops) in doc["paths"].as_object().unwrap() {
+    for (path, ops) in served["paths"].as_object().unwrap() {
         for method in ops.as_object().unwrap().keys() {
             documented.push((method.clone(), path.clone()));
         }
@@ -254,43 +390,136 @@ fn the_openapi_document_matches_the_routes() {
         .map(|(m, p)| (m.to_string(), p.to_string()))
         .collect();
     routes.sort();
-    assert_eq!(documented, routes);
+    assert_eq!(
+        documented, routes,
+        "every served route documented, nothing documented that is not served"
+    );
+    daemon.stop().await;
+    env.cleanup().await;
+}
+
+/// `(rule, status)` of every alert notice the receiver got, in order.
+fn notices(receiver: &crate::fakes::Receiver) -> Vec<(String, String)> {
+    receiver
+        .received
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, body)| {
+            (
+                body["rule"].as_str().unwrap().to_string(),
+                body["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// When the daemon last sampled its backlog (and evaluated its alert rules), epoch ms.
+async fn sampled_at(api: &Api) -> i64 {
+    let (code, backlog) = api.call("GET", "/v1/backlog", None).await;
+    assert_eq!(code, 200, "{backlog}");
+    backlog["sampled_at_ms"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no sampled_at_ms: {backlog}"))
+}
+
+/// Polls `check` every 50 ms until it holds, for at most `limit`.
+async fn until<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = std::time::Instant::now();
+    while !check().await {
+        assert!(started.elapsed() < limit, "after {limit:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 each_backend! {
-    /// An alert fires once while its rule holds and resolves once when it stops holding.
-    async fn alert_rules_fire_once_and_resolve_once(env) {
+    /// Each alert signal fires once while its condition holds and resolves once when it stops
+    /// holding — open dead letters, a ledger effect no executor runs, an outbox row held by a
+    /// dead daemon's lease, a tripped plugin — and a rule with `for = "1h"` never fires. "Once"
+    /// is checked over ten more evaluations after the last change (`sampled_at_ms`).
+    async fn each_alert_signal_fires_once_and_resolves_once(env) {
         env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
         let receiver = crate::fakes::Receiver::start().await;
+        let rules = [
+            ("dead-letters", "dead_letters_open", ""),
+            ("overdue-for-an-hour", "overdue_open_orders", "for = \"1h\"\n"),
+            ("ledger-stuck", "ledger_oldest_pending_seconds", ""),
+            ("outbox-stuck", "outbox_oldest_due_seconds", ""),
+            ("plugin-tripped", "plugins_tripped", ""),
+        ]
+        .iter()
+        .map(|(name, signal, extra)| format!("[[alerts.rules]]\nname = \"{name}\"\nsignal = \"{signal}\"\nabove = 0\n{extra}"))
+        .collect::<String>();
+        let hostile = env.hostile_wasm();
         let config = timeoutd::config::Config::from_toml(
             &format!(
-                "[database]\nurl = \"{}\"\n[alerts]\nwebhook = \"{}\"\ninterval = \"100ms\"\n\
-                 [[alerts.rules]]\nname = \"dead-letters\"\nsignal = \"dead_letters_open\"\nabove = 0\n\
-                 [[alerts.rules]]\nname = \"overdue-for-an-hour\"\nsignal = \"overdue_open_orders\"\nabove = 0\nfor = \"1h\"\n{ACME}",
-                env.url, receiver.url
+                "[database]\nurl = \"{}\"\n[admin]\nlisten = \"127.0.0.1:0\"\nsample_interval = \"100ms\"\n[admin.tokens]\nops = \"{TOKEN}\"\n\
+                 [sweep]\nenabled = false\n[runtime]\ndeadline = \"2s\"\ntrip_after = 1\ntrip_for = \"4s\"\n[dispatch]\nmax_attempts = 100\n\
+                 [alerts]\nwebhook = \"{}\"\ninterval = \"100ms\"\n{rules}{ACME}\
+                 [merchants.evil]\nplugin = \"{}\"\n[merchants.evil.settings]\nmode = \"panic\"\n",
+                env.url, receiver.url, hostile.display()
             ),
             env.dir.path(),
             &|_| None,
         )
         .unwrap();
-        let past = env.db.now_ms().await.unwrap() - 1_000;
-        env.create(&order("unowned", "nobody", past)).await;
+        let now = env.db.now_ms().await.unwrap();
+        // No plugin for `nobody`: dead-lettered. acme's close leaves its close-payment PENDING (no
+        // [payment]). `held`'s row is leased by a daemon that died. evil's plugin panics: tripped
+        // (and retried, never dead-lettered: max_attempts 100).
+        env.create(&order("unowned", "nobody", now - 1_000)).await;
+        env.create(&order("closes", "acme", now - 1_000)).await;
+        env.create(&order("held", "acme", now - 1_000)).await;
+        env.create(&order("trips", "evil", now - 1_000)).await;
+        env.db
+            .backend()
+            .query("UPDATE order_timeout_msg SET claim_token = 'dead-daemon', claim_until_ms = ? WHERE order_id = ?")
+            .bind(now + 3_600_000)
+            .bind("held")
+            .execute(env.db.pool())
+            .await
+            .unwrap();
         let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(1_500)).await;
-        env.db.backend().query("UPDATE dead_letter SET status = 'DISMISSED'").execute(env.db.pool()).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(800)).await;
+        let api = Api::of(&daemon);
+        let firing = |rule: &str| (rule.to_string(), "firing".to_string());
+        let resolved = |rule: &str| (rule.to_string(), "resolved".to_string());
+        let live = ["dead-letters", "ledger-stuck", "outbox-stuck", "plugin-tripped"];
+        // The tripped plugin's order is paid as soon as the trip is reported: when the trip
+        // lapses (4 s), the retry finds nothing to decide, so it does not trip again.
+        until(Duration::from_secs(30), "the tripped plugin is reported", || async { notices(&receiver).contains(&firing("plugin-tripped")) }).await;
+        assert!(env.pay("trips", now).await);
+        until(Duration::from_secs(30), "every live rule fires", || async {
+            let n = notices(&receiver);
+            live.iter().all(|r| n.contains(&firing(r)))
+        })
+        .await;
+        // The other conditions end: the dead letter is dismissed, the dead daemon's lease
+        // cleared (its row then closes `held`), and the effects no executor runs finished by hand.
+        let exec = |sql: &'static str, id: &'static str| async move {
+            env.db.backend().query(sql).bind(id).execute(env.db.pool()).await.unwrap();
+        };
+        exec("UPDATE dead_letter SET status = 'DISMISSED' WHERE order_id = ?", "unowned").await;
+        exec("UPDATE order_timeout_msg SET claim_token = NULL, claim_until_ms = NULL WHERE order_id = ?", "held").await;
+        until(Duration::from_secs(30), "the released row closes its order", || async { env.status("held").await == "CLOSED" }).await;
+        exec("UPDATE effect_ledger SET status = 'DONE' WHERE status = ?", "PENDING").await;
+        until(Duration::from_secs(30), "every live rule resolves", || async {
+            let n = notices(&receiver);
+            live.iter().all(|r| n.contains(&resolved(r)))
+        })
+        .await;
+        let last_change = sampled_at(&api).await;
+        until(Duration::from_secs(30), "ten more evaluations", || async { sampled_at(&api).await >= last_change + 1_000 }).await;
         daemon.stop().await;
-        let notices: Vec<(String, String)> = receiver
-            .received
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(_, body)| (body["rule"].as_str().unwrap().to_string(), body["status"].as_str().unwrap().to_string()))
-            .collect();
-        assert_eq!(notices, vec![
-            ("dead-letters".to_string(), "firing".to_string()),
-            ("dead-letters".to_string(), "resolved".to_string()),
-        ]);
+        let got = notices(&receiver);
+        for rule in live {
+            let mine: Vec<_> = got.iter().filter(|(r, _)| r == rule).cloned().collect();
+            assert_eq!(mine, vec![firing(rule), resolved(rule)], "{rule}: {got:?}");
+        }
+        assert!(!got.iter().any(|(r, _)| r == "overdue-for-an-hour"), "`for` holds it back: {got:?}");
     }
 }
 

@@ -146,6 +146,257 @@ fn validate_lists_every_problem_and_exits_64() {
     );
 }
 
+/// The value of the sample `series` (name and labels exactly as exported) in a Prometheus text
+/// page; 0 when absent.
+fn metric(page: &str, series: &str) -> f64 {
+    page.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0.0)
+}
+
+/// A daemon in its own process (so its metrics recorder counts only its own work) serves
+/// metric values that agree with what it wrote: closes, their lateness (count, and a sum equal
+/// to `closed_at_ms − deadline_ms` over the closed orders), decisions, triggers, dead letters,
+/// effects by outcome, and the backlog gauges. SIGINT stops it like SIGTERM: exit 0, drained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemons_metric_values_agree_with_its_rows_and_sigint_stops_it() {
+    let env = Env::new(Backend::Sqlite).await;
+    env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let file = env.dir.path().join("metrics.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[database]\nurl = \"{}\"\n[admin]\nlisten = \"127.0.0.1:{port}\"\nsample_interval = \"100ms\"\n\
+             [admin.tokens]\nops = \"metrics-token-0123456789\"\n[runtime]\ndeadline = \"2s\"\n\
+             [merchants.acme]\nplugin = \"builtin:single-phase\"\n",
+            env.url
+        ),
+    )
+    .unwrap();
+    let now = env.db.now_ms().await.unwrap();
+    for i in 0..4 {
+        env.create(&crate::support::order(
+            &format!("m{i}"),
+            "acme",
+            now + 1_500,
+        ))
+        .await;
+    }
+    env.create(&crate::support::order("ghost", "nobody", now - 1_000))
+        .await;
+    env.create(&crate::support::order("paid", "acme", now + 600_000))
+        .await;
+    assert!(env.pay("paid", now).await);
+    let log = env.dir.path().join("timeoutd.log");
+    let mut daemon = tokio::process::Command::new(timeoutd_bin())
+        .args(["run", "--config"])
+        .arg(&file)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let started = std::time::Instant::now();
+    let page = loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "orders not closed, or no sample; log:\n{}",
+            read()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let closed = env
+            .int("SELECT COUNT(*) FROM orders WHERE status = ?", "CLOSED")
+            .await;
+        if closed < 4 {
+            continue;
+        }
+        let Ok(response) = reqwest::get(&url).await else {
+            continue;
+        };
+        let page = response.text().await.unwrap();
+        // A backlog sample taken after the last close's commit (its close-payment rows wait,
+        // with no [payment]) and the dead letter.
+        if metric(&page, "timeoutd_dead_letters_open") == 1.0
+            && metric(&page, "timeoutd_ledger_pending") == 4.0
+        {
+            break page;
+        }
+    };
+    let lateness_ms: i64 = {
+        let mut sum = 0;
+        for i in 0..4 {
+            let id = format!("m{i}");
+            sum += env
+                .int(
+                    "SELECT closed_at_ms - deadline_ms FROM orders WHERE id = ?",
+                    &id,
+                )
+                .await;
+        }
+        sum
+    };
+    let expect = [
+        ("timeoutd_closes_total{source=\"outbox\"}", 4.0),
+        (
+            "timeoutd_close_lateness_seconds_count{source=\"outbox\"}",
+            4.0,
+        ),
+        (
+            "timeoutd_decisions_total{merchant=\"acme\",decision=\"cancel\"}",
+            4.0,
+        ),
+        ("timeoutd_triggers_total{source=\"outbox\"}", 5.0),
+        ("timeoutd_dead_letters_total{source=\"outbox\"}", 1.0),
+        ("timeoutd_dead_letters_open", 1.0),
+        ("timeoutd_overdue_open_orders{merchant=\"acme\"}", 0.0),
+    ];
+    let wrong: Vec<String> = expect
+        .iter()
+        .filter(|(series, want)| metric(&page, series) != *want)
+        .map(|(series, want)| format!("{series} = {} (want {want})", metric(&page, series)))
+        .collect();
+    assert!(wrong.is_empty(), "{wrong:?}\n{page}");
+    let sum = metric(
+        &page,
+        "timeoutd_close_lateness_seconds_sum{source=\"outbox\"}",
+    );
+    assert!(
+        (sum - lateness_ms as f64 / 1e3).abs() < 0.005,
+        "lateness sum {sum} s, rows say {lateness_ms} ms"
+    );
+    // Notices (channel `log`) are carried out; close-payment, with no [payment], waits.
+    let notified = env
+        .int(
+            "SELECT COUNT(*) FROM effect_ledger WHERE status = 'DONE' AND kind = ?",
+            "notify",
+        )
+        .await;
+    assert_eq!(notified, 4);
+    assert_eq!(
+        metric(
+            &page,
+            "timeoutd_effects_total{kind=\"notify\",outcome=\"done\"}"
+        ),
+        4.0,
+        "{page}"
+    );
+    let pending = env
+        .int(
+            "SELECT COUNT(*) FROM effect_ledger WHERE status = ?",
+            "PENDING",
+        )
+        .await;
+    assert_eq!(
+        pending, 4,
+        "one close-payment per closed order, as the gauge said"
+    );
+    let pid = daemon.id().unwrap();
+    let _ = Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status();
+    let exit = tokio::time::timeout(Duration::from_secs(5), daemon.wait())
+        .await
+        .expect("stopped within 5 s of SIGINT")
+        .unwrap();
+    assert!(exit.success(), "exit {exit:?}; log:\n{}", read());
+    assert!(read().contains("timeoutd stopped"), "{}", read());
+    env.cleanup().await;
+}
+
+/// The README's main job, `timeoutd demo`, on the embedded default: exit 0, and its report's
+/// conservation figures agree with the rows of the SQLite database it leaves (counted here
+/// independently): every order PAID or CLOSED, none closed early, stock and coupons exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_reports_figures_its_database_agrees_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("demo");
+    let out = tokio::process::Command::new(timeoutd_bin())
+        .args(["demo", "--orders", "200", "--json", "--data-dir"])
+        .arg(&data)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let db = timeoutd::db::Db::connect(
+        &format!("sqlite://{}", data.join("timeoutd.db").display()),
+        1,
+    )
+    .await
+    .unwrap();
+    let count = |sql: &'static str| {
+        let db = db.clone();
+        async move {
+            let row = db.backend().query(sql).fetch_one(db.pool()).await.unwrap();
+            sqlx::Row::try_get::<Option<i64>, _>(&row, 0)
+                .unwrap()
+                .unwrap_or(0)
+        }
+    };
+    let orders = count("SELECT COUNT(*) FROM orders").await;
+    let paid = count("SELECT COUNT(*) FROM orders WHERE status = 'PAID'").await;
+    let closed = count("SELECT COUNT(*) FROM orders WHERE status = 'CLOSED'").await;
+    let early =
+        count("SELECT COUNT(*) FROM orders WHERE status = 'CLOSED' AND closed_at_ms < deadline_ms")
+            .await;
+    let available = count("SELECT SUM(available) FROM sku_stock").await;
+    let held = count(
+        "SELECT SUM(i.quantity) FROM order_items i JOIN orders o ON o.id = i.order_id WHERE o.status = 'PAID'",
+    )
+    .await;
+    let locked = count("SELECT COUNT(*) FROM coupons WHERE status = 'LOCKED'").await;
+    let closes = count("SELECT COUNT(*) FROM decision_log WHERE outcome = 'closed'").await;
+    db.close().await;
+    assert_eq!(
+        (orders, paid + closed, early, locked),
+        (200, 200, 0, 0),
+        "{report}"
+    );
+    assert_eq!(closes, closed, "each order closed once");
+    assert_eq!(report["orders"], orders);
+    assert_eq!(report["paid"], paid);
+    assert_eq!(report["closed"], closed);
+    assert_eq!(report["open"], 0);
+    assert_eq!(report["closed_before_deadline"], early);
+    assert_eq!(report["final_stock_units"], available);
+    assert_eq!(report["paid_units"], held);
+    assert_eq!(
+        report["initial_stock_units"].as_i64().unwrap(),
+        available + held,
+        "stock conserved"
+    );
+    assert_eq!(
+        (
+            report["duplicate_restores"].as_i64(),
+            report["coupons_locked"].as_i64(),
+            report["dead_letters"].as_i64()
+        ),
+        (Some(0), Some(0), Some(0))
+    );
+    assert!(
+        stdout.contains("stock:") && !stdout.contains("VIOLATED"),
+        "{stdout}"
+    );
+}
+
 /// CPU time (user + system) of process `pid` so far, from `/proc/<pid>/stat`, in seconds.
 fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();

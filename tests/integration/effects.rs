@@ -2,6 +2,7 @@
 //! webhook receiver — on SQLite, MariaDB and PostgreSQL.
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use redis::AsyncCommands;
 use timeoutd::clock::Clock;
@@ -120,7 +121,7 @@ each_backend! {
         env.create(&order("callback", "acme", T0)).await;
         let provider = Provider::start().await;
         provider.books.lock().unwrap().paid.insert("pay-late-pay".into());
-        let config = env.config(SHOPS, &pay_config(&provider, "[http]\nlisten = \"127.0.0.1:0\"\n"));
+        let config = env.config(SHOPS, &pay_config(&provider, "[http]\nlisten = \"127.0.0.1:0\"\ncallback_token = \"cb-secret\"\n"));
         let (clock, _) = Clock::manual(T0);
         let d = env.dispatcher(&config, clock.clone()).await;
         assert_eq!(env.process(&d, T0).await.len(), 2);
@@ -144,7 +145,14 @@ each_backend! {
         let state = timeoutd::http::HttpState::new(env.db.clone(), runner, &config);
         let server = tokio::spawn(timeoutd::http::serve(listener, state, stopped));
         let client = reqwest::Client::new();
-        let post = |order: &str| client.post(format!("http://{addr}/v1/payments/{order}/paid")).send();
+        let post = |order: &str| client.post(format!("http://{addr}/v1/payments/{order}/paid")).bearer_auth("cb-secret").send();
+        // `http.callback_token`: a callback without it, or with another, is refused and recorded
+        // nowhere.
+        let anonymous = client.post(format!("http://{addr}/v1/payments/callback/paid")).send().await.unwrap();
+        assert_eq!(anonymous.status(), 401);
+        let forged = client.post(format!("http://{addr}/v1/payments/callback/paid")).bearer_auth("guess").send().await.unwrap();
+        assert_eq!(forged.status(), 401);
+        assert_eq!(env.int("SELECT COUNT(*) FROM paid_after_close WHERE order_id = ?", "callback").await, 0);
         let again = post("late-pay").await.unwrap();
         assert_eq!(again.status(), 202);
         assert_eq!(again.json::<serde_json::Value>().await.unwrap()["new"], false);
@@ -204,6 +212,54 @@ each_backend! {
         assert_eq!(books.closes, vec![("pay-outage".to_string(), "acme/outage/0/3".to_string())]);
         assert_eq!(books.requests, 6, "5 answered 503, then one close");
     }
+}
+
+/// `[payment]`'s `timeout` and `idempotency_header` are honoured: a request that hangs past the
+/// timeout is abandoned and tried again within the same execution (`attempts`), carrying the
+/// effect's key in the configured header; the provider closes the trade once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn payment_requests_time_out_and_carry_the_key_in_the_configured_header() {
+    let env = Env::new(timeoutd::db::Backend::Sqlite).await;
+    env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+    env.create(&order("hung", "acme", T0)).await;
+    let provider = Provider::start().await;
+    {
+        let mut books = provider.books.lock().unwrap();
+        books.key_header = Some("x-request-id".into());
+        books.hang_for = 1;
+    }
+    let config = env.config(
+        SHOPS,
+        &pay_config(&provider, "").replace(
+            "attempts = 3\n",
+            "attempts = 3\ntimeout = \"500ms\"\nidempotency_header = \"X-Request-Id\"\n",
+        ),
+    );
+    let (clock, _) = Clock::manual(T0);
+    let d = env.dispatcher(&config, clock).await;
+    let started = std::time::Instant::now();
+    assert_eq!(
+        env.process(&d, T0).await,
+        vec![Outcome::Closed { lateness_ms: 0 }]
+    );
+    let status = "SELECT status FROM effect_ledger WHERE kind = 'close-payment' AND order_id = ?";
+    assert_eq!(env.text(status, "hung").await, "DONE");
+    {
+        let books = provider.books.lock().unwrap();
+        // The hung request is recorded when it wakes (3 s later): only the retry is in by now.
+        assert!(
+            books.calls_for("close", "pay-hung") >= 1 && started.elapsed() < Duration::from_secs(3),
+            "the hung request was not abandoned after the 500 ms timeout: {:?} after {:?}",
+            books.calls,
+            started.elapsed()
+        );
+        assert_eq!(
+            books.closes,
+            vec![("pay-hung".to_string(), "acme/hung/0/3".to_string())],
+            "the key came in X-Request-Id (the provider refuses a request without it)"
+        );
+    }
+    env.cleanup().await;
 }
 
 each_backend! {
@@ -372,11 +428,14 @@ async fn redis_cluster_routes_effect_and_marker_to_one_slot() {
     let flash = timeoutd::effects::FlashSale::connect(&config)
         .await
         .unwrap();
+    let client = redis::cluster::ClusterClient::new(cluster.urls.clone()).unwrap();
+    let mut conn = client.get_async_connection().await.unwrap();
     let mut activities = Vec::new();
     for n in 0..8 {
-        // Eight activities spread over the cluster's slots.
+        // Eight activities spread over the cluster's slots, each with two buyers holding slots.
         let stock_key = format!("activity:{{act-{n}}}:stock");
         let users_key = format!("activity:{{act-{n}}}:users");
+        let _: () = conn.sadd(&users_key, &["u", "other"]).await.unwrap();
         assert_eq!(
             flash
                 .restore_stock(&stock_key, 3, &format!("m/o{n}/0/0"))
@@ -399,12 +458,27 @@ async fn redis_cluster_routes_effect_and_marker_to_one_slot() {
                 .unwrap(),
             None
         );
-        activities.push(stock_key);
+        // A replayed release is refused by its marker even after the buyer bought again.
+        let _: () = conn.sadd(&users_key, "u").await.unwrap();
+        assert!(
+            flash
+                .release_slot(&users_key, "u", &format!("m/o{n}/0/1"))
+                .await
+                .unwrap()
+                .is_some(),
+            "replayed release refused"
+        );
+        let _: () = conn.srem(&users_key, "u").await.unwrap();
+        activities.push((stock_key, users_key));
     }
-    let client = redis::cluster::ClusterClient::new(cluster.urls.clone()).unwrap();
-    let mut conn = client.get_async_connection().await.unwrap();
-    for key in activities {
-        let stock: i64 = conn.get(&key).await.unwrap();
-        assert_eq!(stock, 3, "{key}");
+    for (stock_key, users_key) in activities {
+        let stock: i64 = conn.get(&stock_key).await.unwrap();
+        assert_eq!(stock, 3, "{stock_key}: restored once");
+        let users: Vec<String> = conn.smembers(&users_key).await.unwrap();
+        assert_eq!(
+            users,
+            vec!["other".to_string()],
+            "{users_key}: only the closed order's buyer freed"
+        );
     }
 }

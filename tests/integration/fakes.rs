@@ -1,5 +1,5 @@
 //! Small real servers on loopback that behave like the services timeoutd talks to: a payment
-//! provider (idempotency keys honoured, "already paid" and 503s on demand) and a webhook
+//! provider (idempotency keys honoured, "already paid", 503s and hangs on demand) and a webhook
 //! receiver.
 
 use std::collections::{HashMap, HashSet};
@@ -30,6 +30,10 @@ pub struct Books {
     /// Every request, including repeats and 503s, in order: `(action, ref, key)` (key empty
     /// when missing). "Once" is counted here, not in the distinct lists above.
     pub calls: Vec<(String, String, String)>,
+    /// The header the idempotency key must come in (`Idempotency-Key` when unset).
+    pub key_header: Option<String>,
+    /// The next this-many calls hang for 3 s before they are answered.
+    pub hang_for: u32,
 }
 
 impl Books {
@@ -71,10 +75,23 @@ async fn pay_action(
     Path((reference, action)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> (StatusCode, Json<Value>) {
+    let hang = {
+        let mut b = books.lock().unwrap();
+        let hang = b.hang_for > 0;
+        b.hang_for = b.hang_for.saturating_sub(1);
+        hang
+    };
+    if hang {
+        tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    }
     let mut b = books.lock().unwrap();
+    let key_header = b
+        .key_header
+        .clone()
+        .unwrap_or_else(|| "idempotency-key".to_string());
     b.requests += 1;
     let call_key = headers
-        .get("idempotency-key")
+        .get(key_header.as_str())
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_string();
@@ -87,7 +104,7 @@ async fn pay_action(
         );
     }
     let Some(key) = headers
-        .get("idempotency-key")
+        .get(key_header.as_str())
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
     else {

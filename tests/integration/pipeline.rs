@@ -97,10 +97,14 @@ each_backend! {
     /// F12: a payment commits between the host's read and its compare-and-set.
     async fn payment_committed_between_read_and_close_leaves_no_effect(env) {
         env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
-        env.create(&order("race", "acme", T0)).await;
+        // A merchant of this run alone, so its decision counter counts only this order.
+        let merchant = format!("f12-{:08x}", fastrand::u32(..));
+        env.create(&order("race", &merchant, T0)).await;
         let (clock, _) = Clock::manual(T0 + 10);
-        let d = env.dispatcher(&env.config(SINGLE, ""), clock).await;
+        let d = env.dispatcher(&env.config(&[(merchant.as_str(), "builtin:single-phase", &[])], ""), clock).await;
         let trigger = env.claim(T0 + 10).await.remove(0);
+        let decided = format!("timeoutd_decisions_total{{merchant=\"{merchant}\",decision=\"cancel\"}} ");
+        let recorder = timeoutd::events::metrics_handle();
         // The payment is under way (row locked, not committed) while the host reads and decides.
         let mut payment = env.db.begin().await.unwrap();
         env.db.backend().query("UPDATE orders SET status = 'PAID', paid_at_ms = ? WHERE id = 'race' AND status = 'PENDING'")
@@ -109,7 +113,13 @@ each_backend! {
             .await
             .unwrap();
         let handling = tokio::spawn(async move { d.handle(&trigger).await });
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // The host has read the order (PENDING) and its plugin decided to cancel: commit the
+        // payment now, before (or while it waits on the lock for) the compare-and-set.
+        let started = std::time::Instant::now();
+        while !recorder.render().lines().any(|l| l.starts_with(&decided)) {
+            assert!(started.elapsed() < Duration::from_secs(30), "the plugin never decided");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         payment.commit().await.unwrap();
         let outcome = handling.await.unwrap();
         assert!(matches!(outcome, Outcome::NoOp { .. }), "{outcome:?}");
@@ -207,6 +217,43 @@ each_backend! {
         assert_eq!(env.text("SELECT payload FROM effect_ledger WHERE kind = 'restore-flash-stock' AND order_id = ?", "fs1").await, r#"{"kind":"restore-flash-stock","activity":"act-1","quantity":3}"#);
         assert_eq!(env.text("SELECT status FROM effect_ledger WHERE kind = 'release-flash-slot' AND order_id = ?", "fs1").await, "PENDING");
         assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE kind = 'remind' AND order_id = ?", "fs1").await, 1, "one reminder");
+    }
+}
+
+each_backend! {
+    /// F4: a reminder phase's trigger is lost. One order's phase-0 row never arrives; another
+    /// is reminded, then its close-phase row is lost. The sweep re-arms both (its rows say
+    /// `source = sweep`), and each closes once, releasing everything: the missed reminder is
+    /// tolerated (not sent after the close), the sent one is not sent again.
+    async fn a_lost_reminder_phase_trigger_is_swept_and_the_close_still_happens_once(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&order("unreminded", "flashy", T0)).await;
+        env.create(&order("reminded", "flashy", T0)).await;
+        let config = env.config(&[("flashy", "builtin:two-phase", &[("grace", "5m")])], "[sweep]\ngrace = \"10s\"\n");
+        let delete = "DELETE FROM order_timeout_msg WHERE order_id = ? AND phase >= 0";
+        env.db.backend().query(delete).bind("unreminded").execute(env.db.pool()).await.unwrap();
+        let (clock, now) = Clock::manual(T0 + 200);
+        let d = env.dispatcher(&config, clock.clone()).await;
+        let five_min = 5 * 60_000;
+        assert_eq!(env.process(&d, T0 + 200).await, vec![Outcome::Waiting { next_phase: 1, due_ms: T0 + five_min }]);
+        env.db.backend().query("DELETE FROM order_timeout_msg WHERE order_id = ? AND phase = 1").bind("reminded").execute(env.db.pool()).await.unwrap();
+        let late = T0 + five_min + 11_000;
+        now.store(late, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(sweep::sweep_once(&env.db, &clock, &config.sweep).await.unwrap().rearmed, 2);
+        for id in ["unreminded", "reminded"] {
+            assert_eq!(env.text("SELECT source FROM order_timeout_msg WHERE status = 'PENDING' AND order_id = ?", id).await, "sweep", "{id}");
+        }
+        let outcomes = env.process(&d, late).await;
+        assert_eq!(outcomes.len(), 2, "{outcomes:?}");
+        assert!(outcomes.iter().all(|o| matches!(o, Outcome::Closed { .. })), "{outcomes:?}");
+        for (id, reminders) in [("unreminded", 0), ("reminded", 1)] {
+            assert_eq!(env.status(id).await, "CLOSED");
+            assert_eq!(env.text("SELECT closed_by FROM orders WHERE id = ?", id).await, "sweep");
+            assert_eq!(env.int("SELECT COUNT(*) FROM decision_log WHERE outcome = 'closed' AND order_id = ?", id).await, 1);
+            assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE kind = 'remind' AND order_id = ?", id).await, reminders, "{id}");
+            assert_eq!(env.coupon(&format!("cpn-{id}")).await, "AVAILABLE");
+        }
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (10, 10));
     }
 }
 

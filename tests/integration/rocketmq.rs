@@ -1,5 +1,5 @@
 //! The RocketMQ transport against the real broker (`scripts/rocketmq start`, name server at
-//! `$TIMEOUTD_ROCKETMQ_NAMESRV`, default 127.0.0.1:19876), MariaDB and SQLite.
+//! `$TIMEOUTD_ROCKETMQ_NAMESRV`, default 127.0.0.1:19876), on SQLite, MariaDB and PostgreSQL.
 //!
 //! Broker tests take one process-wide lock: one of them stops the broker for 30 s. Each test
 //! uses its own topic and groups (the broker auto-creates them), so nothing leaks between runs.
@@ -119,20 +119,22 @@ async fn without_rows(env: &Env) {
         .unwrap();
 }
 
-/// A counter of the daemon's metrics by its `outcome` label, read from this process's metrics
+/// A counter of the daemon's metrics by its one label, read from this process's metrics
 /// recorder (installed on first use): `timeoutd_broker_messages_total` (handled, duplicate,
-/// busy, …) or `timeoutd_relay_total` (sent, failed).
+/// busy, …), `timeoutd_relay_total` (sent, failed), `timeoutd_arms_total` (committed, …) or
+/// `timeoutd_check_backs_total` (by verdict).
 #[derive(Debug)]
 struct Outcomes(HashMap<String, u64>);
 
 impl Outcomes {
     fn of(counter: &str) -> Outcomes {
-        let prefix = format!("{counter}{{outcome=\"");
+        let prefix = format!("{counter}{{");
         let text = timeoutd::events::metrics_handle().render();
         Outcomes(
             text.lines()
                 .filter_map(|l| l.strip_prefix(prefix.as_str()))
                 .filter_map(|rest| {
+                    let (_label, rest) = rest.split_once("=\"")?;
                     let (outcome, value) = rest.split_once("\"} ")?;
                     Some((
                         outcome.to_string(),
@@ -171,7 +173,7 @@ async fn closes(env: &Env, id: &str) -> i64 {
     .await
 }
 
-/// Runs `$body` on SQLite and MariaDB with the broker lock held.
+/// Runs `$body` on SQLite, MariaDB and PostgreSQL with the broker lock held.
 macro_rules! with_broker {
     (async fn $name:ident($env:ident) $body:block) => {
         mod $name {
@@ -189,6 +191,13 @@ macro_rules! with_broker {
             async fn mariadb() {
                 let _broker = super::broker().await;
                 let env = crate::support::Env::new(timeoutd::db::Backend::MySql).await;
+                run(&env).await;
+                env.cleanup().await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                let _broker = super::broker().await;
+                let env = crate::support::Env::new(timeoutd::db::Backend::Postgres).await;
                 run(&env).await;
                 env.cleanup().await;
             }
@@ -611,6 +620,13 @@ with_broker!(
         .await;
         let closed_at = env.int("SELECT closed_at_ms FROM orders WHERE id = ?", "arm-1").await;
         assert!(closed_at >= deadline, "closed {} ms early", deadline - closed_at);
+        // The armed row went through the broker: relayed, and closed by its message, not by the
+        // outbox timer 20 s late.
+        assert_eq!(
+            env.text("SELECT closed_by FROM orders WHERE id = ?", "arm-1").await,
+            "delay-message"
+        );
+        assert_eq!(closes(env, "arm-1").await, 1);
         daemon.stop().await;
     }
 );
@@ -632,33 +648,7 @@ with_broker!(
             Clock::Database,
             policies,
         );
-        let snapshot = || async {
-            let mut v = Vec::new();
-            for table in ["order_timeout_msg", "effect_ledger", "decision_log", "dead_letter"] {
-                let sql: &'static str = match table {
-                    "order_timeout_msg" => "SELECT COUNT(*) FROM order_timeout_msg WHERE ? = ?",
-                    "effect_ledger" => "SELECT COUNT(*) FROM effect_ledger WHERE ? = ?",
-                    "decision_log" => "SELECT COUNT(*) FROM decision_log WHERE ? = ?",
-                    _ => "SELECT COUNT(*) FROM dead_letter WHERE ? = ?",
-                };
-                let row = env
-                    .db
-                    .backend()
-                    .query(sql)
-                    .bind(1i64)
-                    .bind(1i64)
-                    .fetch_one(env.db.pool())
-                    .await
-                    .unwrap();
-                v.push(sqlx::Row::try_get::<i64, _>(&row, 0).unwrap());
-            }
-            for id in ["due-1", "later-1", "paid-1"] {
-                v.push(env.status(id).await.len() as i64);
-            }
-            v.push(env.stock("sku-a").await);
-            v
-        };
-        let before = snapshot().await;
+        let before = env.dump().await;
         assert_eq!(listener.check_back("due-1", 1).await, CheckVerdict::Commit);
         assert_eq!(listener.check_back("missing", 1).await, CheckVerdict::Rollback);
         assert_eq!(listener.check_back("paid-1", 1).await, CheckVerdict::Rollback);
@@ -669,7 +659,7 @@ with_broker!(
             let v = listener.check_back("later-1", n).await;
             assert!(v == CheckVerdict::Unknown || v == CheckVerdict::Commit);
         }
-        assert_eq!(snapshot().await, before, "check-backs wrote nothing");
+        assert_eq!(env.dump().await, before, "check-backs wrote nothing");
 
         // A real check-back from the broker: the local transaction answers unknown, the broker
         // asks the producer group, the database says commit, and the committed message arms
@@ -732,6 +722,179 @@ impl rocketmq_client_rust::TransactionListener for UnknownFirst {
         self.0.check_local_transaction(msg)
     }
 }
+
+/// A producer of its own transaction group (`<group>_TX_<suffix>`), so no daemon's listener
+/// answers the broker for its half messages.
+async fn lone_transaction_producer(
+    config: &Config,
+    suffix: &str,
+    listener: impl rocketmq_client_rust::TransactionListener,
+) -> (Arc<Transport>, Arming) {
+    let mut lone = config.clone();
+    let rocketmq = lone.rocketmq.as_mut().unwrap();
+    rocketmq.transaction_group = format!("{}_{suffix}", rocketmq.transaction_group);
+    let transport = sender(&lone).await;
+    let arming = Arming::start(transport.clone(), listener).await.unwrap();
+    (transport, arming)
+}
+
+/// F6: the local transaction commits the row, but its outcome never reaches the broker and no
+/// check-back ever resolves it (the broker asks, is told unknown, gives up after
+/// `transactionCheckMax` = 5 checks and discards the half message). Nothing depends on it: the
+/// committed row is relayed and its message closes the order, once, never early; the unknown
+/// arming is counted.
+struct NeverResolved {
+    listener: ArmListener,
+    checks: Arc<AtomicU32>,
+}
+
+impl rocketmq_client_rust::TransactionListener for NeverResolved {
+    fn execute_local_transaction(
+        &self,
+        msg: &dyn rocketmq_model::common::message::MessageTrait,
+        arg: Option<&(dyn std::any::Any + Send + Sync)>,
+    ) -> rocketmq_client_rust::LocalTransactionState {
+        // The row commits; the answer is lost.
+        let _ = self.listener.execute_local_transaction(msg, arg);
+        rocketmq_client_rust::LocalTransactionState::Unknown
+    }
+
+    fn check_local_transaction(
+        &self,
+        _msg: &MessageExt,
+    ) -> rocketmq_client_rust::LocalTransactionState {
+        self.checks.fetch_add(1, Ordering::SeqCst);
+        rocketmq_client_rust::LocalTransactionState::Unknown
+    }
+}
+
+with_broker!(
+    async fn a_half_message_never_resolved_is_discarded_and_its_row_still_closes_the_order(env) {
+        let (topic, group) = names("f6");
+        let config = env.config(
+            ACME,
+            &format!(
+                "[sweep]\nenabled = false\n{}",
+                section(&topic, &group, "fallback_after = \"20s\"")
+            ),
+        );
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        let deadline = env.db.now_ms().await.unwrap() + 4_000;
+        env.create(&order("f6-1", "acme", deadline)).await;
+        without_rows(env).await;
+        let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
+        let checks = Arc::new(AtomicU32::new(0));
+        let listener = NeverResolved {
+            listener: ArmListener::new(
+                tokio::runtime::Handle::current(),
+                env.db.clone(),
+                Clock::Database,
+                timeoutd::policies::load(&config).unwrap(),
+            ),
+            checks: checks.clone(),
+        };
+        let (transport, arming) = lone_transaction_producer(&config, "LOST", listener).await;
+        let before = Outcomes::of("timeoutd_arms_total");
+        assert_eq!(arming.arm("f6-1").await.unwrap(), Armed::Unknown);
+        assert_eq!(
+            Outcomes::of("timeoutd_arms_total").since(&before, "unknown"),
+            1,
+            "the unresolved arming is counted"
+        );
+        assert_eq!(
+            env.text("SELECT source FROM order_timeout_msg WHERE order_id = ?", "f6-1").await,
+            "arm",
+            "the local transaction committed the row"
+        );
+        eventually(
+            Duration::from_secs(60),
+            "the order closes, and the broker asks transactionCheckMax (5) times and gives up",
+            || async { env.status("f6-1").await == "CLOSED" && checks.load(Ordering::SeqCst) >= 5 },
+        )
+        .await;
+        assert_eq!(
+            env.text("SELECT closed_by FROM orders WHERE id = ?", "f6-1").await,
+            "delay-message",
+            "the relayed row's message closes it, not the outbox timer 20 s late"
+        );
+        let closed_at = env.int("SELECT closed_at_ms FROM orders WHERE id = ?", "f6-1").await;
+        assert!(closed_at >= deadline, "closed {} ms early", deadline - closed_at);
+        assert_eq!(closes(env, "f6-1").await, 1);
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (10, 10));
+        Arc::new(arming).shutdown().await;
+        transport.shutdown().await;
+        daemon.stop().await;
+    }
+);
+
+/// The outcome of every local transaction is lost before it runs; each check-back goes to the
+/// daemon's real listener.
+struct OutcomeLost(ArmListener);
+
+impl rocketmq_client_rust::TransactionListener for OutcomeLost {
+    fn execute_local_transaction(
+        &self,
+        _msg: &dyn rocketmq_model::common::message::MessageTrait,
+        _arg: Option<&(dyn std::any::Any + Send + Sync)>,
+    ) -> rocketmq_client_rust::LocalTransactionState {
+        rocketmq_client_rust::LocalTransactionState::Unknown
+    }
+
+    fn check_local_transaction(
+        &self,
+        msg: &MessageExt,
+    ) -> rocketmq_client_rust::LocalTransactionState {
+        self.0.check_local_transaction(msg)
+    }
+}
+
+with_broker!(
+    async fn a_storm_of_broker_check_backs_answers_each_from_the_database_and_writes_nothing(env) {
+        let (topic, group) = names("storm");
+        let config = env.config(ACME, &section(&topic, &group, "consume = false\nrelay = false"));
+        env.stock_up(&[("sku-a", 1_000), ("sku-b", 1_000)]).await;
+        let now = env.db.now_ms().await.unwrap();
+        let mut ids = Vec::new();
+        for i in 0..10 {
+            for (kind, deadline) in [("due", now - 1_000), ("later", now + 600_000), ("paid", now + 600_000)] {
+                let id = format!("{kind}-{i}");
+                env.create(&order(&id, "acme", deadline)).await;
+                if kind == "paid" {
+                    assert!(env.pay(&id, now).await);
+                }
+                ids.push(id);
+            }
+            ids.push(format!("missing-{i}"));
+        }
+        let listener = OutcomeLost(ArmListener::new(
+            tokio::runtime::Handle::current(),
+            env.db.clone(),
+            Clock::Database,
+            timeoutd::policies::load(&config).unwrap(),
+        ));
+        let (transport, arming) = lone_transaction_producer(&config, "STORM", listener).await;
+        let before = env.dump().await;
+        let verdicts = || Outcomes::of("timeoutd_check_backs_total");
+        let asked = verdicts();
+        for id in &ids {
+            assert_eq!(arming.arm(id).await.unwrap(), Armed::Unknown, "{id}");
+        }
+        // Each due order commits at its first check, each paid or missing one rolls back at its
+        // first; each later one stays unknown until the plugin's `max_checks` (3) says commit.
+        let by_verdict = |v: &str| {
+            let now = Outcomes::of("timeoutd_check_backs_total");
+            now.since(&asked, v)
+        };
+        eventually(Duration::from_secs(90), "the broker checks every half message back until each is resolved", || async {
+            by_verdict("commit") >= 20 && by_verdict("rollback") >= 20 && by_verdict("unknown") >= 20
+        })
+        .await;
+        eprintln!("check-backs by verdict: {:?}", verdicts());
+        assert_eq!(env.dump().await, before, "the storm of check-backs wrote nothing");
+        Arc::new(arming).shutdown().await;
+        transport.shutdown().await;
+    }
+);
 
 with_broker!(
     async fn a_poison_message_is_dead_lettered_and_others_flow(env) {
@@ -840,6 +1003,150 @@ with_broker!(
 );
 
 /// `scripts/rocketmq <verb>`, which must succeed.
+/// Records every message a test consumer group gets.
+struct Recorder(Arc<std::sync::Mutex<Vec<Received>>>);
+
+impl MessageListenerConcurrently for Recorder {
+    fn consume_message(
+        &self,
+        messages: &[&MessageExt],
+        _context: &ConsumeConcurrentlyContext,
+    ) -> ClientResult<ConsumeConcurrentlyStatus> {
+        self.0.lock().unwrap().extend(Received::all(messages));
+        Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)
+    }
+}
+
+/// A notice channel of kind `rocketmq`: a closed order's notice is published once on
+/// `rocketmq.notification_topic`, keyed by the ledger row's idempotency key and tagged with its
+/// template, and the ledger row is DONE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_closed_orders_notice_is_published_on_the_notification_topic_keyed_by_its_ledger_row() {
+    let _broker = broker().await;
+    let env = Env::new(timeoutd::db::Backend::Sqlite).await;
+    let (topic, group) = names("notice");
+    let config = env.config(
+        &[("acme", "builtin:single-phase", &[("channel", "broker")])],
+        &format!(
+            "[sweep]\nenabled = false\n[notify.channels.broker]\nkind = \"rocketmq\"\n{}",
+            section(&topic, &group, "consume = false\nrelay = false")
+        ),
+    );
+    env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let watcher = sender(&config).await;
+    watcher
+        .start_consumer(
+            &format!("{group}_NOTICES"),
+            &format!("{topic}_N"),
+            Recorder(seen.clone()),
+        )
+        .await
+        .unwrap();
+    let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
+    env.create(&order(
+        "noticed",
+        "acme",
+        env.db.now_ms().await.unwrap() - 1_000,
+    ))
+    .await;
+    let key_sql =
+        "SELECT idempotency_key FROM effect_ledger WHERE kind = 'notify' AND order_id = ?";
+    eventually(
+        Duration::from_secs(60),
+        "the notice reaches the notification topic",
+        || async { !seen.lock().unwrap().is_empty() },
+    )
+    .await;
+    daemon.stop().await;
+    let key = env.text(key_sql, "noticed").await;
+    assert_eq!(
+        env.text(
+            "SELECT status FROM effect_ledger WHERE kind = 'notify' AND order_id = ?",
+            "noticed"
+        )
+        .await,
+        "DONE"
+    );
+    let messages = seen.lock().unwrap().clone();
+    assert_eq!(messages.len(), 1, "{messages:?}");
+    let notice = &messages[0];
+    assert_eq!(notice.topic, format!("{topic}_N"));
+    assert_eq!(
+        notice.keys.as_deref(),
+        Some(key.as_str()),
+        "keyed by the ledger row's idempotency key"
+    );
+    assert_eq!(
+        notice.properties.get("TAGS").map(String::as_str),
+        Some("order-closed"),
+        "{:?}",
+        notice.properties
+    );
+    let body: serde_json::Value = serde_json::from_slice(&notice.body).unwrap();
+    assert!(body.to_string().contains("noticed"), "{body}");
+    watcher.shutdown().await;
+    env.cleanup().await;
+}
+
+/// `timeoutd arm` as an operator runs it: a PENDING order is armed (its phase-0 row, source
+/// `arm`, due at its deadline), a paid and a missing one are rolled back and get no row; one
+/// line per order, exit 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_arm_command_arms_a_pending_order_and_rolls_back_the_rest() {
+    let _broker = broker().await;
+    let env = Env::new(timeoutd::db::Backend::Sqlite).await;
+    let (topic, group) = names("armcli");
+    let now = env.db.now_ms().await.unwrap();
+    env.create(&order("cli-pending", "acme", now + 600_000))
+        .await;
+    env.create(&order("cli-paid", "acme", now + 600_000)).await;
+    assert!(env.pay("cli-paid", now).await);
+    without_rows(&env).await;
+    let file = env.dir.path().join("arm.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[database]\nurl = \"{}\"\n[merchants.acme]\nplugin = \"builtin:single-phase\"\n{}",
+            env.url,
+            section(&topic, &group, "")
+        ),
+    )
+    .unwrap();
+    let out = tokio::process::Command::new(crate::support::timeoutd_bin())
+        .args(["arm", "--config"])
+        .arg(&file)
+        .args(["cli-pending", "cli-paid", "cli-missing"])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout.lines().collect::<Vec<_>>(),
+        vec![
+            "cli-pending: Committed",
+            "cli-paid: RolledBack",
+            "cli-missing: RolledBack"
+        ]
+    );
+    let row = "SELECT due_ms FROM order_timeout_msg WHERE source = 'arm' AND order_id = ?";
+    assert_eq!(env.int(row, "cli-pending").await, now + 600_000);
+    assert_eq!(
+        env.int(
+            "SELECT COUNT(*) FROM order_timeout_msg WHERE order_id <> ?",
+            "cli-pending"
+        )
+        .await,
+        0
+    );
+    env.cleanup().await;
+}
+
 fn broker_script(verb: &str) {
     let status = std::process::Command::new(repo_root().join("scripts/rocketmq"))
         .arg(verb)
@@ -855,14 +1162,27 @@ async fn with_the_broker_down_the_outbox_closes_on_time_and_late_messages_are_no
     let (topic, group) = names("down");
     let config = env.config(
         ACME,
-        &section(
-            &topic,
-            &group,
-            "fallback_after = \"2s\"\nrelay_lead = \"2s\"",
+        &format!(
+            "[admin]\nlisten = \"127.0.0.1:0\"\n[admin.tokens]\nops = \"down-token-0123456789\"\n{}",
+            section(
+                &topic,
+                &group,
+                "fallback_after = \"2s\"\nrelay_lead = \"2s\"",
+            )
         ),
     );
     env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
     let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
+    let readyz = format!("http://{}/readyz", daemon.admin_addr().unwrap());
+    // `/readyz` reports the broker (`ok` / `failing`) without making the daemon unready:
+    // closes never depend on it.
+    let ready = || async {
+        let answer: serde_json::Value = reqwest::get(&readyz).await.unwrap().json().await.unwrap();
+        (
+            answer["ready"].as_bool().unwrap_or(false),
+            answer["broker"].as_str().unwrap_or_default().to_string(),
+        )
+    };
     let now = env.db.now_ms().await.unwrap();
     let ids: Vec<String> = (0..5).map(|i| format!("down-{i}")).collect();
     for (i, id) in ids.iter().enumerate() {
@@ -945,6 +1265,11 @@ async fn with_the_broker_down_the_outbox_closes_on_time_and_late_messages_are_no
         Outcomes::relay().since(&relay_before, "failed") > 0,
         "a failed send was not counted"
     );
+    assert_eq!(
+        ready().await,
+        (true, "failing".to_string()),
+        "/readyz while the broker is down"
+    );
     let before = Outcomes::broker();
     broker_script("start-broker");
     // The broker delivers its late timer messages: each finds its row processed. Counted by
@@ -966,6 +1291,19 @@ async fn with_the_broker_down_the_outbox_closes_on_time_and_late_messages_are_no
     }
     assert_eq!(env.stock("sku-a").await, 100);
     assert_eq!(env.stock("sku-b").await, 100);
+    // The next order's row is relayed through the restarted broker: `/readyz` says ok again.
+    env.create(&order(
+        "down-after",
+        "acme",
+        env.db.now_ms().await.unwrap() + 600_000,
+    ))
+    .await;
+    eventually(
+        Duration::from_secs(30),
+        "/readyz reports the broker ok after a send",
+        || async { ready().await == (true, "ok".to_string()) },
+    )
+    .await;
     daemon.stop().await;
     env.cleanup().await;
 }

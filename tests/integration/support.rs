@@ -259,6 +259,55 @@ impl Env {
             .unwrap_or_default()
     }
 
+    /// Every row of every table the daemon reads or writes, each rendered as text, by table:
+    /// what "nothing was written" is checked against (an in-place `UPDATE` shows too).
+    pub async fn dump(&self) -> std::collections::BTreeMap<&'static str, Vec<String>> {
+        let mut tables = std::collections::BTreeMap::new();
+        for table in [
+            "orders",
+            "order_items",
+            "order_timeout_msg",
+            "effect_ledger",
+            "decision_log",
+            "dead_letter",
+            "paid_after_close",
+            "sku_stock",
+            "coupons",
+        ] {
+            let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT * FROM {table}")))
+                .fetch_all(self.db.pool())
+                .await
+                .unwrap();
+            let mut rendered: Vec<String> = rows
+                .iter()
+                .map(|row| {
+                    (0..row.len())
+                        .map(|i| {
+                            row.try_get::<Option<i64>, _>(i)
+                                .map(|v| format!("{v:?}"))
+                                .or_else(|_| {
+                                    row.try_get::<Option<String>, _>(i)
+                                        .map(|v| format!("{v:?}"))
+                                })
+                                .or_else(|_| {
+                                    row.try_get::<Option<f64>, _>(i).map(|v| format!("{v:?}"))
+                                })
+                                .or_else(|_| {
+                                    row.try_get::<Option<Vec<u8>>, _>(i)
+                                        .map(|v| format!("{v:?}"))
+                                })
+                                .unwrap_or_else(|e| panic!("{table} column {i}: {e}"))
+                        })
+                        .collect::<Vec<_>>()
+                        .join(" | ")
+                })
+                .collect();
+            rendered.sort();
+            tables.insert(table, rendered);
+        }
+        tables
+    }
+
     /// Available units of `sku`.
     pub async fn stock(&self, sku: &str) -> i64 {
         self.int("SELECT available FROM sku_stock WHERE sku = ?", sku)

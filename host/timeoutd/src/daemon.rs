@@ -78,6 +78,11 @@ impl Daemon {
             config.dispatch.clone(),
             effects_wake.clone(),
         ));
+        if config.admin.is_some() || config.alerts.is_some() {
+            // Before any source runs: an event emitted before the recorder exists is not
+            // counted (a daemon's first triggers were missing from `timeoutd_triggers_total`).
+            crate::events::metrics_handle();
+        }
         let waker: Waker = Arc::new(Notify::new());
         let (shutdown, rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
@@ -128,7 +133,6 @@ impl Daemon {
         }
         let (sample_tx, sample_rx) = watch::channel(crate::gauges::Sample::default());
         if config.admin.is_some() || config.alerts.is_some() {
-            crate::events::metrics_handle();
             let intervals = [
                 config
                     .admin

@@ -83,6 +83,15 @@ pub enum Event<'a> {
         /// The send error, if any.
         error: Option<&'a str>,
     },
+    /// A transactional arming ended ([`crate::rocketmq::arming::Arming::arm`]).
+    Armed {
+        /// `committed`, `rolled_back`, `unknown` (the outcome did not reach the broker: the
+        /// half message waits for a check-back, and the broker discards it after its
+        /// `transactionCheckMax` unanswered checks — FAILURES.md F6; the outbox row, when the
+        /// local transaction committed it, or the sweep closes the order anyway) or `failed`
+        /// (the half message was not sent; nothing was armed).
+        outcome: &'a str,
+    },
     /// The broker asked whether a half message's transaction committed.
     CheckBack {
         /// `commit`, `rollback` or `unknown`.
@@ -171,6 +180,17 @@ pub fn emit(event: Event<'_>) {
                 None => tracing::debug!("outbox row relayed to the broker"),
             }
             counter!("timeoutd_relay_total", "outcome" => outcome.to_string()).increment(1);
+        }
+        Event::Armed { outcome } => {
+            if outcome == "unknown" {
+                tracing::warn!(
+                    outcome,
+                    "arming's outcome did not reach the broker; it will check back, and discard the half message if no check-back resolves it"
+                );
+            } else {
+                tracing::debug!(outcome, "order armed");
+            }
+            counter!("timeoutd_arms_total", "outcome" => outcome.to_string()).increment(1);
         }
         Event::CheckBack { verdict } => {
             tracing::info!(verdict, "transaction check-back answered");

@@ -16,6 +16,9 @@ use crate::events::gauge_set;
 /// One sample.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct Sample {
+    /// When it was taken, epoch ms by the daemon's clock (0 before the first sample): how fresh
+    /// `/v1/backlog` is, and how an observer knows the alert rules were evaluated since.
+    pub sampled_at_ms: i64,
     /// PENDING orders past their deadline by more than the overdue margin, by merchant.
     pub overdue_open: Vec<(String, i64)>,
     /// Open dead letters.
@@ -82,6 +85,7 @@ pub async fn sample(
         .await?
         .try_get::<i64, _>(0)?;
     Ok(Sample {
+        sampled_at_ms: now,
         overdue_open,
         dead_letters_open,
         ledger_pending,

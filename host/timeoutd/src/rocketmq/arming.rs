@@ -267,16 +267,27 @@ impl Arming {
                     .send_message_in_transaction::<(), _>(message, None)
                     .await
             })
-            .await?
-            .map_err(|e| TransportError::Send {
-                topic,
-                detail: e.to_string(),
-            })?;
-        Ok(match result.local_transaction_state {
+            .await
+            .and_then(|sent| {
+                sent.map_err(|e| TransportError::Send {
+                    topic,
+                    detail: e.to_string(),
+                })
+            });
+        let armed = result.map(|sent| match sent.local_transaction_state {
             Some(LocalTransactionState::CommitMessage) => Armed::Committed,
             Some(LocalTransactionState::RollbackMessage) => Armed::RolledBack,
             _ => Armed::Unknown,
-        })
+        });
+        emit(Event::Armed {
+            outcome: match armed {
+                Ok(Armed::Committed) => "committed",
+                Ok(Armed::RolledBack) => "rolled_back",
+                Ok(Armed::Unknown) => "unknown",
+                Err(_) => "failed",
+            },
+        });
+        armed
     }
 }
 
