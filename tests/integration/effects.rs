@@ -458,6 +458,8 @@ async fn redis_cluster_routes_effect_and_marker_to_one_slot() {
                 .unwrap(),
             None
         );
+        let freed: bool = conn.sismember(&users_key, "u").await.unwrap();
+        assert!(!freed, "{users_key}: the closed order's buyer is freed");
         // A replayed release is refused by its marker even after the buyer bought again.
         let _: () = conn.sadd(&users_key, "u").await.unwrap();
         assert!(

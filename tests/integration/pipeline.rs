@@ -221,35 +221,43 @@ each_backend! {
 }
 
 each_backend! {
-    /// F4: a reminder phase's trigger is lost. One order's phase-0 row never arrives; another
-    /// is reminded, then its close-phase row is lost. The sweep re-arms both (its rows say
-    /// `source = sweep`), and each closes once, releasing everything: the missed reminder is
-    /// tolerated (not sent after the close), the sent one is not sent again.
-    async fn a_lost_reminder_phase_trigger_is_swept_and_the_close_still_happens_once(env) {
+    /// F4: reminder-phase triggers are lost, and each loss is tolerated. `unreminded` loses its
+    /// phase-0 row: swept within the grace, it is reminded late. `reminded` loses its close-phase
+    /// row after its reminder: swept, its phase 0 runs again and the reminder is not sent twice.
+    /// `expired` loses its row and is swept after its grace: it closes with no reminder. The
+    /// sweep re-arms each (`source = sweep`) and each closes once, releasing everything.
+    async fn lost_reminder_phase_triggers_are_swept_and_each_order_closes_once(env) {
         env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        let five_min = 5 * 60_000;
         env.create(&order("unreminded", "flashy", T0)).await;
         env.create(&order("reminded", "flashy", T0)).await;
+        env.create(&order("expired", "flashy", T0 - 2 * five_min)).await;
         let config = env.config(&[("flashy", "builtin:two-phase", &[("grace", "5m")])], "[sweep]\ngrace = \"10s\"\n");
         let delete = "DELETE FROM order_timeout_msg WHERE order_id = ? AND phase >= 0";
-        env.db.backend().query(delete).bind("unreminded").execute(env.db.pool()).await.unwrap();
+        for id in ["unreminded", "expired"] {
+            env.db.backend().query(delete).bind(id).execute(env.db.pool()).await.unwrap();
+        }
         let (clock, now) = Clock::manual(T0 + 200);
         let d = env.dispatcher(&config, clock.clone()).await;
-        let five_min = 5 * 60_000;
         assert_eq!(env.process(&d, T0 + 200).await, vec![Outcome::Waiting { next_phase: 1, due_ms: T0 + five_min }]);
         env.db.backend().query("DELETE FROM order_timeout_msg WHERE order_id = ? AND phase = 1").bind("reminded").execute(env.db.pool()).await.unwrap();
-        let late = T0 + five_min + 11_000;
-        now.store(late, std::sync::atomic::Ordering::SeqCst);
-        assert_eq!(sweep::sweep_once(&env.db, &clock, &config.sweep).await.unwrap().rearmed, 2);
-        for id in ["unreminded", "reminded"] {
+        let swept_at = T0 + 60_000;
+        now.store(swept_at, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(sweep::sweep_once(&env.db, &clock, &config.sweep).await.unwrap().rearmed, 3);
+        for id in ["unreminded", "reminded", "expired"] {
             assert_eq!(env.text("SELECT source FROM order_timeout_msg WHERE status = 'PENDING' AND order_id = ?", id).await, "sweep", "{id}");
         }
-        let outcomes = env.process(&d, late).await;
-        assert_eq!(outcomes.len(), 2, "{outcomes:?}");
-        assert!(outcomes.iter().all(|o| matches!(o, Outcome::Closed { .. })), "{outcomes:?}");
-        for (id, reminders) in [("unreminded", 0), ("reminded", 1)] {
-            assert_eq!(env.status(id).await, "CLOSED");
-            assert_eq!(env.text("SELECT closed_by FROM orders WHERE id = ?", id).await, "sweep");
-            assert_eq!(env.int("SELECT COUNT(*) FROM decision_log WHERE outcome = 'closed' AND order_id = ?", id).await, 1);
+        let mut outcomes = env.process(&d, swept_at).await;
+        outcomes.sort_by_key(|o| format!("{o:?}"));
+        assert_eq!(outcomes.len(), 3, "{outcomes:?}");
+        assert!(matches!(outcomes[0], Outcome::Closed { .. }), "expired closes at once: {outcomes:?}");
+        assert!(outcomes[1..].iter().all(|o| *o == Outcome::Waiting { next_phase: 1, due_ms: T0 + five_min }), "{outcomes:?}");
+        let close_at = T0 + five_min + 30;
+        now.store(close_at, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(env.process(&d, close_at).await.len(), 2);
+        for (id, reminders) in [("unreminded", 1), ("reminded", 1), ("expired", 0)] {
+            assert_eq!(env.status(id).await, "CLOSED", "{id}");
+            assert_eq!(env.int("SELECT COUNT(*) FROM decision_log WHERE outcome = 'closed' AND order_id = ?", id).await, 1, "{id}");
             assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE kind = 'remind' AND order_id = ?", id).await, reminders, "{id}");
             assert_eq!(env.coupon(&format!("cpn-{id}")).await, "AVAILABLE");
         }

@@ -738,6 +738,20 @@ async fn lone_transaction_producer(
     (transport, arming)
 }
 
+/// Arms `id`, retrying a half message the broker refuses while it auto-creates the topic (as
+/// [`send`] does).
+async fn arm(arming: &Arming, id: &str) -> Armed {
+    let mut last = None;
+    for _ in 0..10 {
+        match arming.arm(id).await {
+            Ok(armed) => return armed,
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    panic!("arming {id} failed: {last:?}");
+}
+
 /// F6: the local transaction commits the row, but its outcome never reaches the broker and no
 /// check-back ever resolves it (the broker asks, is told unknown, gives up after
 /// `transactionCheckMax` = 5 checks and discards the half message). Nothing depends on it: the
@@ -795,7 +809,7 @@ with_broker!(
         };
         let (transport, arming) = lone_transaction_producer(&config, "LOST", listener).await;
         let before = Outcomes::of("timeoutd_arms_total");
-        assert_eq!(arming.arm("f6-1").await.unwrap(), Armed::Unknown);
+        assert_eq!(arm(&arming, "f6-1").await, Armed::Unknown);
         assert_eq!(
             Outcomes::of("timeoutd_arms_total").since(&before, "unknown"),
             1,
@@ -877,7 +891,7 @@ with_broker!(
         let verdicts = || Outcomes::of("timeoutd_check_backs_total");
         let asked = verdicts();
         for id in &ids {
-            assert_eq!(arming.arm(id).await.unwrap(), Armed::Unknown, "{id}");
+            assert_eq!(arm(&arming, id).await, Armed::Unknown, "{id}");
         }
         // Each due order commits at its first check, each paid or missing one rolls back at its
         // first; each later one stays unknown until the plugin's `max_checks` (3) says commit.
@@ -1155,6 +1169,18 @@ fn broker_script(verb: &str) {
     assert!(status.success(), "scripts/rocketmq {verb} failed");
 }
 
+/// Starts the broker again when dropped (`start-broker` does nothing when it runs), so a test
+/// that fails while the broker is down does not leave it down for the tests after it.
+struct RestartBrokerOnDrop;
+
+impl Drop for RestartBrokerOnDrop {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(repo_root().join("scripts/rocketmq"))
+            .arg("start-broker")
+            .status();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_the_broker_down_the_outbox_closes_on_time_and_late_messages_are_no_ops() {
     let _broker = broker().await;
@@ -1203,6 +1229,7 @@ async fn with_the_broker_down_the_outbox_closes_on_time_and_late_messages_are_no
     )
     .await;
     broker_script("kill-broker");
+    let _restart = RestartBrokerOnDrop;
     let down_at = Instant::now();
     // F7: an order armed while the broker is down. Its relay send fails: the row stays PENDING
     // (counted, with the error, retried with backoff) and the outbox timer closes it on time.
