@@ -355,13 +355,22 @@ with_broker!(
 /// only 20 s late, so a lost or late message shows as `closed_by = outbox`. (Lateness is printed,
 /// not asserted: it is a bench figure, and this machine is busy.)
 async fn relayed_order_closes_by_the_brokers_message(env: &Env, delay_mode: &str) {
+    relayed_order_closes_by_the_brokers_message_with(env, delay_mode, "").await;
+}
+
+/// [`relayed_order_closes_by_the_brokers_message`] with `extra` `[rocketmq]` keys.
+async fn relayed_order_closes_by_the_brokers_message_with(
+    env: &Env,
+    delay_mode: &str,
+    extra: &str,
+) {
     let (topic, group) = names(delay_mode);
     let config = env.config(
         ACME,
         &section(
             &topic,
             &group,
-            &format!("delay_mode = \"{delay_mode}\"\nfallback_after = \"20s\""),
+            &format!("delay_mode = \"{delay_mode}\"\nfallback_after = \"20s\"\n{extra}"),
         ),
     );
     env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
@@ -422,6 +431,21 @@ with_broker!(
         relayed_order_closes_by_the_brokers_message(env, "timer").await;
     }
 );
+
+/// F8 on the real broker: with `timer_max = 4s`, a 12 s delay is three timer messages; each
+/// early one is re-sent towards the due time (a hop), the last closes the order. (SQLite only:
+/// the chain is the planner's and the broker's, the database sees one close either way.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_delay_past_the_timer_maximum_is_chained_through_the_broker_and_closes_once() {
+    let _broker = broker().await;
+    let env = Env::new(timeoutd::db::Backend::Sqlite).await;
+    let before = Outcomes::broker();
+    relayed_order_closes_by_the_brokers_message_with(&env, "timer", "timer_max = \"4s\"").await;
+    let hops = Outcomes::broker().since(&before, "hop");
+    assert!(hops >= 2, "{hops} hop(s): the delay was not chained");
+    assert_eq!(closes(&env, "relayed-timer").await, 1);
+    env.cleanup().await;
+}
 
 with_broker!(
     async fn the_same_message_twice_to_two_consumers_closes_once(env) {
