@@ -865,27 +865,6 @@ with_broker!(
     }
 );
 
-/// The outcome of every local transaction is lost before it runs; each check-back goes to the
-/// daemon's real listener.
-struct OutcomeLost(ArmListener);
-
-impl rocketmq_client_rust::TransactionListener for OutcomeLost {
-    fn execute_local_transaction(
-        &self,
-        _msg: &dyn rocketmq_model::common::message::MessageTrait,
-        _arg: Option<&(dyn std::any::Any + Send + Sync)>,
-    ) -> rocketmq_client_rust::LocalTransactionState {
-        rocketmq_client_rust::LocalTransactionState::Unknown
-    }
-
-    fn check_local_transaction(
-        &self,
-        msg: &MessageExt,
-    ) -> rocketmq_client_rust::LocalTransactionState {
-        self.0.check_local_transaction(msg)
-    }
-}
-
 with_broker!(
     async fn a_storm_of_broker_check_backs_answers_each_from_the_database_and_writes_nothing(env) {
         let (topic, group) = names("storm");
@@ -904,7 +883,7 @@ with_broker!(
             }
             ids.push(format!("missing-{i}"));
         }
-        let listener = OutcomeLost(ArmListener::new(
+        let listener = UnknownFirst(ArmListener::new(
             tokio::runtime::Handle::current(),
             env.db.clone(),
             Clock::Database,

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use serde_json::json;
 
 use crate::config::{AlertRule, AlertSignal, AlertsConfig};
-use crate::gauges::Sample;
+use crate::gauges::{Sample, Watcher};
 
 #[derive(Debug, Default, Clone)]
 struct RuleState {
@@ -95,6 +95,12 @@ impl Alerts {
                 false
             }
         }
+    }
+}
+
+impl Watcher for Alerts {
+    async fn watch(&mut self, sample: &Sample, now_ms: i64) {
+        self.evaluate(sample, now_ms).await;
     }
 }
 

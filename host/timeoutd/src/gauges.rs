@@ -135,10 +135,17 @@ pub fn publish(s: &Sample, merchants: &[String]) {
     );
 }
 
+/// What looks at each sample besides the gauges and `/v1/backlog`: the alert rules
+/// ([`crate::alerts::Alerts`]).
+pub trait Watcher: Send {
+    /// Looks at `sample`, taken at `now_ms` (epoch ms, the daemon's clock).
+    fn watch(&mut self, sample: &Sample, now_ms: i64) -> impl Future<Output = ()> + Send;
+}
+
 /// Samples every `every` and publishes, until `shutdown`; the latest sample goes to `latest`
-/// and through the alert rules.
+/// and to `watcher`.
 #[allow(clippy::too_many_arguments)]
-pub async fn run(
+pub async fn run<W: Watcher>(
     db: Db,
     clock: Clock,
     every: Duration,
@@ -146,17 +153,15 @@ pub async fn run(
     merchants: Vec<String>,
     policies: std::sync::Arc<crate::policies::Policies>,
     latest: watch::Sender<Sample>,
-    mut alerts: Option<crate::alerts::Alerts>,
+    mut watcher: Option<W>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
         match sample(&db, &clock, margin, &policies).await {
             Ok(s) => {
                 publish(&s, &merchants);
-                if let Some(alerts) = alerts.as_mut()
-                    && let Ok(now) = clock.now_ms(&db).await
-                {
-                    alerts.evaluate(&s, now).await;
+                if let Some(watcher) = watcher.as_mut() {
+                    watcher.watch(&s, s.sampled_at_ms).await;
                 }
                 let _ = latest.send(s);
             }
