@@ -26,6 +26,7 @@ mod engine;
 mod error;
 pub mod guard;
 mod inspect;
+mod load;
 pub mod model;
 mod plugin;
 pub mod retry;
