@@ -5,7 +5,8 @@
 //! do and carries out the answer exactly once: one compare-and-set PENDING→CLOSED in one
 //! transaction with the stock and coupon changes and an effect ledger.
 //!
-//! Parts, one module each: [`config`] (the file and its validation), [`db`] (schema and
+//! Parts, one module each (their layers, the path of a trigger and where each rule lives:
+//! `ARCHITECTURE.md` at the repository root): [`config`] (the file and its validation), [`db`] (schema and
 //! queries per table), [`clock`] (the only place time is read), [`policies`] (plugins per
 //! merchant), [`dispatch`] (trigger → decision → transaction), [`effects`] (carrying out ledger
 //! rows: notices, Redis, payments), [`http`] (payment callbacks), [`sources`] (outbox timer, sweep), [`shutdown`] (how loops wait), [`daemon`] (wiring), [`rocketmq`] (the RocketMQ transport), [`demo`], [`cli`] and [`plugin_cli`] (`timeoutd plugin check|test|replay`).
