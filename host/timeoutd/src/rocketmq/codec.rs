@@ -133,6 +133,26 @@ mod tests {
     }
 
     #[test]
+    fn an_order_id_of_the_longest_length_is_taken_and_one_longer_is_refused() {
+        let longest = "x".repeat(MAX_ORDER_ID);
+        assert_eq!(
+            decode(longest.as_bytes(), None, none).unwrap().order_id,
+            longest
+        );
+        let longer = "x".repeat(MAX_ORDER_ID + 1);
+        let refused = decode(longer.as_bytes(), None, none).unwrap_err();
+        assert!(refused.contains("is not an order id"), "{refused}");
+    }
+
+    #[test]
+    fn previews_cut_at_80_characters_and_say_so() {
+        assert_eq!(preview("short"), "short");
+        assert_eq!(preview(&"y".repeat(100)), format!("{}…", "y".repeat(80)));
+        let cjk = "超".repeat(80);
+        assert_eq!(preview(&cjk), cjk, "80 characters (240 bytes) are not cut");
+    }
+
+    #[test]
     fn text_body_is_the_order_id() {
         let m = decode(b"O-1001\n", Some("O-1001"), none).unwrap();
         assert_eq!(
