@@ -92,4 +92,17 @@ mod tests {
         assert_eq!(b.open_until(500), Some(1_004));
         assert_eq!(b.state(1_004), BreakerState::Closed);
     }
+
+    #[test]
+    fn a_trip_ends_at_its_end_and_a_reset_ends_it_at_once() {
+        let b = Breaker::new(1, 1_000);
+        assert!(b.record(false, 0));
+        assert_eq!((b.open_until(999), b.open_until(1_000)), (Some(1_000), None));
+        assert!(b.record(false, 2_000));
+        b.reset();
+        assert_eq!(
+            (b.state(2_001), b.open_until(2_001)),
+            (BreakerState::Closed, None)
+        );
+    }
 }

@@ -170,6 +170,16 @@ mod tests {
     }
 
     #[test]
+    fn under_a_second_is_waited_out_and_a_second_is_a_hop() {
+        let levels = Planner {
+            mode: DelayMode::Levels,
+            timer_max: Duration::from_secs(86_400),
+        };
+        assert_eq!(levels.next_hop(0, 999, false), Hop::Now { wait_ms: 999 });
+        assert_eq!(levels.next_hop(0, 1_000, false), Hop::Level(1));
+    }
+
+    #[test]
     fn next_hop_by_mode() {
         let levels = Planner {
             mode: DelayMode::Levels,
