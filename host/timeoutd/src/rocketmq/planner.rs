@@ -163,6 +163,31 @@ mod tests {
     }
 
     #[test]
+    fn every_delay_under_four_hours_takes_the_fewest_levels() {
+        // An independent count: breadth-first over amounts, one level per step.
+        let upto = 4 * 3600;
+        let mut fewest = vec![u32::MAX; upto + 1];
+        fewest[0] = 0;
+        let mut frontier = vec![0usize];
+        while !frontier.is_empty() {
+            let mut next = Vec::new();
+            for at in frontier {
+                for &len in LEVELS_S.iter() {
+                    let to = at + len as usize;
+                    if to <= upto && fewest[to] == u32::MAX {
+                        fewest[to] = fewest[at] + 1;
+                        next.push(to);
+                    }
+                }
+            }
+            frontier = next;
+        }
+        for s in (0..upto).step_by(13) {
+            assert_eq!(level_hops(s as u64).len() as u32, fewest[s], "{s} s");
+        }
+    }
+
+    #[test]
     fn forty_eight_hours_chains_two_hour_levels() {
         let hops = level_hops(48 * 3600);
         assert_eq!(hops.len(), 24);
