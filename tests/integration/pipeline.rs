@@ -266,6 +266,47 @@ each_backend! {
 }
 
 each_backend! {
+    /// The close applies what the database holds and says what it could not: a restore of a
+    /// SKU with no stock row is recorded FAILED with the reason (the order still closes, the
+    /// other SKU comes back), and a coupon no longer locked by the order is left alone, noted.
+    async fn a_restore_without_a_stock_row_fails_with_its_reason_and_a_coupon_not_held_is_left_alone(env) {
+        env.stock_up(&[("sku-a", 10)]).await;
+        env.create(&order("partial", "acme", T0)).await;
+        env.db.backend().query("UPDATE coupons SET status = 'AVAILABLE' WHERE id = ?").bind("cpn-partial").execute(env.db.pool()).await.unwrap();
+        let (clock, _) = Clock::manual(T0 + 1);
+        let d = env.dispatcher(&env.config(SINGLE, ""), clock).await;
+        assert!(matches!(env.process(&d, T0 + 1).await[..], [Outcome::Closed { .. }]));
+        let row = |sql: &'static str| async move { env.text(sql, "partial").await };
+        assert_eq!(env.stock("sku-a").await, 10, "sku-a's 2 units came back");
+        assert_eq!(row("SELECT status FROM effect_ledger WHERE kind = 'restore-stock' AND payload LIKE '%sku-b%' AND order_id = ?").await, "FAILED");
+        assert_eq!(row("SELECT last_error FROM effect_ledger WHERE kind = 'restore-stock' AND payload LIKE '%sku-b%' AND order_id = ?").await, "no sku_stock row for `sku-b`");
+        assert_eq!(row("SELECT status FROM effect_ledger WHERE kind = 'restore-stock' AND payload LIKE '%sku-a%' AND order_id = ?").await, "DONE");
+        assert_eq!(row("SELECT MAX(last_error) FROM effect_ledger WHERE kind = 'restore-stock' AND payload LIKE '%sku-a%' AND order_id = ?").await, "");
+        assert_eq!(row("SELECT status FROM effect_ledger WHERE kind = 'release-coupon' AND order_id = ?").await, "DONE");
+        assert!(row("SELECT last_error FROM effect_ledger WHERE kind = 'release-coupon' AND order_id = ?").await.contains("left alone"));
+        assert_eq!(env.coupon("cpn-partial").await, "AVAILABLE");
+    }
+}
+
+each_backend! {
+    /// An order whose effects are all outside the database (no items, no coupon: only the
+    /// notice) has them carried out after its commit, not left for a later round.
+    async fn an_order_with_only_external_effects_has_them_carried_out_after_its_commit(env) {
+        let mut o = order("bare", "acme", T0);
+        o.items.clear();
+        o.coupon = None;
+        o.payment_ref = None;
+        o.total_cents = 0;
+        env.create(&o).await;
+        let (clock, _) = Clock::manual(T0 + 1);
+        let d = env.dispatcher(&env.config(SINGLE, ""), clock).await;
+        assert!(matches!(env.process(&d, T0 + 1).await[..], [Outcome::Closed { .. }]));
+        assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE order_id = ?", "bare").await, 1, "only the notice");
+        assert_eq!(env.text("SELECT status FROM effect_ledger WHERE kind = 'notify' AND order_id = ?", "bare").await, "DONE");
+    }
+}
+
+each_backend! {
     async fn trapping_plugin_is_retried_with_backoff_then_dead_lettered(env) {
         env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
         env.create(&order("boom", "evil", T0)).await;

@@ -97,7 +97,10 @@ mod tests {
     fn a_trip_ends_at_its_end_and_a_reset_ends_it_at_once() {
         let b = Breaker::new(1, 1_000);
         assert!(b.record(false, 0));
-        assert_eq!((b.open_until(999), b.open_until(1_000)), (Some(1_000), None));
+        assert_eq!(
+            (b.open_until(999), b.open_until(1_000)),
+            (Some(1_000), None)
+        );
         assert!(b.record(false, 2_000));
         b.reset();
         assert_eq!(
