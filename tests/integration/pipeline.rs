@@ -125,6 +125,12 @@ each_backend! {
         assert!(matches!(outcome, Outcome::NoOp { .. }), "{outcome:?}");
         // The plugin did decide to cancel; the compare-and-set refused it.
         assert_eq!(env.int("SELECT COUNT(*) FROM decision_log WHERE decision = 'cancel' AND outcome = 'noop' AND order_id = ?", "race").await, 1);
+        // Its detail says why nothing was applied (what `timeoutd plugin replay` and the order's
+        // timeline show), and so does its outbox row.
+        let detail: serde_json::Value = serde_json::from_str(&env.text("SELECT detail FROM decision_log WHERE order_id = ?", "race").await).unwrap();
+        assert_eq!(detail["decision"], "cancel");
+        assert!(detail["noop"].as_str().unwrap_or_default().contains("compare-and-set lost"), "{detail}");
+        assert!(env.text("SELECT last_error FROM order_timeout_msg WHERE order_id = ?", "race").await.contains("compare-and-set lost"));
         assert_eq!(env.status("race").await, "PAID");
         assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (8, 9));
         assert_eq!(env.coupon("cpn-race").await, "LOCKED");
