@@ -214,6 +214,10 @@ each_backend! {
         let d = env.dispatcher(&config, clock).await;
         let five_min = 5 * 60_000;
         assert_eq!(env.process(&d, T0 + 200).await, vec![Outcome::Waiting { next_phase: 1, due_ms: T0 + five_min }]);
+        // The wait's decision log says what was decided (what replay and the timeline show).
+        let detail: serde_json::Value = serde_json::from_str(&env.text("SELECT detail FROM decision_log WHERE decision = 'wait' AND order_id = ?", "fs1").await).unwrap();
+        assert_eq!((detail["after_ms"].as_i64(), detail["next_phase"].as_i64()), (Some(five_min - 200), Some(1)), "{detail}");
+        assert_eq!(detail["reminder"]["template"], "order-closing-soon", "{detail}");
         assert_eq!(env.text("SELECT status FROM effect_ledger WHERE kind = 'remind' AND order_id = ?", "fs1").await, "DONE");
         assert!(env.text("SELECT payload FROM effect_ledger WHERE kind = 'remind' AND order_id = ?", "fs1").await.contains("order-closing-soon"));
         assert_eq!(env.int("SELECT due_ms FROM order_timeout_msg WHERE phase = 1 AND order_id = ?", "fs1").await, T0 + five_min);
