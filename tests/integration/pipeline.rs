@@ -46,6 +46,8 @@ each_backend! {
         assert_eq!(env.text("SELECT status FROM effect_ledger WHERE kind = 'notify' AND order_id = ?", "o1").await, "DONE");
         assert_eq!(env.text("SELECT status FROM effect_ledger WHERE kind = 'close-payment' AND order_id = ?", "o1").await, "PENDING");
         assert_eq!(env.text("SELECT idempotency_key FROM effect_ledger WHERE effect_index = 0 AND order_id = ?", "o1").await, "acme/o1/0/0");
+        // What the close applied is DONE with nothing to note.
+        assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE kind IN ('restore-stock', 'release-coupon') AND status = 'DONE' AND last_error IS NULL AND order_id = ?", "o1").await, 3);
         // The same trigger again (a redelivery) is a no-op.
         now.store(T0 + 5_000, std::sync::atomic::Ordering::SeqCst);
         env.db.backend().query("UPDATE order_timeout_msg SET status = 'PENDING' WHERE order_id = 'o1'").execute(env.db.pool()).await.unwrap();
