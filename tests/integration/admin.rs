@@ -444,15 +444,17 @@ each_backend! {
     async fn each_alert_signal_fires_once_and_resolves_once(env) {
         env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
         let receiver = crate::fakes::Receiver::start().await;
+        // The ages have thresholds: a row due a moment ago (the tripped order's retry, when its
+        // trip ends) is not stuck, and must not fire a second time.
         let rules = [
-            ("dead-letters", "dead_letters_open", ""),
-            ("overdue-for-an-hour", "overdue_open_orders", "for = \"1h\"\n"),
-            ("ledger-stuck", "ledger_oldest_pending_seconds", ""),
-            ("outbox-stuck", "outbox_oldest_due_seconds", ""),
-            ("plugin-tripped", "plugins_tripped", ""),
+            ("dead-letters", "dead_letters_open", 0, ""),
+            ("overdue-for-an-hour", "overdue_open_orders", 0, "for = \"1h\"\n"),
+            ("ledger-stuck", "ledger_oldest_pending_seconds", 1, ""),
+            ("outbox-stuck", "outbox_oldest_due_seconds", 2, ""),
+            ("plugin-tripped", "plugins_tripped", 0, ""),
         ]
         .iter()
-        .map(|(name, signal, extra)| format!("[[alerts.rules]]\nname = \"{name}\"\nsignal = \"{signal}\"\nabove = 0\n{extra}"))
+        .map(|(name, signal, above, extra)| format!("[[alerts.rules]]\nname = \"{name}\"\nsignal = \"{signal}\"\nabove = {above}\n{extra}"))
         .collect::<String>();
         let hostile = env.hostile_wasm();
         let config = timeoutd::config::Config::from_toml(
