@@ -7,7 +7,7 @@ use serde_json::Value;
 use timeoutd::clock::Clock;
 use timeoutd::daemon::Daemon;
 
-use crate::support::{Env, each_backend, order};
+use crate::support::{Env, each_backend, eventually, order};
 
 const TOKEN: &str = "test-token-0123456789";
 
@@ -268,7 +268,7 @@ each_backend! {
         let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
         let api = Api::of(&daemon);
         let status = "SELECT MIN(status) FROM effect_ledger WHERE kind = 'close-payment' AND order_id = ?";
-        until(Duration::from_secs(30), "close-payment ends FAILED", || async { env.text(status, "refused").await == "FAILED" }).await;
+        eventually(Duration::from_secs(30), "close-payment ends FAILED", || async { env.text(status, "refused").await == "FAILED" }).await;
         let (code, failed) = api.call("GET", "/v1/ledger/failed", None).await;
         assert_eq!(code, 200, "{failed}");
         let listed = failed["effects"].as_array().unwrap();
@@ -283,7 +283,7 @@ each_backend! {
         provider.books.lock().unwrap().answers.remove(key);
         let (code, answer) = api.call("POST", &format!("/v1/ledger/{id}/retry"), None).await;
         assert_eq!((code, answer["retrying"].as_i64()), (200, Some(id)), "{answer}");
-        until(Duration::from_secs(30), "the retried effect completes", || async { env.text(status, "refused").await == "DONE" }).await;
+        eventually(Duration::from_secs(30), "the retried effect completes", || async { env.text(status, "refused").await == "DONE" }).await;
         assert_eq!(api.call("POST", &format!("/v1/ledger/{id}/retry"), None).await.0, 409, "DONE is not FAILED");
         assert_eq!(api.call("GET", "/v1/ledger/failed", None).await.1["effects"].as_array().unwrap().len(), 0);
         daemon.stop().await;
@@ -322,7 +322,7 @@ async fn plugins_reload_refusing_a_broken_file_and_the_served_openapi_lists_ever
     let decided_with = |id: &'static str| {
         let env = &env;
         async move {
-            until(Duration::from_secs(30), "the order closes", || async {
+            eventually(Duration::from_secs(30), "the order closes", || async {
                 env.status(id).await == "CLOSED"
             })
             .await;
@@ -423,19 +423,6 @@ async fn sampled_at(api: &Api) -> i64 {
         .unwrap_or_else(|| panic!("no sampled_at_ms: {backlog}"))
 }
 
-/// Polls `check` every 50 ms until it holds, for at most `limit`.
-async fn until<F, Fut>(limit: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let started = std::time::Instant::now();
-    while !check().await {
-        assert!(started.elapsed() < limit, "after {limit:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 each_backend! {
     /// Each alert signal fires once while its condition holds and resolves once when it stops
     /// holding — open dead letters, a ledger effect no executor runs, an outbox row held by a
@@ -492,9 +479,9 @@ each_backend! {
         let live = ["dead-letters", "ledger-stuck", "outbox-stuck", "plugin-tripped"];
         // The tripped plugin's order is paid as soon as the trip is reported: when the trip
         // lapses (4 s), the retry finds nothing to decide, so it does not trip again.
-        until(Duration::from_secs(30), "the tripped plugin is reported", || async { notices(&receiver).contains(&firing("plugin-tripped")) }).await;
+        eventually(Duration::from_secs(30), "the tripped plugin is reported", || async { notices(&receiver).contains(&firing("plugin-tripped")) }).await;
         assert!(env.pay("trips", now).await);
-        until(Duration::from_secs(30), "every live rule fires", || async {
+        eventually(Duration::from_secs(30), "every live rule fires", || async {
             let n = notices(&receiver);
             live.iter().all(|r| n.contains(&firing(r)))
         })
@@ -506,15 +493,15 @@ each_backend! {
         };
         exec("UPDATE dead_letter SET status = 'DISMISSED' WHERE order_id = ?", "unowned").await;
         exec("UPDATE order_timeout_msg SET claim_token = NULL, claim_until_ms = NULL WHERE order_id = ?", "held").await;
-        until(Duration::from_secs(30), "the released row closes its order", || async { env.status("held").await == "CLOSED" }).await;
+        eventually(Duration::from_secs(30), "the released row closes its order", || async { env.status("held").await == "CLOSED" }).await;
         exec("UPDATE effect_ledger SET status = 'DONE' WHERE status = ?", "PENDING").await;
-        until(Duration::from_secs(30), "every live rule resolves", || async {
+        eventually(Duration::from_secs(30), "every live rule resolves", || async {
             let n = notices(&receiver);
             live.iter().all(|r| n.contains(&resolved(r)))
         })
         .await;
         let last_change = sampled_at(&api).await;
-        until(Duration::from_secs(30), "ten more evaluations", || async { sampled_at(&api).await >= last_change + 1_000 }).await;
+        eventually(Duration::from_secs(30), "ten more evaluations", || async { sampled_at(&api).await >= last_change + 1_000 }).await;
         daemon.stop().await;
         let got = notices(&receiver);
         for rule in live {

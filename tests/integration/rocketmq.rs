@@ -23,7 +23,7 @@ use timeoutd::rocketmq::arming::{ArmListener, Armed, Arming};
 use timeoutd::rocketmq::consumer::{Ack, Received, TimeoutConsumer};
 use timeoutd_runtime::model::CheckVerdict;
 
-use crate::support::{Env, order, repo_root};
+use crate::support::{Env, eventually, order, repo_root};
 
 static BROKER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -90,22 +90,6 @@ async fn send(t: &Transport, m: Message) {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     panic!("send failed (see the broker log under the store dir): {last:?}");
-}
-
-/// Polls `check` every 100 ms until it holds or `limit` passes.
-async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("after {limit:?}: {what}");
 }
 
 /// Deletes the orders' outbox rows: these order services rely on their own messages.

@@ -422,6 +422,22 @@ pub fn timeoutd_bin() -> PathBuf {
     bin
 }
 
+/// Polls `check` every 100 ms until it holds; panics naming `what` once `limit` has passed.
+pub async fn eventually<F, Fut>(limit: std::time::Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = std::time::Instant::now();
+    while start.elapsed() < limit {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("after {limit:?}: {what}");
+}
+
 /// The repository root.
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -99,8 +99,8 @@ impl Alerts {
 }
 
 impl Watcher for Alerts {
-    async fn watch(&mut self, sample: &Sample, now_ms: i64) {
-        self.evaluate(sample, now_ms).await;
+    async fn watch(&mut self, sample: &Sample) {
+        self.evaluate(sample, sample.sampled_at_ms).await;
     }
 }
 

@@ -78,7 +78,9 @@ impl Daemon {
             config.dispatch.clone(),
             effects_wake.clone(),
         ));
-        if config.admin.is_some() || config.alerts.is_some() {
+        // Metrics and the backlog sample serve the admin API and the alert rules.
+        let observed = config.admin.is_some() || config.alerts.is_some();
+        if observed {
             // Before any source runs: an event emitted before the recorder exists is not
             // counted (a daemon's first triggers were missing from `timeoutd_triggers_total`).
             crate::events::metrics_handle();
@@ -132,7 +134,7 @@ impl Daemon {
             tasks.spawn(crate::http::serve(listener, state, rx.clone()));
         }
         let (sample_tx, sample_rx) = watch::channel(crate::gauges::Sample::default());
-        if config.admin.is_some() || config.alerts.is_some() {
+        if observed {
             let intervals = [
                 config
                     .admin

@@ -138,8 +138,8 @@ pub fn publish(s: &Sample, merchants: &[String]) {
 /// What looks at each sample besides the gauges and `/v1/backlog`: the alert rules
 /// ([`crate::alerts::Alerts`]).
 pub trait Watcher: Send {
-    /// Looks at `sample`, taken at `now_ms` (epoch ms, the daemon's clock).
-    fn watch(&mut self, sample: &Sample, now_ms: i64) -> impl Future<Output = ()> + Send;
+    /// Looks at `sample` (taken at its `sampled_at_ms`).
+    fn watch(&mut self, sample: &Sample) -> impl Future<Output = ()> + Send;
 }
 
 /// Samples every `every` and publishes, until `shutdown`; the latest sample goes to `latest`
@@ -161,7 +161,7 @@ pub async fn run<W: Watcher>(
             Ok(s) => {
                 publish(&s, &merchants);
                 if let Some(watcher) = watcher.as_mut() {
-                    watcher.watch(&s, s.sampled_at_ms).await;
+                    watcher.watch(&s).await;
                 }
                 let _ = latest.send(s);
             }
