@@ -332,9 +332,28 @@ struct LocalCluster {
 }
 
 impl LocalCluster {
+    /// Three nodes on free-looking ports: a few tries, each on a fresh random base that keeps
+    /// clear of the test broker's ports (20909–20914), since a port taken by another process
+    /// fails `--cluster create`.
     fn start() -> LocalCluster {
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            let base = loop {
+                let base = 20_000 + fastrand::u16(0..9_000) / 3 * 3;
+                if !(20_900..=20_920).contains(&base) {
+                    break base;
+                }
+            };
+            match LocalCluster::try_start(base) {
+                Ok(cluster) => return cluster,
+                Err(why) => failures.push(why),
+            }
+        }
+        panic!("no Redis Cluster after 3 tries: {failures:#?}");
+    }
+
+    fn try_start(base: u16) -> Result<LocalCluster, String> {
         let dir = tempfile::tempdir().unwrap();
-        let base = 20_000 + fastrand::u16(0..9_000) / 3 * 3;
         let ports: Vec<u16> = (base..base + 3).collect();
         let nodes = ports
             .iter()
@@ -377,17 +396,26 @@ impl LocalCluster {
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
         }
+        // Owned from here: a failed start drops it, which kills the nodes.
+        let cluster = LocalCluster {
+            nodes,
+            urls: addrs.iter().map(|a| format!("redis://{a}")).collect(),
+            _dir: dir,
+        };
         let create = std::process::Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addrs)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
             .output()
             .unwrap();
-        assert!(
-            create.status.success(),
-            "{}",
-            String::from_utf8_lossy(&create.stdout)
-        );
+        if !create.status.success() {
+            return Err(format!(
+                "ports {base}..{}: {}{}",
+                base + 2,
+                String::from_utf8_lossy(&create.stdout),
+                String::from_utf8_lossy(&create.stderr)
+            ));
+        }
         for _ in 0..100 {
             let info = std::process::Command::new("redis-cli")
                 .args(["-p", &ports[0].to_string(), "cluster", "info"])
@@ -398,11 +426,7 @@ impl LocalCluster {
             }
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
-        LocalCluster {
-            nodes,
-            urls: addrs.iter().map(|a| format!("redis://{a}")).collect(),
-            _dir: dir,
-        }
+        Ok(cluster)
     }
 }
 
