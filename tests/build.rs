@@ -1,6 +1,7 @@
 //! Compiles the test plugins for the sandbox and version tests: `plugins/hostile` (misbehaves on
-//! request) and `plugins/future-api` (stamped timeout:policy@0.2.0).
+//! request), `plugins/future-api` (stamped timeout:policy@9.0.0) and `plugins/tea-house` (the
+//! 0.2.0 example, run in the daemon beside 0.1.0 plugins).
 
 fn main() {
-    timeoutd_plugin_build::build(&["hostile", "future-api"]);
+    timeoutd_plugin_build::build(&["hostile", "future-api", "tea-house"]);
 }

@@ -464,7 +464,8 @@ async fn redis_cluster_routes_effect_and_marker_to_one_slot() {
             flash
                 .restore_stock(&stock_key, 3, &format!("m/o{n}/0/0"))
                 .await
-                .unwrap(),
+                .unwrap()
+                .note,
             None
         );
         assert!(
@@ -472,6 +473,7 @@ async fn redis_cluster_routes_effect_and_marker_to_one_slot() {
                 .restore_stock(&stock_key, 3, &format!("m/o{n}/0/0"))
                 .await
                 .unwrap()
+                .note
                 .is_some(),
             "replay refused"
         );
@@ -479,7 +481,8 @@ async fn redis_cluster_routes_effect_and_marker_to_one_slot() {
             flash
                 .release_slot(&users_key, "u", &format!("m/o{n}/0/1"))
                 .await
-                .unwrap(),
+                .unwrap()
+                .note,
             None
         );
         let freed: bool = conn.sismember(&users_key, "u").await.unwrap();
@@ -491,6 +494,7 @@ async fn redis_cluster_routes_effect_and_marker_to_one_slot() {
                 .release_slot(&users_key, "u", &format!("m/o{n}/0/1"))
                 .await
                 .unwrap()
+                .note
                 .is_some(),
             "replayed release refused"
         );

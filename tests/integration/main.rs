@@ -8,6 +8,7 @@ mod fakes;
 mod group;
 mod pipeline;
 mod plugin_cli;
+mod policy_api;
 mod polyglot;
 mod rocketmq;
 mod runtime;

@@ -56,7 +56,11 @@ fn check_reports_version_world_and_size_and_refuses_what_would_not_load() {
     let all = text(&out);
     assert_eq!(out.status.code(), Some(1), "{all}");
     assert!(
-        all.contains("timeout:policy@0.2.0") && all.contains("supports 0.1.0"),
+        all.contains("timeout:policy@9.0.0")
+            && all.contains(&format!(
+                "supports {}",
+                timeoutd_runtime::SUPPORTED_API_VERSIONS.join(", ")
+            )),
         "{all}"
     );
     assert!(all.contains("refused before compiling"), "{all}");

@@ -85,6 +85,8 @@ fn ctx(now_ms: i64, phase: u32, attempt: u32, settings: &[(&str, &str)]) -> Cont
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
+        state: Vec::new(),
+        payment: None,
     }
 }
 

@@ -31,6 +31,8 @@ fn ctx(now_ms: i64, phase: u32, settings: &[(&str, &str)]) -> Context {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
+        state: Vec::new(),
+        payment: None,
     }
 }
 
@@ -90,6 +92,7 @@ fn two_phase_waits_and_reminds_then_cancels_with_the_flash_sale() {
         after_ms,
         next_phase,
         reminder,
+        ..
     } = plugin.decide(&o, &ctx(T0, 0, &settings)).unwrap()
     else {
         panic!("expected a wait")
@@ -229,13 +232,21 @@ fn a_plugin_stamped_with_an_unsupported_version_is_refused_before_compilation() 
             supported,
         } => assert_eq!(
             (plugin.as_str(), found.as_str(), supported.as_str()),
-            ("future", "0.2.0", "0.1.0")
+            (
+                "future",
+                "9.0.0",
+                timeoutd_runtime::SUPPORTED_API_VERSIONS.join(", ").as_str()
+            )
         ),
         other => panic!("{other:?}"),
     }
     let message = err.to_string();
     assert!(
-        message.contains("timeout:policy@0.2.0") && message.contains("supports 0.1.0"),
+        message.contains("timeout:policy@9.0.0")
+            && message.contains(&format!(
+                "supports {}",
+                timeoutd_runtime::SUPPORTED_API_VERSIONS.join(", ")
+            )),
         "{message}"
     );
     // Nothing was compiled: a compile would have left its artifact in the cache.

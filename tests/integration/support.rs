@@ -15,8 +15,11 @@ use timeoutd_runtime::model::{Order, OrderItem, OrderStatus};
 /// The misbehaving test plugin, built by `build.rs`.
 pub const HOSTILE_WASM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hostile.wasm"));
 
-/// A plugin stamped `timeout:policy@0.2.0` (`plugins/future-api`), built by `build.rs`.
+/// A plugin stamped `timeout:policy@9.0.0` (`plugins/future-api`), built by `build.rs`.
 pub const FUTURE_API_WASM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/future_api.wasm"));
+
+/// The API 0.2.0 example plugin (`plugins/tea-house`), built by `build.rs`.
+pub const TEA_HOUSE_WASM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/tea_house.wasm"));
 
 /// Runs `$body` once per backend: `mod $name { sqlite, mariadb, postgres }`.
 macro_rules! each_backend {
@@ -48,7 +51,8 @@ macro_rules! each_backend {
 }
 pub(crate) use each_backend;
 
-/// A merchant for [`Env::config`]: `(id, plugin, settings)`; plugin `hostile` is the test plugin.
+/// A merchant for [`Env::config`]: `(id, plugin, settings)`; plugin `hostile` is the test
+/// plugin, `tea-house` the API 0.2.0 example.
 pub type MerchantSpec<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
 
 /// The MariaDB server the tests use.
@@ -141,16 +145,18 @@ impl Env {
         extra: &str,
     ) -> Config {
         let hostile = self.hostile_wasm();
+        let tea_house = self.dir.path().join("tea-house.wasm");
+        std::fs::write(&tea_house, TEA_HOUSE_WASM).unwrap();
         let mut toml = format!(
             "{}\n[database]\nurl = \"{}\"\n",
             generous_deadline(extra),
             self.url
         );
         for (id, plugin, settings) in merchants {
-            let plugin = if *plugin == "hostile" {
-                hostile.display().to_string()
-            } else {
-                plugin.to_string()
+            let plugin = match *plugin {
+                "hostile" => hostile.display().to_string(),
+                "tea-house" => tea_house.display().to_string(),
+                other => other.to_string(),
             };
             toml += &format!(
                 "[merchants.{id}]\nplugin = \"{plugin}\"\n{merchant_keys}\n[merchants.{id}.settings]\n"

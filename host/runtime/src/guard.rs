@@ -6,7 +6,106 @@
 
 use std::collections::HashMap;
 
-use crate::model::{Effect, Order};
+use crate::model::{Decision, Effect, Manifest, Order};
+
+/// Most bytes of the state a `wait` hands to its next phase (API 0.2.0 on): it is stored with
+/// the outbox row, so it is kept small.
+pub const MAX_STATE_BYTES: usize = 1024;
+
+/// What a decision is reviewed against, besides its order: the phase it decides, the kinds the
+/// merchant granted (`None`: every kind) and what the plugin declared (`None`: a 0.1.0 plugin,
+/// which declares nothing).
+#[derive(Debug, Clone, Copy)]
+pub struct Review<'a> {
+    /// The order the decision is about.
+    pub order: &'a Order,
+    /// The phase being decided.
+    pub phase: u32,
+    /// `granted_effects` of the merchant.
+    pub granted: Option<&'a [String]>,
+    /// The plugin's manifest.
+    pub manifest: Option<&'a Manifest>,
+}
+
+/// The host's one review of a decision, for the daemon and the harness alike:
+/// - a `cancel`'s effects are within the order ([`check`]), of kinds the merchant granted
+///   ([`check_granted`]) and of kinds the plugin declared ([`check_declared`]);
+/// - a `wait` moves on ([`check_wait`]), its reminder is granted and declared as `notify`, and
+///   its state is at most [`MAX_STATE_BYTES`];
+/// - an `ignore` is always permitted.
+///
+/// # Errors
+/// Every problem, each naming the effect by position or the field.
+pub fn review(decision: &Decision, r: Review<'_>) -> Result<(), Vec<String>> {
+    let mut problems = Vec::new();
+    let kinds = |effects: &[Effect], problems: &mut Vec<String>| {
+        if let Some(granted) = r.granted {
+            problems.extend(check_granted(effects, granted).err().unwrap_or_default());
+        }
+        if let Some(manifest) = r.manifest {
+            problems.extend(check_declared(effects, manifest).err().unwrap_or_default());
+        }
+    };
+    match decision {
+        Decision::Cancel { effects, .. } => {
+            problems.extend(check(r.order, effects).err().unwrap_or_default());
+            kinds(effects, &mut problems);
+        }
+        Decision::Wait {
+            after_ms,
+            next_phase,
+            reminder,
+            state,
+            ..
+        } => {
+            if let Err(p) = check_wait(r.phase, *after_ms, *next_phase) {
+                problems.push(p);
+            }
+            if state.len() > MAX_STATE_BYTES {
+                problems.push(format!(
+                    "wait.state is {} bytes; at most {MAX_STATE_BYTES}",
+                    state.len()
+                ));
+            }
+            let notice: Vec<Effect> = reminder.iter().cloned().map(Effect::Notify).collect();
+            let before = problems.len();
+            kinds(&notice, &mut problems);
+            for p in &mut problems[before..] {
+                *p = format!("reminder: {p}");
+            }
+        }
+        Decision::Ignore { .. } => {}
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems)
+    }
+}
+
+/// Checks that every effect is of a kind the plugin declared in its manifest.
+///
+/// # Errors
+/// Every effect of an undeclared kind, as `effects[i] kind(args): ...`.
+pub fn check_declared(effects: &[Effect], manifest: &Manifest) -> Result<(), Vec<String>> {
+    let problems: Vec<String> = effects
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| !manifest.effects.contains(&e.kind()))
+        .map(|(i, e)| {
+            format!(
+                "effects[{i}] {}: the plugin did not declare effect kind `{}` in its manifest",
+                describe(e),
+                e.kind()
+            )
+        })
+        .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems)
+    }
+}
 
 /// Checks `effects` against `order`:
 /// - `restore-stock`: only the order's SKUs, in total at most each line's quantity;
@@ -95,18 +194,8 @@ pub fn check(order: &Order, effects: &[Effect]) -> Result<(), Vec<String>> {
     }
 }
 
-/// Every effect kind, as [`Effect::kind`] names them (and `granted_effects` in the config).
-pub const EFFECT_KINDS: [&str; 6] = [
-    "restore-stock",
-    "restore-flash-stock",
-    "release-flash-slot",
-    "release-coupon",
-    "close-payment",
-    "notify",
-];
-
 /// Checks that every effect is of a kind the merchant granted its plugin (`granted`, kinds as
-/// in [`EFFECT_KINDS`]). A reminder sent with a `wait` counts as `notify`.
+/// in [`EffectKind::ALL`]). A reminder sent with a `wait` counts as `notify`.
 ///
 /// # Errors
 /// Every effect of an ungranted kind, as `effects[i] kind(args): ...`.
@@ -114,7 +203,7 @@ pub fn check_granted(effects: &[Effect], granted: &[String]) -> Result<(), Vec<S
     let problems: Vec<String> = effects
         .iter()
         .enumerate()
-        .filter(|(_, e)| !granted.iter().any(|g| g == e.kind()))
+        .filter(|(_, e)| !granted.iter().any(|g| g == e.kind().as_str()))
         .map(|(i, e)| {
             format!(
                 "effects[{i}] {}: effect kind `{}` is not granted to this merchant's plugin (granted: {})",
@@ -164,7 +253,7 @@ pub fn describe(effect: &Effect) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{OrderItem, OrderStatus};
+    use crate::model::{EffectKind, OrderItem, OrderStatus};
 
     fn order() -> Order {
         Order {
@@ -244,7 +333,7 @@ mod tests {
             "effects[1] close-payment(p1): effect kind `close-payment` is not granted"
         ));
         assert!(problems[0].ends_with("(granted: restore-stock, notify)"));
-        let all: Vec<String> = EFFECT_KINDS.iter().map(|k| k.to_string()).collect();
+        let all: Vec<String> = EffectKind::ALL.iter().map(|k| k.to_string()).collect();
         assert_eq!(check_granted(&effects, &all), Ok(()));
     }
 

@@ -20,8 +20,11 @@
 //! Failures come in three tiers, kept apart in [`DecideError`]: the guest's own domain error
 //! (`policy-error`), a trap (deadline, memory, panic), and host-side problems.
 
+#![warn(missing_docs)]
+
 mod bindings;
 mod cache;
+pub mod duration;
 mod engine;
 mod error;
 pub mod guard;
@@ -38,5 +41,6 @@ pub use error::{DecideError, LoadError, TrapKind};
 pub use inspect::{API_VERSION_SECTION, Inspection, inspect};
 pub use plugin::Plugin;
 
-/// The WIT API versions this host can run, newest last (`timeout:policy@<version>`).
-pub const SUPPORTED_API_VERSIONS: &[&str] = &["0.1.0"];
+/// The WIT API versions this host can run, oldest first (`timeout:policy@<version>`); derived
+/// from the bindings' one table (`bindings.rs`).
+pub const SUPPORTED_API_VERSIONS: &[&str] = bindings::SUPPORTED;

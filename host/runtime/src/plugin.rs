@@ -7,10 +7,10 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Store, Trap};
 
-use crate::bindings::{VersionedPre, latest, v0_1_0};
+use crate::bindings::VersionedPre;
 use crate::engine::{InstanceMode, PluginLimits, PolicyEngine};
 use crate::error::{DecideError, LoadError, TrapKind};
-use crate::model::{CheckVerdict, Context, Decision, Effect, Notice, Order};
+use crate::model::{CheckVerdict, Context, Decision, Effect, Manifest, Notice, Order};
 use crate::state::CallState;
 use crate::warm::Warm;
 
@@ -29,6 +29,8 @@ struct Inner {
     digest: String,
     engine: PolicyEngine,
     pre: VersionedPre,
+    /// What `describe` answered at load (API 0.2.0 on).
+    manifest: Option<Manifest>,
     limits: PluginLimits,
     deadline_ticks: u64,
     mode: InstanceMode,
@@ -78,8 +80,9 @@ impl Plugin {
         let plugin = name.to_string();
         // Before compiling: a component, and (when the SDK stamped it) a version this host runs.
         let inspection = crate::inspect::inspect(name, bytes)?;
-        if let Some(found) = inspection.stamped_api_version {
-            check_supported(name, &found)?;
+        let stamped = inspection.stamped_api_version;
+        if let Some(found) = &stamped {
+            check_supported(name, found)?;
         }
         let digest = hex::encode(Sha256::digest(bytes));
         let component = crate::cache::compile(&engine, bytes, &digest).map_err(|reason| {
@@ -89,7 +92,9 @@ impl Plugin {
                 reason,
             }
         })?;
-        let pre = link(&engine, &component, &plugin)?;
+        let pre = link(&engine, &component, &plugin, stamped.as_deref())?;
+        let deadline_ticks = engine.deadline_ticks(limits.deadline);
+        let manifest = describe(&engine, &pre, name, limits, deadline_ticks)?;
         let mode = if bytes.len() >= engine.limits().warm_min_component_bytes
             && engine.limits().max_warm_instances > 0
         {
@@ -101,9 +106,10 @@ impl Plugin {
             inner: Arc::new(Inner {
                 name: name.into(),
                 digest,
-                deadline_ticks: engine.deadline_ticks(limits.deadline),
+                deadline_ticks,
                 engine,
                 pre,
+                manifest,
                 limits,
                 mode,
                 id: NEXT_LOAD_ID.fetch_add(1, Ordering::Relaxed),
@@ -124,6 +130,7 @@ impl Plugin {
                 digest: inner.digest.clone(),
                 engine: inner.engine.clone(),
                 pre: inner.pre.clone(),
+                manifest: inner.manifest.clone(),
                 limits: inner.limits,
                 deadline_ticks: inner.deadline_ticks,
                 mode: inner.mode,
@@ -168,6 +175,18 @@ impl Plugin {
     /// The `timeout:policy` version the plugin was built against, e.g. `0.1.0`.
     pub fn api_version(&self) -> &'static str {
         self.inner.pre.api_version()
+    }
+
+    /// Whether the daemon asks this plugin before an order's deadline (API 0.2.0 on). A 0.1.0
+    /// plugin is first asked at the deadline; an earlier trigger is deferred to it unasked.
+    pub fn asks_before_deadline(&self) -> bool {
+        self.inner.pre.asks_before_deadline()
+    }
+
+    /// What the plugin declared at load (`describe`, API 0.2.0 on): its effect kinds and
+    /// settings. `None` for a 0.1.0 plugin, which declares nothing.
+    pub fn manifest(&self) -> Option<&Manifest> {
+        self.inner.manifest.as_ref()
     }
 
     /// Asks the plugin what to do with `order` now.
@@ -345,38 +364,67 @@ impl Plugin {
     }
 }
 
-/// Finds the API version a component was built against and links it against that version's
-/// imports plus locked-down WASI.
+/// Calls the plugin's `describe` once, on a fresh instance under its limits (a 0.1.0 plugin
+/// has none: `None`). A manifest naming a setting twice is refused.
+fn describe(
+    engine: &PolicyEngine,
+    pre: &VersionedPre,
+    name: &str,
+    limits: PluginLimits,
+    deadline_ticks: u64,
+) -> Result<Option<Manifest>, LoadError> {
+    let fail = |reason: String| LoadError::Compile {
+        plugin: name.to_string(),
+        stage: "describe",
+        reason,
+    };
+    let state = CallState::new(name.into(), String::new(), 0, limits.max_memory_bytes);
+    let mut store = Store::new(engine.engine(), state);
+    store.limiter(|s| &mut s.limits);
+    store.set_epoch_deadline(deadline_ticks);
+    let instance = pre
+        .instantiate(&mut store)
+        .map_err(|e| fail(format!("{e:?}")))?;
+    let manifest = instance
+        .describe(&mut store)
+        .map_err(|e| fail(format!("{e:?}")))?;
+    if let Some(m) = &manifest {
+        for (i, s) in m.settings.iter().enumerate() {
+            if m.settings[..i].iter().any(|t| t.name == s.name) {
+                return Err(fail(format!(
+                    "the manifest names setting `{}` twice",
+                    s.name
+                )));
+            }
+        }
+    }
+    Ok(manifest)
+}
+
+/// Links `component` against the bindings of the API version it was built against, plus
+/// locked-down WASI. The version is its stamp when the SDK stamped it (`stamped`, already
+/// checked), else the version of its `timeout:policy` imports, else the newest this host runs.
 fn link(
     engine: &PolicyEngine,
     component: &Component,
     plugin: &str,
+    stamped: Option<&str>,
 ) -> Result<VersionedPre, LoadError> {
-    // The fallback for components without the SDK's stamp: the version of our imports.
-    if let Some(found) = policy_import_version(engine, component) {
-        check_supported(plugin, &found)?;
-    }
-    let link_err = |reason: String| LoadError::Compile {
+    let version = match stamped {
+        Some(v) => v.to_string(),
+        None => policy_import_version(engine, component)
+            .unwrap_or_else(|| crate::bindings::latest().to_string()),
+    };
+    check_supported(plugin, &version)?;
+    let link_err = |(stage, reason): (&'static str, String)| LoadError::Compile {
         plugin: plugin.to_string(),
-        stage: "link",
+        stage,
         reason,
     };
     let mut linker: Linker<CallState> = Linker::new(engine.engine());
-    wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| link_err(format!("{e:?}")))?;
-    // Only one version exists today; `found == None` (a plugin importing nothing of ours) is
-    // tried as the latest.
-    let _ = latest::VERSION;
-    v0_1_0::add_to_linker(&mut linker).map_err(|e| link_err(format!("{e:?}")))?;
-    let instance_pre = linker
-        .instantiate_pre(component)
-        .map_err(|e| link_err(format!("{e:?}")))?;
-    let pre = v0_1_0::PolicyPre::new(instance_pre).map_err(|e| {
-        link_err(format!(
-            "does not export the timeout:policy@{} world: {e:?}",
-            v0_1_0::VERSION
-        ))
-    })?;
-    Ok(VersionedPre::V0_1_0(pre))
+    wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+        .map_err(|e| link_err(("link", format!("{e:?}"))))?;
+    crate::bindings::link(&version, linker, component).map_err(link_err)
 }
 
 /// Refuses a version not in [`crate::SUPPORTED_API_VERSIONS`], naming both.

@@ -10,6 +10,8 @@ use wasmtime::component::ResourceTable;
 use wasmtime::{StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::{HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
+use crate::model::LogLevel;
+
 /// Store data. A fresh instance gets its own and drops it with its `Store`; a warm instance
 /// (see `warm.rs`) keeps it across calls and [`CallState::begin_call`] resets what is per call.
 pub(crate) struct CallState {
@@ -65,6 +67,31 @@ impl CallState {
         self.order_id.push_str(order_id);
         self.now_ms.store(now_ms, Ordering::Relaxed);
         self.wasi = None;
+    }
+}
+
+/// Most bytes of one `log` line kept; the rest is cut.
+const MAX_LOG_LINE: usize = 4096;
+
+impl CallState {
+    /// A plugin's `host.log` line (every API version's): cut to [`MAX_LOG_LINE`] bytes at a
+    /// character boundary and written to the daemon's log, tagged with the plugin and the order.
+    pub(crate) fn log(&mut self, level: LogLevel, mut message: String) {
+        if message.len() > MAX_LOG_LINE {
+            let mut cut = MAX_LOG_LINE;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+        }
+        let (plugin, order) = (&*self.plugin, self.order_id.as_str());
+        match level {
+            LogLevel::Trace => tracing::trace!(plugin, order, "{message}"),
+            LogLevel::Debug => tracing::debug!(plugin, order, "{message}"),
+            LogLevel::Info => tracing::info!(plugin, order, "{message}"),
+            LogLevel::Warn => tracing::warn!(plugin, order, "{message}"),
+            LogLevel::Error => tracing::error!(plugin, order, "{message}"),
+        }
     }
 }
 

@@ -51,6 +51,8 @@ fn context(now_ms: i64, phase: u32) -> Context {
             ("channel".into(), "log".into()),
             ("closed_template".into(), "order-closed".into()),
         ],
+        state: Vec::new(),
+        payment: None,
     }
 }
 

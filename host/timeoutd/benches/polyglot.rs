@@ -51,6 +51,8 @@ fn context() -> Context {
         phase: 1,
         attempt: 0,
         settings: vec![("grace".into(), "5m".into())],
+        state: Vec::new(),
+        payment: None,
     }
 }
 

@@ -26,7 +26,7 @@ mod wait;
 use std::sync::Arc;
 
 use serde::Serialize;
-use timeoutd_runtime::model::{Context, Decision, Effect, Order, OrderStatus, TriggerKind};
+use timeoutd_runtime::model::{Context, Decision, Order, OrderStatus, Payment, TriggerKind};
 
 use timeoutd_runtime::DecideError;
 use tracing::Instrument;
@@ -52,33 +52,45 @@ pub struct Trigger {
     pub due_ms: Option<i64>,
     /// The `order_timeout_msg` row it came from, if any.
     pub row_id: Option<i64>,
+    /// The state the previous phase's `wait` handed to this one (API 0.2.0 on); empty for none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub state: Vec<u8>,
 }
 
 impl Trigger {
     /// The trigger a claimed `order_timeout_msg` row stands for, fired by `kind` (the outbox
     /// timer, a sweep's or an operator's row, a broker message). A row whose phase is outside
-    /// `0..=u32::MAX` cannot be one: `Err` carries the trigger (phase 0), to dead-letter it
-    /// with, and the reason naming the row and the value.
+    /// `0..=u32::MAX`, or whose state is not hex, cannot be one: `Err` carries the trigger
+    /// (phase 0, no state), to dead-letter it with, and the reason naming the row and the value.
     pub fn of_row(row: &outbox::DueRow, kind: TriggerKind) -> Result<Trigger, (Trigger, String)> {
-        let trigger = |phase| Trigger {
+        let trigger = |phase, state| Trigger {
             order_id: row.order_id.clone(),
             kind,
             phase,
             attempt: row.attempts,
             due_ms: Some(row.due_ms),
             row_id: Some(row.id),
+            state,
         };
-        u32::try_from(row.phase).map(trigger).map_err(|_| {
-            (
-                trigger(0),
-                format!(
-                    "order_timeout_msg row {} has phase {}, outside 0..={}",
-                    row.id,
-                    row.phase,
-                    u32::MAX
-                ),
-            )
-        })
+        let Ok(phase) = u32::try_from(row.phase) else {
+            let reason = format!(
+                "order_timeout_msg row {} has phase {}, outside 0..={}",
+                row.id,
+                row.phase,
+                u32::MAX
+            );
+            return Err((trigger(0, Vec::new()), reason));
+        };
+        match row.state.as_deref().map(hex::decode).transpose() {
+            Ok(state) => Ok(trigger(phase, state.unwrap_or_default())),
+            Err(e) => {
+                let reason = format!(
+                    "order_timeout_msg row {} has a state that is not hex ({e})",
+                    row.id
+                );
+                Err((trigger(phase, Vec::new()), reason))
+            }
+        }
     }
 }
 
@@ -275,6 +287,15 @@ impl Dispatcher {
         &self.clock
     }
 
+    /// Whether any merchant's plugin is asked before the deadline (API 0.2.0 on): then the
+    /// outbox timer looks at new rows early ([`outbox::claim_unseen`]).
+    pub fn asks_before_deadline(&self) -> bool {
+        self.policies
+            .all()
+            .iter()
+            .any(|p| p.plugin.asks_before_deadline())
+    }
+
     /// Handles one trigger to a committed outcome. Never panics on bad input: database failures
     /// become [`Outcome::Retry`] (or a dead letter once attempts run out).
     pub async fn handle(&self, trigger: &Trigger) -> Outcome {
@@ -338,18 +359,16 @@ impl Dispatcher {
             let reason = format!("order is {}", order.status.as_str());
             return Ok(Step::NotPending { reason });
         }
-        if trigger.kind != TriggerKind::Manual && now_ms < order.deadline_ms {
-            if let Some(id) = trigger.row_id {
-                outbox::defer(&self.db, id, order.deadline_ms).await?;
-            }
-            tracing::info!(
-                order = %order.id,
-                early_ms = order.deadline_ms - now_ms,
-                "trigger before the deadline; deferred"
-            );
-            return Ok(Step::Done(Outcome::Deferred {
-                until_ms: order.deadline_ms,
-            }));
+        let early = trigger.kind != TriggerKind::Manual && now_ms < order.deadline_ms;
+        let asks_early = self
+            .policies
+            .get(&order.merchant)
+            .is_some_and(|p| p.plugin.asks_before_deadline());
+        if early && !asks_early {
+            // A 0.1.0 plugin is asked at the deadline, not before.
+            return Ok(Step::Done(
+                self.hold(trigger, &order, now_ms, "trigger").await?,
+            ));
         }
         let Some(policy) = self.policies.get(&order.merchant) else {
             let reason = format!(
@@ -373,6 +392,8 @@ impl Dispatcher {
             phase: trigger.phase,
             attempt: trigger.attempt,
             settings: policy.settings.clone(),
+            state: trigger.state.clone(),
+            payment: order.payment_ref.as_ref().map(|_| Payment::default()),
         };
         let input = serde_json::json!({ "order": &order, "context": &ctx }).to_string();
         let (answer, latency_us) = {
@@ -436,6 +457,13 @@ impl Dispatcher {
                 }
             }
         };
+        if early && !matches!(decision, Decision::Wait { .. }) {
+            // Asked before the deadline (a 0.2.0 plugin): a wait goes ahead, but a cancel or
+            // an ignore is held until the deadline, when the plugin is asked again. Only the
+            // close is bound to the deadline.
+            let what = decision.kind();
+            return Ok(Step::Done(self.hold(trigger, &order, now_ms, what).await?));
+        }
         Ok(Step::Ready(Box::new(Ready {
             policy,
             order,
@@ -446,6 +474,35 @@ impl Dispatcher {
             answer: answer_json,
             decision,
         })))
+    }
+
+    /// Holds a trigger that came before its order's deadline until the deadline: its row is
+    /// deferred to it (a trigger without a row is dropped: the order's own row comes then).
+    /// `what` names what was held (`trigger`, or the early decision: `cancel`, `ignore`).
+    async fn hold(
+        &self,
+        trigger: &Trigger,
+        order: &Order,
+        now_ms: i64,
+        what: &str,
+    ) -> Result<Outcome, DbError> {
+        match (trigger.row_id, trigger.due_ms) {
+            // A row due at or after the deadline (an early look) keeps its time and status.
+            (Some(id), Some(due_ms)) if due_ms >= order.deadline_ms => {
+                outbox::release(&self.db, id).await?
+            }
+            (Some(id), _) => outbox::defer(&self.db, id, order.deadline_ms).await?,
+            (None, _) => {}
+        }
+        tracing::info!(
+            order = %order.id,
+            early_ms = order.deadline_ms - now_ms,
+            held = what,
+            "before the deadline; held until it"
+        );
+        Ok(Outcome::Deferred {
+            until_ms: order.deadline_ms,
+        })
     }
 
     /// Carries out one decision on its own: the guard, then its transaction.
@@ -472,31 +529,14 @@ impl Dispatcher {
                 }
                 Ok(Outcome::Ignored)
             }
-            Decision::Wait {
-                after_ms,
-                next_phase,
-                reminder,
-            } => {
-                let notice: Vec<Effect> = reminder.iter().cloned().map(Effect::Notify).collect();
-                match permitted(policy, order, &notice) {
-                    Ok(()) => self.wait(&decided, after_ms, next_phase, reminder).await,
-                    Err(problems) => {
-                        let decision = Decision::Wait {
-                            after_ms,
-                            next_phase,
-                            reminder,
-                        };
-                        let reason = format!("reminder: {}", problems.join("; "));
-                        self.refuse(&decided, &decision, reason).await
+            decision => match permitted(policy, order, trigger.phase, &decision) {
+                Err(problems) => self.refuse(&decided, &decision, problems.join("; ")).await,
+                Ok(()) => match &decision {
+                    Decision::Cancel { reason, effects } => {
+                        self.close(&decided, reason, effects).await
                     }
-                }
-            }
-            Decision::Cancel { reason, effects } => match permitted(policy, order, &effects) {
-                Ok(()) => self.close(&decided, &reason, &effects).await,
-                Err(problems) => {
-                    let decision = Decision::Cancel { reason, effects };
-                    self.refuse(&decided, &decision, problems.join("; ")).await
-                }
+                    _ => self.wait(&decided, &decision).await,
+                },
             },
         }
     }
@@ -516,24 +556,21 @@ impl Dispatcher {
     }
 }
 
-/// The guard over `effects`: within the order ([`guard::check`]) and of kinds the merchant
-/// granted ([`guard::check_granted`]); every problem of both.
+/// The guard's review of `decision` for `order` at `phase` ([`guard::review`]): the merchant's
+/// grants and the plugin's manifest; every problem.
 fn permitted(
     policy: &MerchantPolicy,
     order: &Order,
-    effects: &[Effect],
+    phase: u32,
+    decision: &Decision,
 ) -> Result<(), Vec<String>> {
-    let mut problems = guard::check(order, effects).err().unwrap_or_default();
-    if let Some(granted) = &policy.granted_effects {
-        problems.extend(
-            guard::check_granted(effects, granted)
-                .err()
-                .unwrap_or_default(),
-        );
-    }
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(problems)
-    }
+    guard::review(
+        decision,
+        guard::Review {
+            order,
+            phase,
+            granted: policy.granted_effects.as_deref(),
+            manifest: policy.plugin.manifest(),
+        },
+    )
 }

@@ -10,79 +10,74 @@
 //! - a transient failure (timeout, 5xx, Redis down) reschedules the row with backoff, across
 //!   restarts; a permanent one (4xx, unreadable payload) or too many attempts marks it FAILED
 //!   with the reason, logged at error level for the on-call.
+//!
+//! Each section of kinds has one [`Executor`] (`notify.rs`, `flash.rs`, `payment.rs`);
+//! [`crate::kinds::home`] says which kind goes to which. A kind whose executor is not configured
+//! is not even read: its rows wait PENDING for a daemon that has it.
 
+mod executor;
 mod flash;
 mod notify;
 mod payment;
 pub mod worker;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use timeoutd_runtime::model::{Effect, Notice};
-
-pub use flash::FlashSale;
+pub use executor::{Done, EffectError, Executor, Job};
+pub use flash::{FlashEffects, FlashSale};
 pub use notify::Notifier;
-pub use payment::{CloseOutcome, HttpPaymentGateway, PaymentGateway};
+pub use payment::{
+    CloseOutcome, HttpPaymentGateway, PaymentEffects, PaymentGateway, record_paid_after_close,
+    resolutions,
+};
 
 use crate::clock::Clock;
 use crate::config::{Config, EffectsConfig, PaidAfterClose};
-use crate::db::ledger::REMIND;
-use crate::db::payments::{self, REFUND};
 use crate::db::{Db, DbError, ledger, orders};
+use crate::kinds::{Home, LedgerKind, Section};
 use crate::retry::Backoff;
 
 /// Ledger rows read per page.
 const PAGE: u32 = 500;
-
-/// Ledger kinds the executor carries out.
-pub const RUNNABLE: &[&str] = &[
-    "notify",
-    REMIND,
-    "restore-flash-stock",
-    "release-flash-slot",
-    "close-payment",
-    REFUND,
-];
-
-/// The config section whose executor carries out ledger rows of `kind`, when one is needed
-/// beyond the always-present notifier: `"redis"` for the flash-sale effects, `"payment"` for
-/// payment close and refunds. The one place this rule lives: [`EffectRunner`] reads only the
-/// kinds it can run, and [`unexecuted`] warns about the others.
-pub fn executor_section(kind: &str) -> Option<&'static str> {
-    match kind {
-        "restore-flash-stock" | "release-flash-slot" => Some("redis"),
-        "close-payment" | REFUND => Some("payment"),
-        _ => None,
-    }
-}
 
 /// One warning per merchant whose plugin may ask for effects that no configured executor runs
 /// (its `granted_effects`, or every kind when unset): e.g. `merchants.flashy: its plugin may
 /// ask for restore-flash-stock, release-flash-slot, but [redis] is not configured; those ledger
 /// rows stay PENDING until a daemon with [redis] runs them`. Empty when everything is covered.
 pub fn unexecuted(config: &Config) -> Vec<String> {
-    let configured = |section: &str| match section {
-        "redis" => config.redis.is_some(),
-        "payment" => config.payment.is_some(),
-        _ => true,
+    let configured = |section: Section| match section {
+        Section::Notify => true,
+        Section::Redis => config.redis.is_some(),
+        Section::Payment => config.payment.is_some(),
     };
     let mut warnings = Vec::new();
     for (id, merchant) in &config.merchants {
-        let kinds: Vec<&str> = match &merchant.granted_effects {
-            Some(granted) => granted.iter().map(String::as_str).collect(),
-            None => timeoutd_runtime::guard::EFFECT_KINDS.to_vec(),
+        let kinds: Vec<LedgerKind> = match &merchant.granted_effects {
+            Some(granted) => granted
+                .iter()
+                .filter_map(|k| LedgerKind::parse(k))
+                .collect(),
+            None => timeoutd_runtime::model::EffectKind::ALL
+                .iter()
+                .map(|&k| LedgerKind::Effect(k))
+                .collect(),
         };
-        let mut missing: Vec<(&str, Vec<&str>)> = Vec::new();
+        let mut missing: Vec<(Section, Vec<&str>)> = Vec::new();
         for kind in kinds {
-            let Some(section) = executor_section(kind).filter(|s| !configured(s)) else {
+            let Home::Executor(section) = kind.home() else {
                 continue;
             };
+            if configured(section) {
+                continue;
+            }
             match missing.iter_mut().find(|(s, _)| *s == section) {
-                Some((_, ks)) => ks.push(kind),
-                None => missing.push((section, vec![kind])),
+                Some((_, ks)) => ks.push(kind.as_str()),
+                None => missing.push((section, vec![kind.as_str()])),
             }
         }
         for (section, kinds) in missing {
+            let section = section.as_str();
             warnings.push(format!(
                 "merchants.{id}: its plugin may ask for {}, but [{section}] is not configured; \
                  those ledger rows stay PENDING until a daemon with [{section}] runs them \
@@ -94,37 +89,15 @@ pub fn unexecuted(config: &Config) -> Vec<String> {
     warnings
 }
 
-/// Why an effect did not happen this time.
-#[derive(Debug, thiserror::Error)]
-pub enum EffectError {
-    /// May pass: try again later (timeouts, 5xx, connection refused).
-    #[error("{0}")]
-    Transient(String),
-    /// Will not pass by retrying (4xx, bad payload).
-    #[error("{0}")]
-    Permanent(String),
-}
-
-/// What a successful execution noted.
-type Done = Option<String>;
-
-/// Per-merchant facts the executor needs.
-#[derive(Debug, Clone)]
-struct MerchantEffects {
-    flash_stock_key: String,
-    flash_users_key: String,
-    on_paid_after_close: PaidAfterClose,
-}
-
 /// Runs PENDING ledger rows. Cheap to clone.
 #[derive(Clone)]
 pub struct EffectRunner {
     db: Db,
     clock: Clock,
     notifier: Notifier,
-    flash: Option<FlashSale>,
-    payments: Option<Arc<dyn PaymentGateway>>,
-    merchants: Arc<std::collections::HashMap<String, MerchantEffects>>,
+    flash: Option<FlashEffects>,
+    payments: Option<PaymentEffects>,
+    resolutions: Arc<HashMap<String, PaidAfterClose>>,
     config: EffectsConfig,
 }
 
@@ -159,7 +132,7 @@ impl EffectRunner {
             notifier: Notifier::log_only(),
             flash: None,
             payments: None,
-            merchants: Arc::default(),
+            resolutions: Arc::default(),
             config: EffectsConfig::default(),
         }
     }
@@ -180,36 +153,24 @@ impl EffectRunner {
     /// # Errors
     /// A message naming what could not be set up (a Redis URL that does not parse, …).
     pub async fn from_config(db: Db, clock: Clock, config: &Config) -> Result<Self, String> {
-        let flash = match &config.redis {
-            Some(r) => Some(FlashSale::connect(r).await?),
-            None => None,
-        };
+        let resolutions = resolutions(config);
         let payments = match &config.payment {
-            Some(p) => Some(Arc::new(HttpPaymentGateway::new(p)?) as Arc<dyn PaymentGateway>),
+            Some(p) => Some(PaymentEffects::new(
+                Arc::new(HttpPaymentGateway::new(p)?),
+                db.clone(),
+                clock.clone(),
+                resolutions.clone(),
+            )),
             None => None,
         };
-        let merchants = config
-            .merchants
-            .iter()
-            .map(|(id, m)| {
-                (
-                    id.clone(),
-                    MerchantEffects {
-                        flash_stock_key: m.flash_stock_key.clone(),
-                        flash_users_key: m.flash_users_key.clone(),
-                        on_paid_after_close: m.on_paid_after_close,
-                    },
-                )
-            })
-            .collect();
         Ok(EffectRunner {
+            notifier: Notifier::from_config(&config.notify)?,
+            flash: FlashEffects::from_config(config).await?,
+            payments,
+            resolutions,
+            config: config.effects.clone(),
             db,
             clock,
-            notifier: Notifier::from_config(&config.notify)?,
-            flash,
-            payments,
-            merchants: Arc::new(merchants),
-            config: config.effects.clone(),
         })
     }
 
@@ -223,8 +184,23 @@ impl EffectRunner {
 
     /// Uses `gateway` for `close-payment` and refunds.
     pub fn with_payments(mut self, gateway: Arc<dyn PaymentGateway>) -> Self {
-        self.payments = Some(gateway);
+        self.payments = Some(PaymentEffects::new(
+            gateway,
+            self.db.clone(),
+            self.clock.clone(),
+            self.resolutions.clone(),
+        ));
         self
+    }
+
+    /// The executor of `section`, when this runner has one. Exhaustive: a new section is a
+    /// field here and an arm.
+    fn executor(&self, section: Section) -> Option<&dyn Executor> {
+        match section {
+            Section::Notify => Some(&self.notifier),
+            Section::Redis => self.flash.as_ref().map(|e| e as &dyn Executor),
+            Section::Payment => self.payments.as_ref().map(|e| e as &dyn Executor),
+        }
     }
 
     /// Runs the PENDING effects of one order (right after its transaction committed).
@@ -330,19 +306,30 @@ impl EffectRunner {
         .await;
         let now = self.clock.now_ms(&self.db).await?;
         let mut plain = Vec::new();
+        let mut raised = Vec::new();
         let mut settled = 0;
         for (row, result) in done.into_iter().flatten() {
-            if matches!(result, Ok(None)) {
-                crate::events::emit(crate::events::Event::Effect {
-                    kind: &row.kind,
-                    outcome: "done",
-                });
-                plain.push(row.id);
-            } else {
-                settled += usize::from(self.settle(row, result, now).await?);
+            match result {
+                Ok(done) if done == Done::plain() => {
+                    crate::events::emit(crate::events::Event::Effect {
+                        kind: &row.kind,
+                        outcome: "done",
+                    });
+                    plain.push(row.id);
+                }
+                result => {
+                    if matches!(&result, Ok(done) if done.raised) {
+                        raised.push(row.order_id.clone());
+                    }
+                    settled += usize::from(self.settle(row, result, now).await?);
+                }
             }
         }
         settled += ledger::settle_many(&self.db, &plain, ledger::DONE, now).await? as usize;
+        for order_id in raised {
+            // What the execution raised (a refund) runs now rather than at the next wake.
+            self.run_for_order_boxed(order_id).await;
+        }
         Ok(settled)
     }
 
@@ -350,14 +337,12 @@ impl EffectRunner {
     /// payments without `[payment]`) are not even read: they wait in the ledger, PENDING and
     /// untouched, for a daemon configured to carry them out.
     fn kinds(&self) -> Vec<&'static str> {
-        RUNNABLE
-            .iter()
-            .copied()
-            .filter(|kind| match executor_section(kind) {
-                Some("redis") => self.flash.is_some(),
-                Some("payment") => self.payments.is_some(),
-                _ => true,
+        LedgerKind::all()
+            .filter(|kind| match kind.home() {
+                Home::Executor(section) => self.executor(section).is_some(),
+                Home::CloseTransaction => false,
             })
+            .map(LedgerKind::as_str)
             .collect()
     }
 
@@ -378,7 +363,9 @@ impl EffectRunner {
             outcome,
         });
         match result {
-            Ok(note) => ledger::settle(&self.db, row.id, ledger::DONE, note.as_deref(), now).await,
+            Ok(done) => {
+                ledger::settle(&self.db, row.id, ledger::DONE, done.note.as_deref(), now).await
+            }
             Err(EffectError::Transient(e)) if attempts < self.config.max_attempts => {
                 let backoff = Backoff {
                     initial: self.config.retry_initial,
@@ -400,141 +387,44 @@ impl EffectRunner {
         }
     }
 
-    /// Carries out one effect; `order` is its order's (status, buyer), read with its chunk.
+    /// Hands one row to its kind's executor; `order` is its order's (status, buyer), read with
+    /// its chunk. A kind this runner has no executor for was not read ([`Self::kinds`]), so the
+    /// error arms are for a row changed under it.
     async fn execute(
         &self,
         row: &ledger::PendingEffect,
         order: Option<&(String, String)>,
     ) -> Result<Done, EffectError> {
-        let bad = |what: &str| {
-            EffectError::Permanent(format!("unreadable {what} payload: {}", row.payload))
+        let kind = LedgerKind::parse(&row.kind)
+            .ok_or_else(|| EffectError::Permanent(format!("unknown effect kind `{}`", row.kind)))?;
+        let Home::Executor(section) = kind.home() else {
+            return Err(EffectError::Permanent(format!(
+                "{kind:?} is applied inside the close transaction, not by the executor"
+            )));
         };
-        match row.kind.as_str() {
-            REMIND => {
-                let notice: Notice =
-                    serde_json::from_str(&row.payload).map_err(|_| bad("remind"))?;
-                if let Some((status, _)) = order
-                    && status != "PENDING"
-                {
-                    return Ok(Some(format!("not sent: order is {status}")));
-                }
-                self.notify(row, &notice, order).await
-            }
-            REFUND => {
-                let payment_ref = serde_json::from_str::<serde_json::Value>(&row.payload)
-                    .ok()
-                    .and_then(|v| v["payment_ref"].as_str().map(str::to_string))
-                    .ok_or_else(|| bad("refund"))?;
-                let gateway = self.payments.as_ref().ok_or_else(|| {
-                    EffectError::Permanent("no [payment] provider configured".into())
-                })?;
-                gateway.refund(&payment_ref, &row.key).await.map(|()| None)
-            }
-            _ => match serde_json::from_str::<Effect>(&row.payload).map_err(|_| bad(&row.kind))? {
-                Effect::Notify(notice) => self.notify(row, &notice, order).await,
-                Effect::RestoreFlashStock { activity, quantity } => {
-                    let (flash, keys) = self.flash_for(row)?;
-                    let key = keys.flash_stock_key.replace("<activity>", &activity);
-                    flash.restore_stock(&key, quantity, &row.key).await
-                }
-                Effect::ReleaseFlashSlot { activity, user } => {
-                    let (flash, keys) = self.flash_for(row)?;
-                    let key = keys.flash_users_key.replace("<activity>", &activity);
-                    flash.release_slot(&key, &user, &row.key).await
-                }
-                Effect::ClosePayment { payment_ref } => self.close_payment(row, &payment_ref).await,
-                other => Err(EffectError::Permanent(format!(
-                    "{} is applied inside the close transaction, not by the executor",
-                    other.kind()
-                ))),
-            },
-        }
-    }
-
-    fn flash_for(
-        &self,
-        row: &ledger::PendingEffect,
-    ) -> Result<(&FlashSale, &MerchantEffects), EffectError> {
-        let flash = self
-            .flash
-            .as_ref()
-            .ok_or_else(|| EffectError::Permanent("no [redis] configured".into()))?;
-        let keys = self.merchants.get(&row.merchant_id).ok_or_else(|| {
-            EffectError::Permanent(format!("merchant `{}` is not configured", row.merchant_id))
+        let executor = self.executor(section).ok_or_else(|| {
+            EffectError::Transient(format!("no [{}] configured", section.as_str()))
         })?;
-        Ok((flash, keys))
+        let job = Job {
+            row,
+            kind,
+            order_status: order.map(|(status, _)| status.as_str()),
+            user: order.map(|(_, user)| user.as_str()).unwrap_or_default(),
+        };
+        executor.execute(job).await
     }
 
-    async fn notify(
-        &self,
-        row: &ledger::PendingEffect,
-        notice: &Notice,
-        order: Option<&(String, String)>,
-    ) -> Result<Done, EffectError> {
-        let user = order.map(|(_, user)| user.clone()).unwrap_or_default();
-        self.notifier
-            .send(
-                &row.key,
-                &row.kind,
-                &row.order_id,
-                &row.merchant_id,
-                &user,
-                notice,
-            )
-            .await
-            .map(|()| None)
-    }
-
-    /// Closes the payment; "already paid" records the order as paid-after-close and raises a
-    /// refund (or a manual review) in the same transaction as settling this effect's outcome.
-    async fn close_payment(
-        &self,
-        row: &ledger::PendingEffect,
-        payment_ref: &str,
-    ) -> Result<Done, EffectError> {
-        let gateway = self
-            .payments
-            .as_ref()
-            .ok_or_else(|| EffectError::Permanent("no [payment] provider configured".into()))?;
-        match gateway.close(payment_ref, &row.key).await? {
-            CloseOutcome::Closed => Ok(None),
-            CloseOutcome::AlreadyPaid => {
-                let resolution = self
-                    .merchants
-                    .get(&row.merchant_id)
-                    .map(|m| m.on_paid_after_close)
-                    .unwrap_or_default();
-                self.paid_after_close(
-                    &row.order_id,
-                    &row.merchant_id,
-                    Some(payment_ref),
-                    "close-payment",
-                    resolution,
-                )
-                .await
-                .map_err(|e| EffectError::Transient(e.to_string()))?;
-                self.run_for_order_boxed(row.order_id.clone()).await;
-                Ok(Some(format!(
-                    "provider: already paid; {}",
-                    resolution.as_str()
-                )))
-            }
-        }
-    }
-
-    // The refund just recorded runs now; boxed because it recurses through `run`.
+    // What an execution raised runs now; boxed because it recurses through `run`.
     fn run_for_order_boxed(
         &self,
         order_id: String,
     ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
-        Box::pin(async move {
-            // The close-payment row is still held by us; `run` skips it and takes the refund.
-            self.run_for_order(&order_id).await
-        })
+        Box::pin(async move { self.run_for_order(&order_id).await })
     }
 
-    /// Records a paid-after-close order (from the executor or a payment callback) and runs the
-    /// refund it raises. Returns false when it was already recorded.
+    /// Records a paid-after-close order (from a payment callback) and the refund it raises,
+    /// in one transaction ([`record_paid_after_close`]). Returns false when it was already
+    /// recorded.
     ///
     /// # Errors
     /// [`DbError`] when the record cannot be written.
@@ -546,25 +436,15 @@ impl EffectRunner {
         source: &str,
         resolution: PaidAfterClose,
     ) -> Result<bool, DbError> {
-        let now = self.clock.now_ms(&self.db).await?;
-        let mut tx = self.db.begin().await?;
-        let new = payments::record_paid_after_close(
-            &mut tx,
+        record_paid_after_close(
+            &self.db,
+            &self.clock,
             order_id,
             merchant_id,
             payment_ref,
             source,
             resolution,
-            now,
         )
-        .await?;
-        tx.commit().await?;
-        Ok(new)
-    }
-}
-
-impl From<DbError> for EffectError {
-    fn from(e: DbError) -> Self {
-        EffectError::Transient(e.to_string())
+        .await
     }
 }

@@ -38,13 +38,7 @@ impl HttpState {
         HttpState {
             db,
             effects,
-            resolutions: Arc::new(
-                config
-                    .merchants
-                    .iter()
-                    .map(|(id, m)| (id.clone(), m.on_paid_after_close))
-                    .collect(),
-            ),
+            resolutions: crate::effects::resolutions(config),
             token: config.http.as_ref().and_then(|h| h.callback_token.clone()),
         }
     }

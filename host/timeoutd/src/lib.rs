@@ -10,6 +10,8 @@
 //! queries per table), [`clock`] (the only place time is read), [`policies`] (plugins per
 //! merchant), [`dispatch`] (trigger → decision → transaction), [`effects`] (carrying out ledger
 //! rows: notices, Redis, payments), [`http`] (payment callbacks), [`sources`] (outbox timer, sweep), [`shutdown`] (how loops wait), [`daemon`] (wiring), [`rocketmq`] (the RocketMQ transport), [`demo`], [`cli`] and [`plugin_cli`] (`timeoutd plugin check|test|replay`).
+
+#![warn(missing_docs)]
 #![recursion_limit = "256"]
 
 pub mod admin;
@@ -26,6 +28,7 @@ pub mod effects;
 pub mod events;
 pub mod gauges;
 pub mod http;
+pub mod kinds;
 pub mod lateness;
 pub mod plugin_cli;
 pub mod policies;

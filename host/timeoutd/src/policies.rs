@@ -169,6 +169,14 @@ impl Policies {
                 Some(p) => Ok(p.fork()),
                 None => load_source(engine, &source),
             };
+            let settings: Vec<(String, String)> = merchant
+                .settings
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let plugin = plugin.map_err(|e| e.to_string()).and_then(|plugin| {
+                fits(&plugin, merchant.granted_effects.as_deref(), &settings).map(|()| plugin)
+            });
             match plugin {
                 Ok(plugin) => {
                     loaded.insert(key, plugin.clone());
@@ -181,11 +189,7 @@ impl Policies {
                         Arc::new(MerchantPolicy {
                             merchant: id.clone(),
                             plugin,
-                            settings: merchant
-                                .settings
-                                .iter()
-                                .map(|(k, v)| (k.clone(), v.clone()))
-                                .collect(),
+                            settings,
                             breaker,
                             on_plugin_error: merchant.on_plugin_error,
                             granted_effects: merchant.granted_effects.clone(),
@@ -266,7 +270,13 @@ impl Policies {
                 });
                 continue;
             }
-            match load_source(&self.engine, &source) {
+            let loaded = load_source(&self.engine, &source)
+                .map_err(|e| e.to_string())
+                .and_then(|plugin| {
+                    let granted = current.granted_effects.as_deref();
+                    fits(&plugin, granted, &current.settings).map(|()| plugin)
+                });
+            match loaded {
                 Ok(plugin) if plugin.digest() == current.plugin.digest() => {
                     self.remember(&merchant, now_stamp);
                     report.push(Reloaded {
@@ -308,7 +318,7 @@ impl Policies {
                         merchant,
                         digest: current.plugin.digest().to_string(),
                         changed: false,
-                        refused: Some(e.to_string()),
+                        refused: Some(e),
                     });
                 }
             }
@@ -326,6 +336,29 @@ impl Policies {
         {
             s.stamp = stamp;
         }
+    }
+}
+
+/// Whether `plugin`'s manifest (API 0.2.0 on) fits its merchant's config: every kind it
+/// declares is granted, every setting it needs is set with a value of its type, no setting is
+/// set that it does not read. A 0.1.0 plugin declares nothing and always fits.
+///
+/// # Errors
+/// Every problem, joined with `; `, e.g. `plugin `tea-house` does not fit the merchant's
+/// config: settings.grace: ...`.
+fn fits(
+    plugin: &Plugin,
+    granted: Option<&[String]>,
+    settings: &[(String, String)],
+) -> Result<(), String> {
+    match plugin.manifest().map(|m| m.check_config(granted, settings)) {
+        Some(Err(problems)) => Err(format!(
+            "plugin `{}` (timeout:policy@{}) does not fit the merchant's config: {}",
+            plugin.name(),
+            plugin.api_version(),
+            problems.join("; ")
+        )),
+        _ => Ok(()),
     }
 }
 

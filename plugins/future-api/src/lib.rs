@@ -1,4 +1,4 @@
-//! `future-api`: a plugin that says it was built against `timeout:policy@0.2.0`, a version this
+//! `future-api`: a plugin that says it was built against `timeout:policy@9.0.0`, a version this
 //! host does not run. It is built without the SDK (whose stamp says 0.1.0) from the 0.1.0 WIT, so
 //! only its stamp tells the host the version: the host must refuse it from the stamp, before
 //! compiling, naming both versions.
@@ -10,17 +10,17 @@ mod bindings {
 
 use bindings::timeout::policy::types::{CheckVerdict, Context, Decision, Order, PolicyError};
 
-/// The stamp a 0.2.0 SDK would write (section `timeout:policy-api`).
+/// The stamp a 9.0.0 SDK would write (section `timeout:policy-api`).
 #[cfg(target_family = "wasm")]
 #[used]
 #[unsafe(link_section = "timeout:policy-api")]
-static API_VERSION_STAMP: [u8; 5] = *b"0.2.0";
+static API_VERSION_STAMP: [u8; 5] = *b"9.0.0";
 
 struct Future;
 
 impl bindings::Guest for Future {
     fn decide(_order: Order, _ctx: Context) -> Result<Decision, PolicyError> {
-        Ok(Decision::Ignore("a 0.2.0 plugin".into()))
+        Ok(Decision::Ignore("a 9.0.0 plugin".into()))
     }
 
     fn check(_order: Order, _ctx: Context) -> CheckVerdict {

@@ -133,6 +133,8 @@ pub fn context() -> ContextBuilder {
             phase: 0,
             attempt: 0,
             settings: Vec::new(),
+            state: Vec::new(),
+            payment: None,
         },
     }
 }

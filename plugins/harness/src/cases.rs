@@ -28,8 +28,8 @@ use std::path::Path;
 use serde::Deserialize;
 use timeoutd_runtime::guard;
 use timeoutd_runtime::model::{
-    CheckVerdict, Context, Decision, Effect, Order, OrderItem, OrderStatus, PolicyError,
-    TriggerKind,
+    CheckVerdict, Context, Decision, Effect, EffectKind, Order, OrderItem, OrderStatus,
+    PolicyError, TriggerKind,
 };
 use timeoutd_runtime::{DecideError, Plugin};
 
@@ -447,6 +447,8 @@ fn resolve_context(
         phase: case.phase.or(defaults.phase).unwrap_or(0),
         attempt: case.attempt.or(defaults.attempt).unwrap_or(0),
         settings: settings.into_iter().collect(),
+        state: Vec::new(),
+        payment: None,
     })
 }
 
@@ -495,19 +497,11 @@ fn check_expect(e: &Expect) -> Vec<String> {
         problems
             .push("`reminder = false` contradicts `reminder_channel`/`reminder_template`".into());
     }
-    const KINDS: [&str; 6] = [
-        "restore-stock",
-        "restore-flash-stock",
-        "release-flash-slot",
-        "release-coupon",
-        "close-payment",
-        "notify",
-    ];
     for k in e.effect_kinds.iter().flatten() {
-        if !KINDS.contains(&k.as_str()) {
+        if EffectKind::parse(k).is_none() {
             problems.push(format!(
                 "effect_kinds: unknown kind `{k}` (one of {})",
-                KINDS.join(", ")
+                EffectKind::names()
             ));
         }
     }
@@ -603,6 +597,7 @@ impl Case {
                 after_ms,
                 next_phase,
                 reminder,
+                ..
             } => {
                 if let Err(reason) = guard::check_wait(self.context.phase, *after_ms, *next_phase) {
                     fail(format!("the daemon would refuse this wait: {reason}"));
@@ -813,6 +808,7 @@ pub fn summary(d: &Decision) -> String {
             after_ms,
             next_phase,
             reminder,
+            ..
         } => format!(
             "wait {after_ms} ms ({}) → phase {next_phase}, {}",
             human_offset(*after_ms as i64),

@@ -61,6 +61,7 @@ impl Decided {
                 after_ms,
                 next_phase,
                 reminder,
+                ..
             }) => WaitView {
                 decided: self,
                 after_ms: *after_ms,
@@ -266,7 +267,7 @@ impl CancelView<'_> {
 
 /// The sorted, de-duplicated kinds of `effects`.
 pub(crate) fn effect_kinds(effects: &[Effect]) -> Vec<&'static str> {
-    let mut kinds: Vec<&str> = effects.iter().map(Effect::kind).collect();
+    let mut kinds: Vec<&str> = effects.iter().map(|e| e.kind().as_str()).collect();
     kinds.sort_unstable();
     kinds.dedup();
     kinds

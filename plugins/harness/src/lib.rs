@@ -23,6 +23,8 @@
 //! [`Decided`] (assertions with readable failures), [`Timeline`] (the daemon's sequence of
 //! triggers), [`cases`] (the declarative `CASES.toml` format that `timeoutd plugin test` runs).
 
+#![warn(missing_docs)]
+
 mod build;
 mod builders;
 pub mod cases;

@@ -1,11 +1,16 @@
 //! A plugin played along an order's life the way the daemon plays it.
 //!
-//! The daemon asks phase 0 at the order's deadline. A `wait` schedules its `next-phase`
-//! `after-ms` later (attempt 0); an `ignore` or a failure asks the same phase again with the
-//! attempt counted up, after the default `[dispatch]` backoff (1 s doubling to 5 min, at most 8
-//! attempts, then the trigger is dead-lettered); a `cancel` within the order closes it; a cancel
-//! exceeding the order, or a wait that does not move on, is refused (dead-lettered). After a
-//! close, refusal or dead letter nothing more is asked.
+//! The daemon asks phase 0 of a 0.1.0 plugin at the order's deadline; a 0.2.0 plugin is asked
+//! as soon as the daemon sees the order (here: at its creation), and any trigger before the
+//! deadline that it answers with a `cancel` or an `ignore` is held until the deadline and asked
+//! again then (a 0.1.0 plugin is never asked before the deadline). A `wait` schedules its
+//! `next-phase` `after-ms` later (attempt 0), handing its state to it; an `ignore` or a failure
+//! at or after the deadline asks the same phase again with the attempt counted up, after the
+//! default `[dispatch]` backoff (1 s doubling to 5 min, at most 8 attempts, then the trigger is
+//! dead-lettered); a `cancel` within the order closes it; a decision the guard refuses
+//! (effects exceeding the order, kinds the plugin did not declare, a wait that does not move
+//! on, an oversized state) is dead-lettered. After a close, refusal or dead letter nothing more
+//! is asked.
 
 use std::time::Duration;
 
@@ -31,11 +36,12 @@ pub struct Step {
 /// Where the order stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum State {
-    /// A trigger for `phase` is due at `due_ms` (epoch ms).
+    /// A trigger for `phase` is due at `due_ms` (epoch ms), with the state its wait handed on.
     Due {
         phase: u32,
         attempt: u32,
         due_ms: i64,
+        state: Vec<u8>,
     },
     /// Closed by a cancel.
     Closed,
@@ -55,8 +61,12 @@ pub struct Timeline<'h> {
 
 impl<'h> Timeline<'h> {
     pub(crate) fn new(harness: &'h Harness, order: Order) -> Self {
-        let due_ms = order.deadline_ms;
         let now_ms = order.created_at_ms;
+        let due_ms = if harness.plugin().asks_before_deadline() {
+            now_ms
+        } else {
+            order.deadline_ms
+        };
         Timeline {
             harness,
             order,
@@ -65,6 +75,7 @@ impl<'h> Timeline<'h> {
                 phase: 0,
                 attempt: 0,
                 due_ms,
+                state: Vec::new(),
             },
             now_ms,
         }
@@ -78,7 +89,7 @@ impl<'h> Timeline<'h> {
 
     /// Moves the clock to `after_creation` past the order's creation and fires every trigger
     /// due by then, each at its due time, in order. Returns the steps fired (none when nothing
-    /// was due: the daemon does not ask before the deadline).
+    /// was due: a 0.1.0 plugin is not asked before the deadline).
     ///
     /// # Panics
     /// When `after_creation` is earlier than the timeline's clock.
@@ -149,19 +160,29 @@ impl<'h> Timeline<'h> {
             phase,
             attempt,
             due_ms,
-        } = self.state
+            state,
+        } = std::mem::replace(&mut self.state, State::Closed)
         else {
             unreachable!("fire is only called with a trigger due")
         };
         self.now_ms = due_ms;
-        let ctx = context()
+        let mut ctx = context()
             .now_ms(due_ms)
             .trigger(self.trigger)
             .phase(phase)
             .attempt(attempt)
             .settings(self.harness.settings())
             .build();
+        ctx.state = state.clone();
         let decided = self.harness.decide_with(&self.order, &ctx);
+        let early = due_ms < self.order.deadline_ms;
+        let plugin = self.harness.plugin();
+        let review = guard::Review {
+            order: &self.order,
+            phase,
+            granted: None,
+            manifest: plugin.manifest(),
+        };
         let retry = |why: String| {
             let attempts = attempt + 1;
             if attempts >= MAX_ATTEMPTS {
@@ -172,30 +193,40 @@ impl<'h> Timeline<'h> {
                     phase,
                     attempt: attempts,
                     due_ms: due_ms + delay,
+                    state: state.clone(),
                 }
             }
         };
+        let held = State::Due {
+            phase,
+            attempt,
+            due_ms: self.order.deadline_ms,
+            state: state.clone(),
+        };
         self.state = match &decided.result {
             Err(e) => retry(e.to_string()),
+            // Before the deadline only a wait goes ahead; the rest is asked again at it.
+            Ok(Decision::Ignore { .. } | Decision::Cancel { .. }) if early => held,
             Ok(Decision::Ignore { reason }) => retry(format!("ignored: {reason}")),
-            Ok(Decision::Wait {
-                after_ms,
-                next_phase,
-                ..
-            }) => match guard::check_wait(phase, *after_ms, *next_phase) {
-                Ok(()) => State::Due {
-                    phase: *next_phase,
-                    attempt: 0,
-                    due_ms: due_ms.saturating_add(i64::try_from(*after_ms).unwrap_or(i64::MAX)),
-                },
-                Err(reason) => State::Stuck(format!("refused: {reason}")),
-            },
-            Ok(Decision::Cancel { effects, .. }) => match guard::check(&self.order, effects) {
-                Ok(()) => {
-                    self.order.status = OrderStatus::Closed;
-                    State::Closed
-                }
+            Ok(d) => match guard::review(d, review) {
                 Err(problems) => State::Stuck(format!("refused: {}", problems.join("; "))),
+                Ok(()) => match d {
+                    Decision::Wait {
+                        after_ms,
+                        next_phase,
+                        state,
+                        ..
+                    } => State::Due {
+                        phase: *next_phase,
+                        attempt: 0,
+                        due_ms: due_ms.saturating_add(i64::try_from(*after_ms).unwrap_or(i64::MAX)),
+                        state: state.clone(),
+                    },
+                    _ => {
+                        self.order.status = OrderStatus::Closed;
+                        State::Closed
+                    }
+                },
             },
         };
         Step {

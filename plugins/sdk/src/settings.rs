@@ -1,51 +1,71 @@
-//! Typed access to the merchant settings a plugin receives in its context.
+//! Typed access to the merchant settings a plugin receives, with the defaults its manifest
+//! declares.
 
-use crate::PolicyError;
+use crate::{PolicyError, Setting};
 
-/// The merchant's settings (`context.settings`), looked up by key.
-pub struct Settings<'a>(pub &'a [(String, String)]);
+/// The merchant's settings (`context.settings`), falling back to the declared defaults.
+pub struct Settings<'a> {
+    set: &'a [(String, String)],
+    declared: Vec<Setting>,
+}
 
 impl<'a> Settings<'a> {
-    /// The value of `key`, if set.
-    pub fn get(&self, key: &str) -> Option<&'a str> {
-        self.0
+    /// The settings `set` by the merchant, with `declared` (the manifest's) supplying defaults.
+    pub fn new(set: &'a [(String, String)], declared: Vec<Setting>) -> Self {
+        Settings { set, declared }
+    }
+
+    /// The value of `key`: the merchant's, else the declared default.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.set
             .iter()
             .find(|(k, _)| k == key)
             .map(|(_, v)| v.as_str())
+            .or_else(|| {
+                self.declared
+                    .iter()
+                    .find(|s| s.name == key)
+                    .and_then(|s| s.default.as_deref())
+            })
     }
 
-    /// The value of `key`, or `default`.
-    pub fn text(&self, key: &str, default: &'a str) -> &'a str {
-        self.get(key).unwrap_or(default)
+    fn required(&self, key: &str) -> Result<&str, PolicyError> {
+        self.get(key).ok_or_else(|| {
+            PolicyError::BadSetting((key.to_string(), "missing and has no default".to_string()))
+        })
     }
 
-    /// A required duration setting, in milliseconds.
+    /// A text setting.
     ///
     /// # Errors
-    /// `policy-error::bad-setting` naming the key when it is missing or malformed.
+    /// `bad-setting` when it is missing and has no default.
+    pub fn text(&self, key: &str) -> Result<&str, PolicyError> {
+        self.required(key)
+    }
+
+    /// A duration setting, in milliseconds (`"90s"`, `"10m"`; see [`parse_duration_ms`]).
+    ///
+    /// # Errors
+    /// `bad-setting` naming the key when it is missing or malformed.
     pub fn duration_ms(&self, key: &str) -> Result<u64, PolicyError> {
-        let raw = self.get(key).ok_or_else(|| {
-            PolicyError::BadSetting((key.to_string(), "missing (e.g. \"5m\")".to_string()))
-        })?;
-        parse_duration_ms(raw)
+        parse_duration_ms(self.required(key)?)
             .map_err(|problem| PolicyError::BadSetting((key.to_string(), problem)))
     }
 
-    /// A whole-number setting, or `default` when absent.
+    /// A whole-number (or cents) setting.
     ///
     /// # Errors
-    /// `policy-error::bad-setting` naming the key when it is not a non-negative integer.
-    pub fn number(&self, key: &str, default: u32) -> Result<u32, PolicyError> {
-        match self.get(key) {
-            None => Ok(default),
-            Some(raw) => raw.trim().parse().map_err(|_| {
-                PolicyError::BadSetting((key.to_string(), format!("`{raw}` is not a whole number")))
-            }),
-        }
+    /// `bad-setting` naming the key when it is missing or not a whole number.
+    pub fn integer(&self, key: &str) -> Result<i64, PolicyError> {
+        let raw = self.required(key)?;
+        raw.trim().parse().map_err(|_| {
+            PolicyError::BadSetting((key.to_string(), format!("`{raw}` is not a whole number")))
+        })
     }
 }
 
-/// Parses `"1500ms"`, `"90s"`, `"10m"`, `"2h"` or `"1d"` into milliseconds.
+/// Parses `"1500ms"`, `"90s"`, `"10m"` (or `"10min"`), `"2h"` or `"1d"` into milliseconds.
+/// The host's `timeoutd validate` applies the same grammar to settings declared as durations.
 ///
 /// # Errors
 /// A message saying what was wrong with the text.
@@ -71,23 +91,4 @@ pub fn parse_duration_ms(raw: &str) -> Result<u64, String> {
     };
     n.checked_mul(scale)
         .ok_or_else(|| format!("`{raw}` is too long"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_parse_with_units_and_refuse_without() {
-        assert_eq!(parse_duration_ms("1500ms"), Ok(1500));
-        assert_eq!(parse_duration_ms("10m"), Ok(600_000));
-        assert_eq!(parse_duration_ms(" 2h "), Ok(7_200_000));
-        assert!(parse_duration_ms("10").unwrap_err().contains("no unit"));
-        assert!(parse_duration_ms("ten").is_err());
-        assert!(
-            parse_duration_ms("3w")
-                .unwrap_err()
-                .contains("unknown unit")
-        );
-    }
 }

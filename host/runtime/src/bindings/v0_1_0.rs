@@ -17,8 +17,16 @@ use self::timeout::policy::types as wit;
 /// The version string of this module's package.
 pub(crate) const VERSION: &str = "0.1.0";
 
-/// Most bytes of one `log` line kept; the rest is cut.
-const MAX_LOG_LINE: usize = 4096;
+/// 0.1.0 plugins are not asked before the deadline: the daemon defers an early trigger to it.
+pub(crate) const ASKS_BEFORE_DEADLINE: bool = false;
+
+/// 0.1.0 has no `describe`: the plugin declares nothing.
+pub(crate) fn describe(
+    _instance: &World,
+    _store: &mut Store<CallState>,
+) -> wasmtime::Result<Option<model::Manifest>> {
+    Ok(None)
+}
 
 /// Adds this version's imports (`host.log`) to `linker`.
 pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
@@ -62,22 +70,15 @@ pub(crate) fn check(
 impl wit::Host for CallState {}
 
 impl timeout::policy::host::Host for CallState {
-    fn log(&mut self, level: wit::Level, mut message: String) {
-        if message.len() > MAX_LOG_LINE {
-            let mut cut = MAX_LOG_LINE;
-            while !message.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            message.truncate(cut);
-        }
-        let (plugin, order) = (&*self.plugin, self.order_id.as_str());
-        match level {
-            wit::Level::Trace => tracing::trace!(plugin, order, "{message}"),
-            wit::Level::Debug => tracing::debug!(plugin, order, "{message}"),
-            wit::Level::Info => tracing::info!(plugin, order, "{message}"),
-            wit::Level::Warn => tracing::warn!(plugin, order, "{message}"),
-            wit::Level::Error => tracing::error!(plugin, order, "{message}"),
-        }
+    fn log(&mut self, level: wit::Level, message: String) {
+        let level = match level {
+            wit::Level::Trace => model::LogLevel::Trace,
+            wit::Level::Debug => model::LogLevel::Debug,
+            wit::Level::Info => model::LogLevel::Info,
+            wit::Level::Warn => model::LogLevel::Warn,
+            wit::Level::Error => model::LogLevel::Error,
+        };
+        self.log(level, message);
     }
 }
 
@@ -139,6 +140,8 @@ fn decision_out(d: wit::Decision) -> model::Decision {
             after_ms: w.after_ms,
             next_phase: w.next_phase,
             reminder: w.reminder.map(notice_out),
+            state: Vec::new(),
+            poll_payment: false,
         },
         wit::Decision::Cancel(c) => model::Decision::Cancel {
             reason: c.reason,

@@ -55,7 +55,7 @@ pub async fn retry(State(s): State<AdminState>, Path(id): Path<i64>) -> ApiResul
                 format!("ledger row {id} does not exist"),
             ));
         }
-        Some(k) if !crate::effects::RUNNABLE.contains(&k) => {
+        Some(k) if !crate::kinds::LedgerKind::parse(k).is_some_and(|k| k.is_external()) => {
             return Err(ApiError(
                 StatusCode::CONFLICT,
                 format!(

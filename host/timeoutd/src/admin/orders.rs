@@ -156,6 +156,7 @@ pub async fn close(State(s): State<AdminState>, Path(id): Path<String>) -> ApiRe
         attempt: 0,
         due_ms: None,
         row_id: None,
+        state: Vec::new(),
     };
     let outcome = s.dispatcher.handle(&trigger).await;
     Ok(Json(

@@ -133,7 +133,7 @@ async fn close_one(
             merchant_id: merchant,
             phase: 0,
             index: index as u32,
-            kind: effect.kind(),
+            kind: effect.kind().as_str(),
             payload: serde_json::to_string(effect).expect("effect serialises"),
             status: if in_tx { ledger::DONE } else { ledger::PENDING },
             note: None,

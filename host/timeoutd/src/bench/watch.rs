@@ -74,6 +74,12 @@ impl MessageListenerConcurrently for Recorder {
         messages: &[&MessageExt],
         _context: &ConsumeConcurrentlyContext,
     ) -> ClientResult<ConsumeConcurrentlyStatus> {
+        // The broker's release instant as this host saw it, compared with the deadline the
+        // bench seeded from the same host's clock: a measurement, not a decision.
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "the watcher times the broker's releases on this host's clock"
+        )]
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);

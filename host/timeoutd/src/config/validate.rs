@@ -3,6 +3,7 @@
 use std::fmt;
 
 use super::{Config, PluginSource};
+use timeoutd_runtime::model::EffectKind;
 
 /// Everything wrong with a configuration, each with the key path (or line) it concerns.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -151,12 +152,12 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
     }
     for (id, merchant) in &c.merchants {
         for (i, kind) in merchant.granted_effects.iter().flatten().enumerate() {
-            if !timeoutd_runtime::guard::EFFECT_KINDS.contains(&kind.as_str()) {
+            if EffectKind::parse(kind).is_none() {
                 p.push(
                     format!("merchants.{id}.granted_effects[{i}]"),
                     format!(
                         "`{kind}` is not an effect kind (one of {})",
-                        timeoutd_runtime::guard::EFFECT_KINDS.join(", ")
+                        EffectKind::names()
                     ),
                 );
             }

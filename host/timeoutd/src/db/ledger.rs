@@ -4,9 +4,6 @@ use sqlx::{AnyConnection, Row};
 
 use super::{Backend, Db, DbError};
 
-/// Ledger kind of a reminder sent with a `wait` (a closed notice is a `notify` effect); the
-/// other kinds are the effects' own names (`Effect::kind`).
-pub const REMIND: &str = "remind";
 /// Effect status: recorded, not yet carried out.
 pub const PENDING: &str = "PENDING";
 /// Effect status: carried out (or found to be already so).

@@ -39,6 +39,11 @@ const SQLITE: &[(i64, &str, &str)] = &[
         "ledger claim token",
         include_str!("../../migrations/sqlite/0006_ledger_claim_token.sql"),
     ),
+    (
+        7,
+        "phase state",
+        include_str!("../../migrations/sqlite/0007_phase_state.sql"),
+    ),
 ];
 const MYSQL: &[(i64, &str, &str)] = &[
     (
@@ -71,6 +76,11 @@ const MYSQL: &[(i64, &str, &str)] = &[
         "ledger claim token",
         include_str!("../../migrations/mysql/0006_ledger_claim_token.sql"),
     ),
+    (
+        7,
+        "phase state",
+        include_str!("../../migrations/mysql/0007_phase_state.sql"),
+    ),
 ];
 const POSTGRES: &[(i64, &str, &str)] = &[
     (
@@ -102,6 +112,11 @@ const POSTGRES: &[(i64, &str, &str)] = &[
         6,
         "ledger claim token",
         include_str!("../../migrations/postgres/0006_ledger_claim_token.sql"),
+    ),
+    (
+        7,
+        "phase state",
+        include_str!("../../migrations/postgres/0007_phase_state.sql"),
     ),
 ];
 

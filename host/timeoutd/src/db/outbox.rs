@@ -27,6 +27,8 @@ pub struct DueRow {
     pub due_ms: i64,
     /// `order-service`, `wait` or `sweep`.
     pub source: String,
+    /// The state its phase was scheduled with (hex, as stored), `None` for none.
+    pub state: Option<String>,
 }
 
 /// Claims up to `batch` PENDING rows due at `now_ms` that nobody holds, for `lease_ms`.
@@ -73,6 +75,62 @@ pub async fn claim_due_with_sent(
         now_ms + lease_ms,
     )
     .await
+}
+
+/// Claims up to `batch` phase-0 rows (an order's first, the order service's) not yet due that
+/// the daemon has never looked at (`seen_at_ms` NULL), PENDING or relayed (SENT), for
+/// `lease_ms`, and marks them seen at `now_ms`: the early
+/// look that lets an API 0.2.0 plugin decide an order's first phase before its deadline. A
+/// row is looked at once; a 0.1.0 merchant's row is released unchanged
+/// ([`release`]).
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn claim_unseen(
+    db: &Db,
+    now_ms: i64,
+    batch: u32,
+    lease_ms: i64,
+) -> Result<Vec<DueRow>, DbError> {
+    let token = super::claim_token("seen-");
+    let rows = claim(
+        db,
+        "SELECT id FROM order_timeout_msg WHERE seen_at_ms IS NULL AND phase = 0 \
+         AND status IN ('PENDING', 'SENT') AND due_ms > ? \
+         AND (claim_until_ms IS NULL OR claim_until_ms < ?) ORDER BY id LIMIT ?",
+        &[now_ms, now_ms, i64::from(batch)],
+        &token,
+        now_ms + lease_ms,
+    )
+    .await?;
+    if !rows.is_empty() {
+        let _gate = db.write_gate().await;
+        db.backend()
+            .query("UPDATE order_timeout_msg SET seen_at_ms = ? WHERE claim_token = ?")
+            .bind(now_ms)
+            .bind(token)
+            .execute(db.pool())
+            .await?;
+    }
+    Ok(rows)
+}
+
+/// Gives up a claim on row `id` and changes nothing else (its due time and status stay): an
+/// early-looked row that is not to be decided yet.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn release(db: &Db, id: i64) -> Result<(), DbError> {
+    let _gate = db.write_gate().await;
+    db.backend()
+        .query(
+            "UPDATE order_timeout_msg SET claim_token = NULL, claim_until_ms = NULL \
+             WHERE id = ? AND status <> 'PROCESSED'",
+        )
+        .bind(id)
+        .execute(db.pool())
+        .await?;
+    Ok(())
 }
 
 /// Claims the rows `candidates` selects (a `SELECT id … LIMIT ?` over `order_timeout_msg`, its
@@ -147,7 +205,7 @@ pub(crate) async fn held_by(db: &Db, token: &str) -> Result<Vec<DueRow>, DbError
     let rows = db
         .backend()
         .query(
-            "SELECT id, order_id, phase, attempts, due_ms, source FROM order_timeout_msg \
+            "SELECT id, order_id, phase, attempts, due_ms, source, state FROM order_timeout_msg \
          WHERE claim_token = ? ORDER BY due_ms",
         )
         .bind(token.to_string())
@@ -162,6 +220,7 @@ pub(crate) async fn held_by(db: &Db, token: &str) -> Result<Vec<DueRow>, DbError
                 attempts: r.try_get::<i64, _>("attempts")?.clamp(0, u32::MAX as i64) as u32,
                 due_ms: r.try_get("due_ms")?,
                 source: r.try_get("source")?,
+                state: r.try_get("state")?,
             })
         })
         .collect()
@@ -303,8 +362,9 @@ pub async fn retry_later(db: &Db, id: i64, due_ms: i64, error: &str) -> Result<(
     Ok(())
 }
 
-/// Schedules `phase` of `order_id` at `due_ms` (a `wait` decision). A row for that phase that
-/// already exists is left as it is, so a replayed decision schedules nothing twice.
+/// Schedules `phase` of `order_id` at `due_ms` (a `wait` decision), with the `state` the wait
+/// hands to it (stored as hex; empty is none). A row for that phase that already exists is
+/// left as it is, so a replayed decision schedules nothing twice.
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
@@ -314,8 +374,26 @@ pub async fn schedule_phase(
     order_id: &str,
     phase: u32,
     due_ms: i64,
+    state: &[u8],
 ) -> Result<(), DbError> {
-    insert_row(conn, backend, order_id, phase, due_ms, SOURCE_WAIT).await
+    if state.is_empty() {
+        return insert_row(conn, backend, order_id, phase, due_ms, SOURCE_WAIT).await;
+    }
+    backend
+        .query_owned(format!(
+            "{insert} INTO order_timeout_msg (order_id, due_ms, phase, status, source, state) \
+         VALUES (?, ?, ?, 'PENDING', ?, ?){on_conflict}",
+            insert = backend.insert_ignore().0,
+            on_conflict = backend.insert_ignore().1,
+        ))
+        .bind(order_id)
+        .bind(due_ms)
+        .bind(i64::from(phase))
+        .bind(SOURCE_WAIT)
+        .bind(hex::encode(state))
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
 }
 
 /// Inserts the PENDING row for `(order_id, phase)` due at `due_ms` with `source`, unless one

@@ -4,9 +4,7 @@ use sqlx::AnyConnection;
 
 use super::{Backend, DbError, ledger};
 use crate::config::PaidAfterClose;
-
-/// Ledger kind of a refund raised for a paid-after-close order.
-pub const REFUND: &str = "refund-payment";
+use crate::kinds::LedgerKind;
 
 /// Records that a closed order's payment succeeded, once per order, and — when `resolution` is
 /// `refund` — raises one `refund-payment` effect in the ledger (key `merchant/order/refund`).
@@ -44,13 +42,15 @@ pub async fn record_paid_after_close(
         return Ok(false);
     }
     if resolution == PaidAfterClose::Refund {
-        let payload = serde_json::json!({ "kind": REFUND, "payment_ref": payment_ref }).to_string();
+        let payload =
+            serde_json::json!({ "kind": LedgerKind::Refund.as_str(), "payment_ref": payment_ref })
+                .to_string();
         let entry = ledger::NewEntry {
             order_id,
             merchant_id,
             phase: 0,
             index: REFUND_INDEX,
-            kind: REFUND,
+            kind: LedgerKind::Refund.as_str(),
             payload,
             status: ledger::PENDING,
             note: None,

@@ -7,6 +7,7 @@ use timeoutd_runtime::model::Effect;
 
 use super::{Decided, Dispatcher, Outcome};
 use crate::db::{DbError, journal, ledger, orders, outbox};
+use crate::kinds::LedgerKind;
 
 /// Why a close that lost its compare-and-set did nothing (paid in between, F12; a concurrent
 /// duplicate, F9).
@@ -46,6 +47,7 @@ impl<'a> Decided<'a> {
             .enumerate()
             .map(|(index, effect)| {
                 let (status, note) = match effect {
+                    _ if is_external(effect) => (ledger::PENDING, None),
                     Effect::RestoreStock { sku, .. } if !applied(index, effect) => (
                         ledger::FAILED,
                         Some(format!("no sku_stock row for `{sku}`")),
@@ -56,20 +58,14 @@ impl<'a> Decided<'a> {
                             "coupon `{coupon}` was not locked by this order; left alone"
                         )),
                     ),
-                    Effect::RestoreStock { .. } | Effect::ReleaseCoupon { .. } => {
-                        (ledger::DONE, None)
-                    }
-                    Effect::Notify(_)
-                    | Effect::ClosePayment { .. }
-                    | Effect::RestoreFlashStock { .. }
-                    | Effect::ReleaseFlashSlot { .. } => (ledger::PENDING, None),
+                    _ => (ledger::DONE, None),
                 };
                 ledger::NewEntry {
                     order_id: &self.order.id,
                     merchant_id: &self.order.merchant,
                     phase: self.trigger.phase,
                     index: index as u32,
-                    kind: effect.kind(),
+                    kind: effect.kind().as_str(),
                     payload: serde_json::to_string(effect).expect("effect serialises"),
                     status,
                     note,
@@ -82,10 +78,7 @@ impl<'a> Decided<'a> {
 
 /// Whether `effect` is carried out outside the database (by the ledger executor).
 pub(super) fn is_external(effect: &Effect) -> bool {
-    !matches!(
-        effect,
-        Effect::RestoreStock { .. } | Effect::ReleaseCoupon { .. }
-    )
+    LedgerKind::Effect(effect.kind()).is_external()
 }
 
 /// The `decision_log.detail` of a close.

@@ -16,36 +16,11 @@ pub fn decide(order: &Order, now_ms: i64, phase: u32, error: &DecideError) -> De
                 .max(1),
             next_phase: phase + 1,
             reminder: None,
+            state: Vec::new(),
+            poll_payment: false,
         };
     }
-    let mut effects: Vec<Effect> = order
-        .items
-        .iter()
-        .map(|i| Effect::RestoreStock {
-            sku: i.sku.clone(),
-            quantity: i.quantity,
-        })
-        .collect();
-    if let Some(coupon) = &order.coupon {
-        effects.push(Effect::ReleaseCoupon {
-            coupon: coupon.clone(),
-        });
-    }
-    if let Some(activity) = &order.flash_activity {
-        effects.push(Effect::RestoreFlashStock {
-            activity: activity.clone(),
-            quantity: order.items.iter().map(|i| i.quantity).sum(),
-        });
-        effects.push(Effect::ReleaseFlashSlot {
-            activity: activity.clone(),
-            user: order.user.clone(),
-        });
-    }
-    if let Some(payment_ref) = &order.payment_ref {
-        effects.push(Effect::ClosePayment {
-            payment_ref: payment_ref.clone(),
-        });
-    }
+    let effects = Effect::release_everything(order);
     let first_line = error.to_string();
     let first_line = first_line.lines().next().unwrap_or_default();
     Decision::Cancel {
@@ -95,7 +70,7 @@ mod tests {
             reason.ends_with("could not be instantiated: boom"),
             "{reason}"
         );
-        let kinds: Vec<&str> = effects.iter().map(Effect::kind).collect();
+        let kinds: Vec<&str> = effects.iter().map(|e| e.kind().as_str()).collect();
         assert_eq!(
             kinds,
             [
@@ -116,7 +91,9 @@ mod tests {
             Decision::Wait {
                 after_ms: 600,
                 next_phase: 3,
-                reminder: None
+                reminder: None,
+                state: Vec::new(),
+                poll_payment: false,
             }
         );
     }

@@ -37,17 +37,15 @@ enum GroupKind {
     Close,
 }
 
-/// Whether a wait can join its group's transaction: its reminder within the guard and its phase
-/// order sound. Anything else goes alone, where it is refused with its reason.
-fn groupable_wait(
-    ready: &Ready,
-    after_ms: u64,
-    next_phase: u32,
-    reminder: &Option<timeoutd_runtime::model::Notice>,
-) -> bool {
-    let notice: Vec<Effect> = reminder.iter().cloned().map(Effect::Notify).collect();
-    permitted(&ready.policy, &ready.order, &notice).is_ok()
-        && timeoutd_runtime::guard::check_wait(ready.trigger.phase, after_ms, next_phase).is_ok()
+/// Whether the guard permits the decision ([`permitted`]).
+fn passes(ready: &Ready) -> bool {
+    permitted(
+        &ready.policy,
+        &ready.order,
+        ready.trigger.phase,
+        &ready.decision,
+    )
+    .is_ok()
 }
 use crate::events::{Event, emit};
 
@@ -98,16 +96,9 @@ impl Dispatcher {
                 Some(Ok(Step::Done(outcome))) => outcomes[i] = Some(outcome),
                 Some(Ok(Step::NotPending { reason })) => not_pending.push((i, reason)),
                 Some(Ok(Step::Ready(ready))) => match &ready.decision {
-                    Decision::Cancel { effects, .. }
-                        if permitted(&ready.policy, &ready.order, effects).is_ok() =>
-                    {
-                        closes.push((i, ready))
-                    }
-                    Decision::Wait {
-                        after_ms,
-                        next_phase,
-                        reminder,
-                    } if groupable_wait(&ready, *after_ms, *next_phase, reminder) => {
+                    Decision::Cancel { .. } if passes(&ready) => closes.push((i, ready)),
+                    // A wait handing state to its next phase goes alone (its row carries it).
+                    Decision::Wait { state, .. } if state.is_empty() && passes(&ready) => {
                         waits.push((i, ready))
                     }
                     _ => decided.push((i, ready)),
@@ -235,6 +226,7 @@ impl Dispatcher {
                     after_ms,
                     next_phase,
                     reminder,
+                    ..
                 } => (*after_ms, *next_phase, reminder.clone()),
                 _ => unreachable!("only waits are grouped here"),
             })
@@ -270,7 +262,7 @@ impl Dispatcher {
                 decided[k].record(
                     "wait",
                     "waiting",
-                    wait_detail(*after_ms, *next_phase, reminder),
+                    wait_detail(*after_ms, *next_phase, reminder, &[]),
                 )
             })
             .collect();

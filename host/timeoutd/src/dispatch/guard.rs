@@ -2,4 +2,4 @@
 //! runtime crate ([`timeoutd_runtime::guard`]) so the merchant test harness applies the very same
 //! rule; it is re-exported here where dispatch uses it.
 
-pub use timeoutd_runtime::guard::{EFFECT_KINDS, check, check_granted, describe};
+pub use timeoutd_runtime::guard::{Review, check, check_granted, describe, review};

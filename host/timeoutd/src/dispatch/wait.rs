@@ -2,11 +2,12 @@
 //! rules shared with the group of waits ([`super::group`]) live here: when the next phase is due,
 //! the reminder's ledger row and the decision's detail.
 
-use timeoutd_runtime::model::Notice;
+use timeoutd_runtime::model::{Decision, Notice};
 
 use super::{Decided, Dispatcher, Outcome};
-use crate::db::ledger::{self, REMIND};
+use crate::db::ledger;
 use crate::db::{DbError, journal, orders, outbox};
+use crate::kinds::LedgerKind;
 
 /// When a wait's next phase is due: `after_ms` from the decision's database time.
 pub(super) fn next_due_ms(now_ms: i64, after_ms: u64) -> i64 {
@@ -14,11 +15,19 @@ pub(super) fn next_due_ms(now_ms: i64, after_ms: u64) -> i64 {
 }
 
 /// The `decision_log.detail` of a wait.
-pub(super) fn wait_detail(after_ms: u64, next_phase: u32, reminder: &Option<Notice>) -> String {
-    serde_json::json!({
+pub(super) fn wait_detail(
+    after_ms: u64,
+    next_phase: u32,
+    reminder: &Option<Notice>,
+    state: &[u8],
+) -> String {
+    let mut detail = serde_json::json!({
         "decision": "wait", "after_ms": after_ms, "next_phase": next_phase, "reminder": reminder,
-    })
-    .to_string()
+    });
+    if !state.is_empty() {
+        detail["state"] = serde_json::Value::String(hex::encode(state));
+    }
+    detail.to_string()
 }
 
 impl<'a> Decided<'a> {
@@ -30,7 +39,7 @@ impl<'a> Decided<'a> {
             merchant_id: &self.order.merchant,
             phase: self.trigger.phase,
             index: 0,
-            kind: REMIND,
+            kind: LedgerKind::Remind.as_str(),
             payload: serde_json::to_string(notice).expect("notice serialises"),
             status: ledger::PENDING,
             note: None,
@@ -40,26 +49,35 @@ impl<'a> Decided<'a> {
 }
 
 impl Dispatcher {
+    /// Carries out a `wait` the guard permitted: the next phase's row (with the wait's state),
+    /// the reminder's ledger row, the decision log and this trigger's row, in one transaction.
     pub(super) async fn wait(
         &self,
         d: &Decided<'_>,
-        after_ms: u64,
-        next_phase: u32,
-        reminder: Option<Notice>,
+        decision: &Decision,
     ) -> Result<Outcome, DbError> {
-        if let Err(reason) =
-            timeoutd_runtime::guard::check_wait(d.trigger.phase, after_ms, next_phase)
-        {
-            let refused = timeoutd_runtime::model::Decision::Wait {
-                after_ms,
-                next_phase,
-                reminder,
-            };
-            return self.refuse(d, &refused, reason).await;
-        }
+        let Decision::Wait {
+            after_ms,
+            next_phase,
+            reminder,
+            state,
+            ..
+        } = decision
+        else {
+            unreachable!("wait is called with a wait decision");
+        };
+        let (after_ms, next_phase) = (*after_ms, *next_phase);
         let due_ms = next_due_ms(d.now_ms, after_ms);
         let mut tx = self.db.begin().await?;
-        outbox::schedule_phase(&mut tx, self.db.backend(), &d.order.id, next_phase, due_ms).await?;
+        outbox::schedule_phase(
+            &mut tx,
+            self.db.backend(),
+            &d.order.id,
+            next_phase,
+            due_ms,
+            state,
+        )
+        .await?;
         let status = orders::status_of(&mut tx, &d.order.id).await?;
         if status.as_deref() != Some("PENDING") {
             tx.rollback().await?;
@@ -67,7 +85,7 @@ impl Dispatcher {
                 reason: format!("order is {} now", status.unwrap_or_else(|| "gone".into())),
             });
         }
-        if let Some(notice) = &reminder {
+        if let Some(notice) = reminder {
             ledger::record(
                 &mut tx,
                 self.db.backend(),
@@ -76,7 +94,7 @@ impl Dispatcher {
             )
             .await?;
         }
-        let detail = wait_detail(after_ms, next_phase, &reminder);
+        let detail = wait_detail(after_ms, next_phase, reminder, state);
         journal::log_decision(&mut tx, &d.record("wait", "waiting", detail)).await?;
         if let Some(id) = d.trigger.row_id {
             outbox::finish(&mut tx, id, d.now_ms, None).await?;

@@ -2,13 +2,17 @@
 //! slot in the activity's buyer set. Each runs as one Lua script together with its idempotency
 //! marker, so a replayed effect changes nothing.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
+use futures_util::future::BoxFuture;
 use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
+use timeoutd_runtime::model::Effect;
 
-use super::{Done, EffectError};
-use crate::config::RedisConfig;
+use super::executor::{Done, EffectError, Executor, Job};
+use crate::config::{Config, RedisConfig};
+use crate::kinds::Section;
 
 /// `KEYS[1]` the effect's idempotency marker, `KEYS[2]` the key it changes; `ARGV[1]` `incrby`
 /// or `srem`, `ARGV[2]` the amount or member, `ARGV[3]` the marker's TTL in seconds. The change
@@ -136,7 +140,87 @@ impl FlashSale {
             Connection::Cluster(c) => invocation.invoke_async(&mut c.clone()).await,
         }
         .map_err(classify)?;
-        Ok((applied == 0).then(|| format!("already applied (marker {marker})")))
+        Ok(if applied == 0 {
+            Done::noted(format!("already applied (marker {marker})"))
+        } else {
+            Done::plain()
+        })
+    }
+}
+
+/// A merchant's Redis keys, `<activity>` standing for the activity id.
+#[derive(Debug, Clone)]
+struct FlashKeys {
+    stock: String,
+    users: String,
+}
+
+/// The executor of the flash-sale effects (`restore-flash-stock`, `release-flash-slot`): the
+/// Redis connection and each merchant's `flash_stock_key` / `flash_users_key`.
+#[derive(Clone)]
+pub struct FlashEffects {
+    sale: FlashSale,
+    keys: Arc<HashMap<String, FlashKeys>>,
+}
+
+impl FlashEffects {
+    /// Connects to `config.redis` and takes each merchant's keys; `None` without `[redis]`.
+    ///
+    /// # Errors
+    /// As [`FlashSale::connect`].
+    pub async fn from_config(config: &Config) -> Result<Option<Self>, String> {
+        let Some(redis) = &config.redis else {
+            return Ok(None);
+        };
+        let keys = config
+            .merchants
+            .iter()
+            .map(|(id, m)| {
+                let keys = FlashKeys {
+                    stock: m.flash_stock_key.clone(),
+                    users: m.flash_users_key.clone(),
+                };
+                (id.clone(), keys)
+            })
+            .collect();
+        Ok(Some(FlashEffects {
+            sale: FlashSale::connect(redis).await?,
+            keys: Arc::new(keys),
+        }))
+    }
+
+    /// Whether Redis answers (`PING`).
+    ///
+    /// # Errors
+    /// The client's message when it does not.
+    pub async fn ping(&self) -> Result<(), String> {
+        self.sale.ping().await
+    }
+}
+
+impl Executor for FlashEffects {
+    fn section(&self) -> Section {
+        Section::Redis
+    }
+
+    fn execute<'a>(&'a self, job: Job<'a>) -> BoxFuture<'a, Result<Done, EffectError>> {
+        Box::pin(async move {
+            let row = job.row;
+            let keys = self.keys.get(&row.merchant_id).ok_or_else(|| {
+                EffectError::Permanent(format!("merchant `{}` is not configured", row.merchant_id))
+            })?;
+            match serde_json::from_str::<Effect>(&row.payload).map_err(|_| job.unreadable())? {
+                Effect::RestoreFlashStock { activity, quantity } => {
+                    let key = keys.stock.replace("<activity>", &activity);
+                    self.sale.restore_stock(&key, quantity, &row.key).await
+                }
+                Effect::ReleaseFlashSlot { activity, user } => {
+                    let key = keys.users.replace("<activity>", &activity);
+                    self.sale.release_slot(&key, &user, &row.key).await
+                }
+                _ => Err(job.unreadable()),
+            }
+        })
     }
 }
 

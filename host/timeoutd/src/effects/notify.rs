@@ -7,8 +7,12 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use timeoutd_runtime::model::Notice;
 
-use super::EffectError;
+use futures_util::future::BoxFuture;
+use timeoutd_runtime::model::Effect;
+
+use super::executor::{Done, EffectError, Executor, Job};
 use crate::config::{ChannelConfig, NotifyConfig};
+use crate::kinds::{LedgerKind, Section};
 
 #[derive(Debug, Clone)]
 enum Sink {
@@ -166,6 +170,46 @@ impl Notifier {
                     .map_err(|e| EffectError::Transient(e.to_string()))
             }
         }
+    }
+}
+
+/// Notices: `notify` effects, and `remind` rows — a reminder is not sent once its order has
+/// left PENDING (paid or closed since the wait), and the row is noted so.
+impl Executor for Notifier {
+    fn section(&self) -> Section {
+        Section::Notify
+    }
+
+    fn execute<'a>(&'a self, job: Job<'a>) -> BoxFuture<'a, Result<Done, EffectError>> {
+        Box::pin(async move {
+            let notice: Notice = match job.kind {
+                LedgerKind::Remind => {
+                    let notice =
+                        serde_json::from_str(&job.row.payload).map_err(|_| job.unreadable())?;
+                    if let Some(status) = job.order_status
+                        && status != "PENDING"
+                    {
+                        return Ok(Done::noted(format!("not sent: order is {status}")));
+                    }
+                    notice
+                }
+                _ => match serde_json::from_str::<Effect>(&job.row.payload) {
+                    Ok(Effect::Notify(notice)) => notice,
+                    _ => return Err(job.unreadable()),
+                },
+            };
+            let row = job.row;
+            self.send(
+                &row.key,
+                job.kind.as_str(),
+                &row.order_id,
+                &row.merchant_id,
+                job.user,
+                &notice,
+            )
+            .await
+            .map(|()| Done::plain())
+        })
     }
 }
 

@@ -9,13 +9,21 @@
 //!   answers a repeated key as it answered the first time;
 //! - 408, 429, 5xx and connection errors are transient, other 4xx permanent.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::EffectError;
+use futures_util::future::BoxFuture;
+use timeoutd_runtime::model::Effect;
+
+use super::executor::{Done, EffectError, Executor, Job};
 use super::notify::classify_status;
-use crate::config::PaymentConfig;
+use crate::clock::Clock;
+use crate::config::{Config, PaidAfterClose, PaymentConfig};
+use crate::db::{Db, DbError, payments};
+use crate::kinds::{LedgerKind, Section};
 use crate::retry::Backoff;
 
 /// A boxed future, for the object-safe gateway trait.
@@ -145,6 +153,132 @@ impl PaymentGateway for HttpPaymentGateway {
             Ok(())
         })
     }
+}
+
+/// The executor of `close-payment` and `refund-payment` rows: the provider's adapter, and what
+/// each merchant does with a payment found paid at close (`on_paid_after_close`).
+#[derive(Clone)]
+pub struct PaymentEffects {
+    gateway: Arc<dyn PaymentGateway>,
+    db: Db,
+    clock: Clock,
+    resolutions: Arc<HashMap<String, PaidAfterClose>>,
+}
+
+impl PaymentEffects {
+    /// The executor over `gateway`; `resolutions` is each merchant's `on_paid_after_close`
+    /// ([`resolutions`]), the default for a merchant not in it.
+    pub fn new(
+        gateway: Arc<dyn PaymentGateway>,
+        db: Db,
+        clock: Clock,
+        resolutions: Arc<HashMap<String, PaidAfterClose>>,
+    ) -> Self {
+        PaymentEffects {
+            gateway,
+            db,
+            clock,
+            resolutions,
+        }
+    }
+
+    /// Closes the payment; "already paid" records the order as paid-after-close and raises a
+    /// refund (or a manual review), which the runner then runs.
+    async fn close(&self, job: Job<'_>, payment_ref: &str) -> Result<Done, EffectError> {
+        let row = job.row;
+        match self.gateway.close(payment_ref, &row.key).await? {
+            CloseOutcome::Closed => Ok(Done::plain()),
+            CloseOutcome::AlreadyPaid => {
+                let resolution = self
+                    .resolutions
+                    .get(&row.merchant_id)
+                    .copied()
+                    .unwrap_or_default();
+                record_paid_after_close(
+                    &self.db,
+                    &self.clock,
+                    &row.order_id,
+                    &row.merchant_id,
+                    Some(payment_ref),
+                    "close-payment",
+                    resolution,
+                )
+                .await?;
+                Ok(Done {
+                    note: Some(format!("provider: already paid; {}", resolution.as_str())),
+                    raised: true,
+                })
+            }
+        }
+    }
+}
+
+impl Executor for PaymentEffects {
+    fn section(&self) -> Section {
+        Section::Payment
+    }
+
+    fn execute<'a>(&'a self, job: Job<'a>) -> BoxFuture<'a, Result<Done, EffectError>> {
+        Box::pin(async move {
+            match job.kind {
+                LedgerKind::Refund => {
+                    let payment_ref = serde_json::from_str::<serde_json::Value>(&job.row.payload)
+                        .ok()
+                        .and_then(|v| v["payment_ref"].as_str().map(str::to_string))
+                        .ok_or_else(|| job.unreadable())?;
+                    self.gateway
+                        .refund(&payment_ref, &job.row.key)
+                        .await
+                        .map(|()| Done::plain())
+                }
+                _ => match serde_json::from_str::<Effect>(&job.row.payload) {
+                    Ok(Effect::ClosePayment { payment_ref }) => self.close(job, &payment_ref).await,
+                    _ => Err(job.unreadable()),
+                },
+            }
+        })
+    }
+}
+
+/// Each merchant's `on_paid_after_close`, by merchant id.
+pub fn resolutions(config: &Config) -> Arc<HashMap<String, PaidAfterClose>> {
+    let map = config
+        .merchants
+        .iter()
+        .map(|(id, m)| (id.clone(), m.on_paid_after_close))
+        .collect();
+    Arc::new(map)
+}
+
+/// Records a paid-after-close order (found by close-payment or told by a payment callback),
+/// with the refund it raises when `resolution` is `refund`, in one transaction. Returns false
+/// when it was already recorded.
+///
+/// # Errors
+/// [`DbError`] when the record cannot be written.
+pub async fn record_paid_after_close(
+    db: &Db,
+    clock: &Clock,
+    order_id: &str,
+    merchant_id: &str,
+    payment_ref: Option<&str>,
+    source: &str,
+    resolution: PaidAfterClose,
+) -> Result<bool, DbError> {
+    let now = clock.now_ms(db).await?;
+    let mut tx = db.begin().await?;
+    let new = payments::record_paid_after_close(
+        &mut tx,
+        order_id,
+        merchant_id,
+        payment_ref,
+        source,
+        resolution,
+        now,
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(new)
 }
 
 /// Percent-encodes a path segment (payment references are opaque).

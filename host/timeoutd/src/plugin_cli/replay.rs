@@ -251,6 +251,8 @@ async fn input_of(
         phase: row.phase,
         attempt: row.attempt,
         settings,
+        state: Vec::new(),
+        payment: None,
     };
     Ok(Ok((order, ctx, true)))
 }

@@ -116,6 +116,8 @@ impl ArmListener {
                 phase: 0,
                 attempt: checks,
                 settings: policy.settings.clone(),
+                state: Vec::new(),
+                payment: None,
             };
             let plugin = policy.plugin.clone();
             let answer = tokio::task::spawn_blocking(move || plugin.check(&order, &ctx))

@@ -71,6 +71,18 @@ pub async fn run(
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "outbox claim failed"),
         }
+        // The early look: rows not yet due that no one has looked at, for plugins that decide
+        // before the deadline (API 0.2.0). Off unless such a plugin is configured.
+        if dispatcher.asks_before_deadline() {
+            match outbox::claim_unseen(&db, now_ms, config.batch, lease_ms).await {
+                Ok(rows) if !rows.is_empty() => {
+                    dispatch_groups(&dispatcher, rows, group, &permits, &mut in_flight).await;
+                    continue;
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "outbox early look failed"),
+            }
+        }
         let sleep = match outbox::next_due_ms_with_sent(&db, now_ms, sent_grace_ms).await {
             Ok(Some(due)) => Duration::from_millis((due - now_ms).max(0) as u64),
             Ok(None) => config.idle_recheck,

@@ -1,0 +1,88 @@
+//! The one shape every ledger executor has: the notices, the Redis flash-sale effects and the
+//! payment provider each implement [`Executor`] for the [`Section`] of kinds
+//! [`crate::kinds::home`] gives it. The runner ([`super::EffectRunner`]) reads only the kinds
+//! whose executor is configured, hands each claimed row to its executor, and settles the
+//! outcome (DONE, retry with backoff, FAILED with the reason). A new external kind is a
+//! `home` entry and an arm in its section's executor; a new section is one file here.
+
+use futures_util::future::BoxFuture;
+
+use crate::db::ledger::PendingEffect;
+use crate::kinds::{LedgerKind, Section};
+
+/// Why an effect did not happen this time.
+#[derive(Debug, thiserror::Error)]
+pub enum EffectError {
+    /// May pass: try again later (timeouts, 5xx, connection refused).
+    #[error("{0}")]
+    Transient(String),
+    /// Will not pass by retrying (4xx, bad payload).
+    #[error("{0}")]
+    Permanent(String),
+}
+
+impl From<crate::db::DbError> for EffectError {
+    fn from(e: crate::db::DbError) -> Self {
+        EffectError::Transient(e.to_string())
+    }
+}
+
+/// What a successful execution left behind.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Done {
+    /// Noted on the ledger row (`already applied (marker …)`, `not sent: order is PAID`).
+    pub note: Option<String>,
+    /// The execution recorded further ledger rows for the same order (the refund of a
+    /// payment found paid at close); the runner runs them right after settling this one.
+    pub raised: bool,
+}
+
+impl Done {
+    /// Done, nothing to note.
+    pub fn plain() -> Self {
+        Done::default()
+    }
+
+    /// Done, with `note` on the row.
+    pub fn noted(note: impl Into<String>) -> Self {
+        Done {
+            note: Some(note.into()),
+            raised: false,
+        }
+    }
+}
+
+/// One claimed ledger row, with what the runner read about its order in the same chunk.
+#[derive(Debug, Clone, Copy)]
+pub struct Job<'a> {
+    /// The row: idempotency key, kind, payload (JSON), merchant, order.
+    pub row: &'a PendingEffect,
+    /// Its kind, parsed.
+    pub kind: LedgerKind,
+    /// The order's status now (`PENDING`, `PAID`, `CLOSED`); `None` when the order is gone.
+    pub order_status: Option<&'a str>,
+    /// The order's buyer; empty when the order is gone.
+    pub user: &'a str,
+}
+
+impl Job<'_> {
+    /// The error for a payload this kind's executor cannot read (permanent: retrying reads the
+    /// same bytes).
+    pub fn unreadable(&self) -> EffectError {
+        EffectError::Permanent(format!(
+            "unreadable {} payload: {}",
+            self.kind.as_str(),
+            self.row.payload
+        ))
+    }
+}
+
+/// Carries out ledger rows of one section's kinds, under each row's idempotency key.
+pub trait Executor: Send + Sync {
+    /// The section whose kinds this executor runs.
+    fn section(&self) -> Section;
+
+    /// Carries out `job` once. A transient error reschedules it with backoff; a permanent one
+    /// marks it FAILED with the message.
+    fn execute<'a>(&'a self, job: Job<'a>) -> BoxFuture<'a, Result<Done, EffectError>>;
+}

@@ -1,0 +1,134 @@
+//! Every kind of `effect_ledger` row, and where each is carried out: the one table the close,
+//! the executor, the admin API and the config warnings read.
+//!
+//! A plugin's effect kinds come from [`EffectKind`] (the runtime's table); the host adds two
+//! of its own, the reminder of a `wait` ([`LedgerKind::Remind`]) and the refund of a payment
+//! that landed after its close ([`LedgerKind::Refund`]). [`home`] is an exhaustive match: a
+//! new kind does not compile until it is given a home, and its executor (or the close
+//! transaction) is then the one place that carries it out.
+
+use timeoutd_runtime::model::EffectKind;
+
+/// One kind of ledger row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LedgerKind {
+    /// An effect a plugin asked for.
+    Effect(EffectKind),
+    /// The reminder sent with a `wait` (`remind`); its payload is a notice.
+    Remind,
+    /// The refund of a payment that succeeded after its order closed (`refund-payment`); its
+    /// payload is `{"kind": "refund-payment", "payment_ref": "…"}`.
+    Refund,
+}
+
+/// Where rows of a kind are carried out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Home {
+    /// Inside the close transaction, beside the compare-and-set (`db::orders`): recorded DONE
+    /// (or FAILED, with the reason) when the order closes, never run again.
+    CloseTransaction,
+    /// By the ledger executor after the commit, with retries: the executor for this section.
+    Executor(Section),
+}
+
+/// The executor a ledger row needs, named by the config section that sets it up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Section {
+    /// Notices and reminders (`[notify]`, always present: the `log` channel exists unset).
+    Notify,
+    /// The Redis flash-sale effects (`[redis]`).
+    Redis,
+    /// Payment close and refunds (`[payment]`).
+    Payment,
+}
+
+impl Section {
+    /// The config section's name, as in `[redis]`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Section::Notify => "notify",
+            Section::Redis => "redis",
+            Section::Payment => "payment",
+        }
+    }
+}
+
+/// Where `kind` is carried out. The one place this rule lives.
+pub fn home(kind: LedgerKind) -> Home {
+    use EffectKind as E;
+    match kind {
+        LedgerKind::Effect(E::RestoreStock | E::ReleaseCoupon) => Home::CloseTransaction,
+        LedgerKind::Effect(E::RestoreFlashStock | E::ReleaseFlashSlot) => {
+            Home::Executor(Section::Redis)
+        }
+        LedgerKind::Effect(E::ClosePayment) | LedgerKind::Refund => {
+            Home::Executor(Section::Payment)
+        }
+        LedgerKind::Effect(E::Notify) | LedgerKind::Remind => Home::Executor(Section::Notify),
+    }
+}
+
+impl LedgerKind {
+    /// Every ledger kind: the plugin's, then the host's own.
+    pub fn all() -> impl Iterator<Item = LedgerKind> {
+        EffectKind::ALL
+            .iter()
+            .copied()
+            .map(LedgerKind::Effect)
+            .chain([LedgerKind::Remind, LedgerKind::Refund])
+    }
+
+    /// The name stored in `effect_ledger.kind`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            LedgerKind::Effect(kind) => kind.as_str(),
+            LedgerKind::Remind => "remind",
+            LedgerKind::Refund => "refund-payment",
+        }
+    }
+
+    /// The kind stored as `name`; `None` for a name no kind has.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::all().find(|k| k.as_str() == name)
+    }
+
+    /// Where this kind is carried out ([`home`]).
+    pub fn home(self) -> Home {
+        home(self)
+    }
+
+    /// Whether the ledger executor carries it out (after the commit), rather than the close
+    /// transaction.
+    pub fn is_external(self) -> bool {
+        matches!(self.home(), Home::Executor(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_has_a_distinct_name_that_parses_back() {
+        let names: Vec<&str> = LedgerKind::all().map(LedgerKind::as_str).collect();
+        let mut unique = names.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len(), "{names:?}");
+        for kind in LedgerKind::all() {
+            assert_eq!(LedgerKind::parse(kind.as_str()), Some(kind));
+        }
+        assert_eq!(LedgerKind::parse("mint-stock"), None);
+    }
+
+    #[test]
+    fn only_stock_and_coupons_are_applied_in_the_close_transaction() {
+        let inside: Vec<&str> = LedgerKind::all()
+            .filter(|k| !k.is_external())
+            .map(LedgerKind::as_str)
+            .collect();
+        assert_eq!(inside, ["restore-stock", "release-coupon"]);
+        assert_eq!(LedgerKind::Refund.home(), Home::Executor(Section::Payment));
+        assert_eq!(LedgerKind::Remind.home(), Home::Executor(Section::Notify));
+    }
+}

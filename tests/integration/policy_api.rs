@@ -1,0 +1,144 @@
+//! Policy API 0.2.0 in the daemon, beside a 0.1.0 plugin, on every backend: the plugin is asked
+//! when the daemon first sees the order's row (the early look), reminds before the deadline,
+//! hands state from phase to phase, and closes at the deadline — a VIP order after a second
+//! reminder and its grace; the 0.1.0 merchant's order is not asked before its deadline. And a
+//! manifest the merchant's config does not fit stops start-up, naming every problem.
+
+use timeoutd::clock::Clock;
+use timeoutd::db::outbox;
+use timeoutd::dispatch::{Dispatcher, Outcome};
+use timeoutd_runtime::model::Order;
+
+use crate::support::{Env, MerchantSpec, T0, each_backend, order};
+
+const MIN: i64 = 60_000;
+
+const MERCHANTS: &[MerchantSpec<'static>] = &[
+    ("tea", "tea-house", &[]),
+    ("acme", "builtin:single-phase", &[]),
+];
+
+fn tea_order(id: &str, total_cents: i64) -> Order {
+    let mut o = order(id, "tea", T0);
+    o.total_cents = total_cents;
+    o
+}
+
+/// The outbox timer's early look at `now_ms`: every row not yet due and never seen, handled.
+async fn early_look(env: &Env, d: &Dispatcher, now_ms: i64) -> Vec<(String, Outcome)> {
+    let rows = outbox::claim_unseen(&env.db, now_ms, 1000, 30_000)
+        .await
+        .unwrap();
+    let mut outcomes = Vec::new();
+    for row in rows {
+        let trigger = timeoutd::sources::outbox::trigger_of(&row).unwrap();
+        outcomes.push((trigger.order_id.clone(), d.handle(&trigger).await));
+    }
+    outcomes.sort_by(|a, b| a.0.cmp(&b.0));
+    outcomes
+}
+
+async fn reminders(env: &Env, id: &str) -> Vec<String> {
+    let rows = env
+        .db
+        .backend()
+        .query("SELECT payload FROM effect_ledger WHERE kind = 'remind' AND order_id = ? ORDER BY phase")
+        .bind(id.to_string())
+        .fetch_all(env.db.pool())
+        .await
+        .unwrap();
+    rows.iter()
+        .map(|r| {
+            let payload: String = sqlx::Row::get(r, 0);
+            let v: serde_json::Value = serde_json::from_str(&payload).unwrap();
+            v["template"].as_str().unwrap().to_string()
+        })
+        .collect()
+}
+
+each_backend! {
+    async fn a_0_2_0_plugin_reminds_before_the_deadline_and_closes_at_it_beside_a_0_1_0_plugin(env) {
+        env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
+        env.create(&tea_order("t-small", 3_490)).await;
+        env.create(&tea_order("t-vip", 120_000)).await;
+        env.create(&order("a-old", "acme", T0)).await;
+        let created = T0 - 15 * MIN;
+        let (clock, now) = Clock::manual(created + 1_000);
+        let d = env.dispatcher(&env.config(MERCHANTS, ""), clock).await;
+        let at = |ms: i64| now.store(ms, std::sync::atomic::Ordering::SeqCst);
+
+        // The early look, a second after creation: the 0.2.0 plugin decides its first phase
+        // now; the 0.1.0 merchant's row is looked at once and left as it was.
+        let first = early_look(env, &d, created + 1_000).await;
+        assert_eq!(first[0], ("a-old".into(), Outcome::Deferred { until_ms: T0 }));
+        assert_eq!(first[1], ("t-small".into(), Outcome::Waiting { next_phase: 1, due_ms: T0 - 2 * MIN }));
+        assert_eq!(first[2], ("t-vip".into(), Outcome::Waiting { next_phase: 1, due_ms: T0 - 2 * MIN }));
+        assert_eq!(env.text("SELECT status FROM order_timeout_msg WHERE phase = 0 AND order_id = ?", "a-old").await, "PENDING");
+        assert_eq!(env.int("SELECT due_ms FROM order_timeout_msg WHERE phase = 0 AND order_id = ?", "a-old").await, T0);
+        assert!(early_look(env, &d, created + 2_000).await.is_empty(), "each row is looked at once");
+        assert_eq!(env.int("SELECT COUNT(*) FROM decision_log WHERE order_id = ?", "a-old").await, 0, "the 0.1.0 plugin was not asked");
+
+        // Two minutes before the deadline: both tea orders are reminded, and say so in state.
+        at(T0 - 2 * MIN);
+        let reminded = env.process(&d, T0 - 2 * MIN).await;
+        assert_eq!(reminded.len(), 2, "{reminded:?}");
+        assert!(reminded.iter().all(|o| matches!(o, Outcome::Waiting { .. })), "{reminded:?}");
+        assert_eq!(reminders(env, "t-small").await, ["order-closing-soon"]);
+        assert_eq!(reminders(env, "t-vip").await, ["order-closing-soon"]);
+        assert_eq!(env.text("SELECT status FROM effect_ledger WHERE kind = 'remind' AND order_id = ?", "t-small").await, "DONE");
+        assert_eq!(env.text("SELECT state FROM order_timeout_msg WHERE phase = 2 AND order_id = ?", "t-vip").await, "01");
+        assert_eq!(env.status("t-small").await, "PENDING");
+
+        // At the deadline: the small order and the 0.1.0 order close; the VIP order is held on.
+        at(T0);
+        let mut at_deadline = Vec::new();
+        for t in env.claim(T0).await {
+            at_deadline.push((t.order_id.clone(), d.handle(&t).await));
+        }
+        at_deadline.sort_by(|a, b| a.0.cmp(&b.0));
+        assert!(matches!(at_deadline[0], (ref id, Outcome::Closed { .. }) if id == "a-old"), "{at_deadline:?}");
+        assert!(matches!(at_deadline[1], (ref id, Outcome::Closed { .. }) if id == "t-small"), "{at_deadline:?}");
+        assert_eq!(at_deadline[2], ("t-vip".into(), Outcome::Waiting { next_phase: 3, due_ms: T0 + 10 * MIN }));
+        assert_eq!(reminders(env, "t-vip").await, ["order-closing-soon", "order-held"]);
+        assert_eq!(env.status("t-small").await, "CLOSED");
+        assert_eq!(env.status("a-old").await, "CLOSED");
+        assert_eq!(env.status("t-vip").await, "PENDING");
+
+        // Ten minutes later the VIP order closes, everything it held given back once.
+        at(T0 + 10 * MIN);
+        let last = env.process(&d, T0 + 10 * MIN).await;
+        assert!(matches!(&last[..], [Outcome::Closed { .. }]), "{last:?}");
+        assert_eq!(env.status("t-vip").await, "CLOSED");
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (100, 100));
+        assert_eq!(env.coupon("cpn-t-vip").await, "AVAILABLE");
+        assert_eq!(env.int("SELECT closed_at_ms FROM orders WHERE id = ?", "t-vip").await, T0 + 10 * MIN);
+        assert!(env.int("SELECT closed_at_ms FROM orders WHERE id = ?", "t-small").await >= T0, "never before the deadline");
+        assert_eq!(env.int("SELECT COUNT(*) FROM order_timeout_msg WHERE status <> 'PROCESSED' AND order_id <> ?", "").await, 0);
+    }
+}
+
+#[tokio::test]
+async fn a_manifest_the_config_does_not_fit_stops_start_up_naming_every_problem() {
+    let env = Env::new(timeoutd::db::Backend::Sqlite).await;
+    let narrow: &[MerchantSpec<'_>] = &[(
+        "tea",
+        "tea-house",
+        &[("vip_grace", "10"), ("colour", "green")],
+    )];
+    let config = env.config_for(
+        narrow,
+        "granted_effects = [\"restore-stock\", \"notify\"]",
+        "",
+    );
+    let err = timeoutd::policies::load(&config).unwrap_err().to_string();
+    for want in [
+        "merchants.tea.plugin",
+        "does not fit the merchant's config",
+        "granted_effects: the plugin declares it may ask for release-coupon, restore-flash-stock, release-flash-slot, close-payment",
+        "settings.vip_grace: `10` has no unit",
+        "settings.colour: the plugin does not read this setting",
+    ] {
+        assert!(err.contains(want), "missing `{want}` in\n{err}");
+    }
+    env.cleanup().await;
+}
