@@ -104,8 +104,13 @@ each_backend! {
 }
 
 fn pay_config(provider: &Provider, extra: &str) -> String {
+    pay_config_with(provider, "", extra)
+}
+
+/// As [`pay_config`], with `payment_keys` (lines of `[payment]`) added.
+fn pay_config_with(provider: &Provider, payment_keys: &str, extra: &str) -> String {
     format!(
-        "[payment]\nbase_url = \"{}\"\nauthorization = \"Bearer test\"\nattempts = 3\n[effects]\nretry_initial = \"10s\"\n{extra}",
+        "[payment]\nbase_url = \"{}\"\nauthorization = \"Bearer test\"\nattempts = 3\n{payment_keys}\n[effects]\nretry_initial = \"10s\"\n{extra}",
         provider.base_url
     )
 }
@@ -113,14 +118,15 @@ fn pay_config(provider: &Provider, extra: &str) -> String {
 const SHOPS: &[MerchantSpec<'static>] = &[("acme", "builtin:single-phase", &[])];
 
 each_backend! {
-    /// F13: the provider answers "already paid" to close-payment → paid-after-close recorded,
-    /// one refund, stock not restored twice; a paid callback afterwards changes nothing more.
+    /// F13: the buyer pays between the status query (unpaid) and the close, so the provider
+    /// answers "already paid" to close-payment → paid-after-close recorded, one refund, stock
+    /// not restored twice; a paid callback afterwards changes nothing more.
     async fn already_paid_at_the_provider_records_paid_after_close_and_refunds_once(env) {
         env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
         env.create(&order("late-pay", "acme", T0)).await;
         env.create(&order("callback", "acme", T0)).await;
         let provider = Provider::start().await;
-        provider.books.lock().unwrap().paid.insert("pay-late-pay".into());
+        provider.books.lock().unwrap().pays_during_close.insert("pay-late-pay".into());
         let config = env.config(SHOPS, &pay_config(&provider, "[http]\nlisten = \"127.0.0.1:0\"\ncallback_token = \"cb-secret\"\n"));
         let (clock, _) = Clock::manual(T0);
         let d = env.dispatcher(&config, clock.clone()).await;
@@ -173,7 +179,7 @@ each_backend! {
         env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
         env.create(&order("review", "careful", T0)).await;
         let provider = Provider::start().await;
-        provider.books.lock().unwrap().paid.insert("pay-review".into());
+        provider.books.lock().unwrap().pays_during_close.insert("pay-review".into());
         let mut config = env.config(&[("careful", "builtin:single-phase", &[])], &pay_config(&provider, ""));
         config.merchants.get_mut("careful").unwrap().on_paid_after_close = timeoutd::config::PaidAfterClose::ManualReview;
         let (clock, _) = Clock::manual(T0);
@@ -193,7 +199,8 @@ each_backend! {
         env.create(&order("outage", "acme", T0)).await;
         let provider = Provider::start().await;
         provider.books.lock().unwrap().down_for = 5;
-        let config = env.config(SHOPS, &pay_config(&provider, ""));
+        // The status query before the close is `payment_alignment`'s; here only close-payment.
+        let config = env.config(SHOPS, &pay_config_with(&provider, "query_before_close = false", ""));
         let (clock, now) = Clock::manual(T0);
         let d = env.dispatcher(&config, clock.clone()).await;
         assert_eq!(env.process(&d, T0).await, vec![Outcome::Closed { lateness_ms: 0 }]);
@@ -230,7 +237,7 @@ async fn payment_requests_time_out_and_carry_the_key_in_the_configured_header() 
     }
     let config = env.config(
         SHOPS,
-        &pay_config(&provider, "").replace(
+        &pay_config_with(&provider, "query_before_close = false", "").replace(
             "attempts = 3\n",
             "attempts = 3\ntimeout = \"500ms\"\nidempotency_header = \"X-Request-Id\"\n",
         ),

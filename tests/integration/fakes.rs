@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{Value, json};
 
@@ -34,6 +34,14 @@ pub struct Books {
     pub key_header: Option<String>,
     /// The next this-many calls hang for 3 s before they are answered.
     pub hang_for: u32,
+    /// Payment references the provider has never heard of: a status query answers
+    /// `not_found`, a close `404` (the buyer never opened the cashier).
+    pub unknown: HashSet<String>,
+    /// When each paid reference was paid, epoch ms (status queries answer it).
+    pub paid_at_ms: HashMap<String, i64>,
+    /// References the buyer pays between timeoutd's status query and its close (F13's race): the
+    /// query answers `unpaid`, the close `409 already_paid`.
+    pub pays_during_close: HashSet<String>,
 }
 
 impl Books {
@@ -61,6 +69,7 @@ impl Provider {
         let books = Arc::new(Mutex::new(Books::default()));
         let app = Router::new()
             .route("/v1/payments/{reference}/{action}", post(pay_action))
+            .route("/v1/payments/{reference}", get(pay_status))
             .with_state(books.clone());
         let addr = serve(app).await;
         Provider {
@@ -68,6 +77,35 @@ impl Provider {
             base_url: format!("http://{addr}"),
         }
     }
+}
+
+/// `GET /v1/payments/{ref}`: the payment's state (no idempotency key: a read).
+async fn pay_status(
+    State(books): State<Arc<Mutex<Books>>>,
+    Path(reference): Path<String>,
+) -> (StatusCode, Json<Value>) {
+    let mut b = books.lock().unwrap();
+    b.requests += 1;
+    b.calls
+        .push(("query".into(), reference.clone(), String::new()));
+    if b.down_for > 0 {
+        b.down_for -= 1;
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({ "error": "maintenance" })),
+        );
+    }
+    let body = if b.unknown.contains(&reference) {
+        json!({ "status": "not_found" })
+    } else if b.paid.contains(&reference) {
+        let at = b.paid_at_ms.get(&reference).copied();
+        json!({ "status": "paid", "paid_at_ms": at, "amount_cents": 3_490 })
+    } else if b.closes.iter().any(|(r, _)| *r == reference) {
+        json!({ "status": "closed" })
+    } else {
+        json!({ "status": "unpaid" })
+    };
+    (StatusCode::OK, Json(body))
 }
 
 async fn pay_action(
@@ -117,7 +155,10 @@ async fn pay_action(
         return (StatusCode::from_u16(*status).unwrap(), Json(body.clone()));
     }
     let (status, body) = match action.as_str() {
-        "close" if b.paid.contains(&reference) => (409, json!({ "status": "already_paid" })),
+        "close" if b.paid.contains(&reference) || b.pays_during_close.contains(&reference) => {
+            (409, json!({ "status": "already_paid" }))
+        }
+        "close" if b.unknown.contains(&reference) => (404, json!({ "error": "no such payment" })),
         "close" => {
             b.closes.push((reference.clone(), key.clone()));
             (200, json!({ "status": "closed" }))

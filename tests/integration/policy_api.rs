@@ -142,3 +142,95 @@ async fn a_manifest_the_config_does_not_fit_stops_start_up_naming_every_problem(
     }
     env.cleanup().await;
 }
+
+/// The 0.2 SDK builds standalone from its own copy of the WIT; that copy is the released file.
+#[test]
+fn the_sdk_vendors_the_released_wit_unchanged() {
+    let root = crate::support::repo_root();
+    let released = std::fs::read_to_string(root.join("wit/v0.2.0/policy.wit")).unwrap();
+    let vendored = std::fs::read_to_string(root.join("plugins/sdk/wit/policy.wit")).unwrap();
+    assert!(
+        released == vendored,
+        "plugins/sdk/wit/policy.wit differs from wit/v0.2.0/policy.wit: copy it again"
+    );
+}
+
+/// `timeoutd validate` refuses a duration setting exactly when the plugin would: the host's
+/// grammar and the SDK's agree on every one of these.
+#[test]
+fn host_and_sdk_read_setting_durations_alike() {
+    for raw in [
+        "1500ms",
+        "90s",
+        "10m",
+        "10min",
+        " 2h ",
+        "1d",
+        "0s",
+        "10",
+        "ten",
+        "3w",
+        "m",
+        "",
+        "99999999999999999999d",
+        "5 m",
+    ] {
+        assert_eq!(
+            timeoutd_runtime::duration::parse_ms(raw),
+            timeoutd_policy_sdk::parse_duration_ms(raw),
+            "`{raw}`"
+        );
+    }
+}
+
+/// The SDK's `release_everything` and the host's fallback give back the same things in the
+/// same order (so their ledger indices, and idempotency keys, agree).
+#[test]
+fn the_sdk_releases_everything_as_the_host_fallback_does() {
+    use timeoutd_policy_sdk as sdk;
+    use timeoutd_runtime::model::Effect;
+    let mut o = order("o1", "m", T0);
+    o.flash_activity = Some("fs-1".into());
+    let guest = sdk::Order {
+        id: o.id.clone(),
+        merchant: o.merchant.clone(),
+        user: o.user.clone(),
+        status: sdk::OrderStatus::Pending,
+        created_at_ms: o.created_at_ms,
+        deadline_ms: o.deadline_ms,
+        total_cents: o.total_cents,
+        items: o
+            .items
+            .iter()
+            .map(|i| sdk::OrderItem {
+                sku: i.sku.clone(),
+                quantity: i.quantity,
+                unit_price_cents: i.unit_price_cents,
+            })
+            .collect(),
+        coupon: o.coupon.clone(),
+        flash_activity: o.flash_activity.clone(),
+        payment_ref: o.payment_ref.clone(),
+    };
+    let from_sdk: Vec<Effect> = sdk::release_everything(&guest, true, None)
+        .into_iter()
+        .map(|e| match e {
+            sdk::Effect::RestoreStock(r) => Effect::RestoreStock {
+                sku: r.sku,
+                quantity: r.quantity,
+            },
+            sdk::Effect::RestoreFlashStock(r) => Effect::RestoreFlashStock {
+                activity: r.activity,
+                quantity: r.quantity,
+            },
+            sdk::Effect::ReleaseFlashSlot(r) => Effect::ReleaseFlashSlot {
+                activity: r.activity,
+                user: r.user,
+            },
+            sdk::Effect::ReleaseCoupon(c) => Effect::ReleaseCoupon { coupon: c },
+            sdk::Effect::ClosePayment(p) => Effect::ClosePayment { payment_ref: p },
+            sdk::Effect::Notify(_) => unreachable!("no notice asked for"),
+        })
+        .collect();
+    assert_eq!(from_sdk, Effect::release_everything(&o));
+}

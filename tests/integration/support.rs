@@ -188,13 +188,14 @@ impl Env {
         let effects = EffectRunner::from_config(db.clone(), clock.clone(), config)
             .await
             .unwrap();
-        Arc::new(Dispatcher::new(
+        let d = Dispatcher::new(
             db,
             clock,
             policies,
             config.dispatch.clone(),
             Arc::new(effects),
-        ))
+        );
+        Arc::new(timeoutd::effects::with_provider(d, config).unwrap())
     }
 
     /// Inserts stock rows.

@@ -126,9 +126,15 @@ impl From<crate::db::DbError> for ApiError {
     }
 }
 
-impl From<sqlx::Error> for ApiError {
-    fn from(e: sqlx::Error) -> Self {
-        ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+impl ApiError {
+    /// 503 for a failed statement of the API's own reads and writes ([`crate::db::views`], the
+    /// retry and re-drive updates): the driver's message alone, without the `database:` prefix
+    /// of [`From<DbError>`](crate::db::DbError), as these answers have always read.
+    pub(crate) fn query(e: crate::db::DbError) -> Self {
+        match e {
+            crate::db::DbError::Sql(e) => ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+            other => other.into(),
+        }
     }
 }
 
@@ -221,16 +227,5 @@ async fn audit(
     status: u16,
 ) -> Result<(), crate::db::DbError> {
     let now = state.clock.now_ms(&state.db).await?;
-    let mut tx = state.db.begin().await?;
-    let b = crate::db::Backend::of(&tx);
-    b.query("INSERT INTO admin_audit (at_ms, actor, method, path, status) VALUES (?, ?, ?, ?, ?)")
-        .bind(now)
-        .bind(actor)
-        .bind(method)
-        .bind(path)
-        .bind(i64::from(status))
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await?;
-    Ok(())
+    crate::db::audit::record(&state.db, now, actor, method, path, status).await
 }

@@ -252,6 +252,34 @@ pub struct PaymentConfig {
     /// Quick attempts within one execution before the ledger reschedules the effect.
     #[serde(default = "defaults::http_attempts")]
     pub attempts: u32,
+    /// Ask the provider for the payment's state before deciding an order with a payment
+    /// reference at or after its deadline (default true): one found paid is aligned to PAID,
+    /// never closed (seed 002).
+    #[serde(default = "defaults::yes")]
+    pub query_before_close: bool,
+    /// What to do when that query cannot be answered (provider down): `wait` (the trigger is
+    /// retried with `[dispatch]` backoff, up to `unknown_max_wait` past the deadline, then the
+    /// order is decided as unknown) or `close` (decide at once, payment unknown).
+    #[serde(default)]
+    pub on_unknown: OnPaymentUnknown,
+    /// The longest `on_unknown = "wait"` holds an order past its deadline (default 5m).
+    #[serde(default = "defaults::unknown_max_wait", with = "duration")]
+    pub unknown_max_wait: Duration,
+    /// Channel of the forward notice (template `order-paid`) sent when an order is found paid
+    /// at the provider, so fulfilment does not depend on the provider's own notification.
+    #[serde(default = "defaults::log_channel")]
+    pub paid_channel: String,
+}
+
+/// `payment.on_unknown`: when the provider cannot say whether an order was paid.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnPaymentUnknown {
+    /// Retry the trigger with backoff, at most `payment.unknown_max_wait` past the deadline.
+    #[default]
+    Wait,
+    /// Decide at once; the plugin sees the payment as unknown.
+    Close,
 }
 
 /// `[notify]`.
@@ -582,6 +610,12 @@ mod defaults {
     }
     pub fn http_attempts() -> u32 {
         3
+    }
+    pub fn unknown_max_wait() -> Duration {
+        Duration::from_secs(300)
+    }
+    pub fn log_channel() -> String {
+        "log".to_string()
     }
     pub fn overdue_margin() -> Duration {
         Duration::from_secs(60)

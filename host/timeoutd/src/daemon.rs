@@ -71,13 +71,16 @@ impl Daemon {
         }
         let effects_wake = Arc::new(Notify::new());
         // The trigger's work ends at its commit: the ledger worker is woken to run effects.
-        let dispatcher = Arc::new(Dispatcher::new(
+        let dispatcher = Dispatcher::new(
             db.clone(),
             clock.clone(),
             policies.clone(),
             config.dispatch.clone(),
             effects_wake.clone(),
-        ));
+        );
+        let dispatcher = Arc::new(
+            crate::effects::with_provider(dispatcher, config).map_err(StartError::Effects)?,
+        );
         // Metrics and the backlog sample serve the admin API and the alert rules.
         let observed = config.admin.is_some() || config.alerts.is_some();
         if observed {

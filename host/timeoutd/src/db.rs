@@ -1,9 +1,16 @@
-//! The database: connection, migrations, the dialect differences, and one module per table.
+//! The database: connection, migrations, the dialect differences, and one module per table or
+//! concern. Only this module and its children speak SQL: the rest of the crate calls their
+//! typed functions and never names sqlx.
 //!
 //! All access goes through sqlx's `Any` driver with `?` placeholders; the few statements that
 //! differ between SQLite and MySQL/MariaDB are chosen by [`Backend`]. Times are epoch
 //! milliseconds (`BIGINT *_ms`).
 
+pub mod audit;
+pub mod backlog;
+pub mod bench;
+pub mod demo;
+pub mod fixtures;
 pub mod journal;
 pub mod ledger;
 mod migrate;
@@ -11,6 +18,8 @@ pub mod orders;
 pub mod outbox;
 pub mod payments;
 pub mod relay;
+pub mod replay;
+pub mod views;
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;

@@ -16,6 +16,7 @@
 //!   `dispatch.max_attempts`, then dead-letter (`retry`, [`failure`]); the built-in
 //!   close-at-deadline policy ([`fallback`]); or dead-letter at once (`dead_letter`).
 
+pub mod align;
 mod close;
 mod failure;
 pub mod fallback;
@@ -26,13 +27,15 @@ mod wait;
 use std::sync::Arc;
 
 use serde::Serialize;
-use timeoutd_runtime::model::{Context, Decision, Order, OrderStatus, Payment, TriggerKind};
+use timeoutd_runtime::model::{Context, Decision, Order, OrderStatus, TriggerKind};
 
 use timeoutd_runtime::DecideError;
 use tracing::Instrument;
 
 use crate::clock::{Clock, Stopwatch};
-use crate::config::{DispatchConfig, OnPluginError};
+pub use align::PaymentQuery;
+
+use crate::config::{DispatchConfig, OnPluginError, PaymentConfig};
 use crate::db::{Db, DbError, journal, orders, outbox};
 use crate::events::{Event, emit};
 use crate::policies::{MerchantPolicy, Policies};
@@ -117,6 +120,11 @@ pub enum Outcome {
         /// Why.
         reason: String,
     },
+    /// The provider said the order was paid: aligned to PAID, not closed.
+    Aligned {
+        /// When the buyer paid, epoch ms (the provider's, else the alignment's).
+        paid_at_ms: i64,
+    },
     /// Too early: moved to the order's deadline.
     Deferred {
         /// New due time, epoch ms.
@@ -160,6 +168,7 @@ pub struct Dispatcher {
     policies: Arc<Policies>,
     retry: DispatchConfig,
     effects: Arc<dyn AfterCommit>,
+    provider: Option<align::Provider>,
 }
 
 /// The ledger executor's side of a commit: told which orders a transaction just recorded
@@ -274,7 +283,17 @@ impl Dispatcher {
             policies,
             retry,
             effects,
+            provider: None,
         }
+    }
+
+    /// Asks `query` about an order's payment before deciding it at or after its deadline, by
+    /// the rules of `config` ([`align`]): an order found paid is aligned to PAID, not closed.
+    pub fn with_payments(mut self, query: Arc<dyn PaymentQuery>, config: &PaymentConfig) -> Self {
+        if config.query_before_close {
+            self.provider = Some(align::Provider::new(query, config));
+        }
+        self
     }
 
     /// The database.
@@ -386,6 +405,10 @@ impl Dispatcher {
             tracing::debug!(merchant = %order.merchant, until_ms, "plugin tripped; trigger waits");
             return Ok(Step::Done(Outcome::Tripped { until_ms }));
         }
+        let payment = match self.consult(trigger, &order, now_ms, early).await? {
+            align::Consulted::Decide(payment) => payment,
+            align::Consulted::Done(outcome) => return Ok(Step::Done(outcome)),
+        };
         let ctx = Context {
             now_ms,
             trigger: trigger.kind,
@@ -393,7 +416,7 @@ impl Dispatcher {
             attempt: trigger.attempt,
             settings: policy.settings.clone(),
             state: trigger.state.clone(),
-            payment: order.payment_ref.as_ref().map(|_| Payment::default()),
+            payment,
         };
         let input = serde_json::json!({ "order": &order, "context": &ctx }).to_string();
         let (answer, latency_us) = {
@@ -486,20 +509,20 @@ impl Dispatcher {
         now_ms: i64,
         what: &str,
     ) -> Result<Outcome, DbError> {
+        let early_ms = order.deadline_ms - now_ms;
         match (trigger.row_id, trigger.due_ms) {
-            // A row due at or after the deadline (an early look) keeps its time and status.
+            // A row due at or after the deadline (an early look) keeps its time and status:
+            // the usual case for a 0.1.0 merchant's row, so it is not worth an info line.
             (Some(id), Some(due_ms)) if due_ms >= order.deadline_ms => {
-                outbox::release(&self.db, id).await?
+                outbox::release(&self.db, id).await?;
+                tracing::debug!(order = %order.id, early_ms, held = what, "early look; asked at the deadline");
             }
-            (Some(id), _) => outbox::defer(&self.db, id, order.deadline_ms).await?,
+            (Some(id), _) => {
+                outbox::defer(&self.db, id, order.deadline_ms).await?;
+                tracing::info!(order = %order.id, early_ms, held = what, "before the deadline; held until it");
+            }
             (None, _) => {}
         }
-        tracing::info!(
-            order = %order.id,
-            early_ms = order.deadline_ms - now_ms,
-            held = what,
-            "before the deadline; held until it"
-        );
         Ok(Outcome::Deferred {
             until_ms: order.deadline_ms,
         })

@@ -29,7 +29,7 @@ pub use flash::{FlashEffects, FlashSale};
 pub use notify::Notifier;
 pub use payment::{
     CloseOutcome, HttpPaymentGateway, PaymentEffects, PaymentGateway, record_paid_after_close,
-    resolutions,
+    resolutions, with_provider,
 };
 
 use crate::clock::Clock;

@@ -83,6 +83,15 @@ pub enum Event<'a> {
         /// The send error, if any.
         error: Option<&'a str>,
     },
+    /// An order the provider said was paid was aligned to PAID instead of closed
+    /// (`timeoutd_payments_aligned_total`).
+    Aligned,
+    /// The payment provider could not say whether an order was paid
+    /// (`timeoutd_payment_unknown_total{outcome}`): `wait` (the trigger retries) or `decide`.
+    PaymentUnknown {
+        /// `wait` or `decide`.
+        outcome: &'static str,
+    },
     /// A transactional arming ended ([`crate::rocketmq::arming::Arming::arm`]).
     Armed {
         /// `committed`, `rolled_back`, `unknown` (the outcome did not reach the broker: the
@@ -180,6 +189,12 @@ pub fn emit(event: Event<'_>) {
                 None => tracing::debug!("outbox row relayed to the broker"),
             }
             counter!("timeoutd_relay_total", "outcome" => outcome.to_string()).increment(1);
+        }
+        Event::Aligned => {
+            counter!("timeoutd_payments_aligned_total").increment(1);
+        }
+        Event::PaymentUnknown { outcome } => {
+            counter!("timeoutd_payment_unknown_total", "outcome" => outcome).increment(1);
         }
         Event::Armed { outcome } => {
             if outcome == "unknown" {

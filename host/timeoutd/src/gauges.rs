@@ -1,16 +1,15 @@
 //! Periodic samples of the backlog: overdue-but-open orders per merchant, open dead letters,
-//! and the age of the oldest pending ledger effect and outbox row. Every query reads an index
-//! (`orders (status, deadline_ms)`, `effect_ledger (status, id)`, `order_timeout_msg (status,
-//! due_ms)`), so sampling stays cheap with millions of orders.
+//! and the age of the oldest pending ledger effect and outbox row, read by
+//! [`crate::db::backlog::read`] (index reads only, so sampling stays cheap with millions of
+//! orders).
 
 use std::time::Duration;
 
 use serde::Serialize;
-use sqlx::Row;
 use tokio::sync::watch;
 
 use crate::clock::Clock;
-use crate::db::{Db, DbError};
+use crate::db::{Db, DbError, backlog};
 use crate::events::gauge_set;
 
 /// One sample.
@@ -55,43 +54,15 @@ pub async fn sample(
     policies: &crate::policies::Policies,
 ) -> Result<Sample, DbError> {
     let now = clock.now_ms(db).await?;
-    let b = db.backend();
-    let overdue_open = b
-        .query(
-            "SELECT merchant_id, COUNT(*) FROM orders WHERE status = 'PENDING' AND deadline_ms <= ? \
-             GROUP BY merchant_id ORDER BY merchant_id",
-        )
-        .bind(now - margin.as_millis() as i64)
-        .fetch_all(db.pool())
-        .await?
-        .iter()
-        .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<i64, _>(1)?)))
-        .collect::<Result<Vec<_>, sqlx::Error>>()?;
-    let one = |sql: &'static str| async move {
-        let row = b.query(sql).bind(now).fetch_one(db.pool()).await?;
-        Ok::<_, DbError>((row.try_get::<i64, _>(0)?, row.try_get::<Option<i64>, _>(1)?))
-    };
-    let (ledger_pending, ledger_oldest) = one(
-        "SELECT COUNT(*), MIN(created_at_ms) FROM effect_ledger WHERE status = 'PENDING' AND created_at_ms <= ?",
-    )
-    .await?;
-    let (outbox_due, outbox_oldest) = one(
-        "SELECT COUNT(*), MIN(due_ms) FROM order_timeout_msg WHERE status = 'PENDING' AND due_ms <= ?",
-    )
-    .await?;
-    let dead_letters_open = b
-        .query("SELECT COUNT(*) FROM dead_letter WHERE status = 'OPEN'")
-        .fetch_one(db.pool())
-        .await?
-        .try_get::<i64, _>(0)?;
+    let backlog = backlog::read(db, now, now - margin.as_millis() as i64).await?;
     Ok(Sample {
         sampled_at_ms: now,
-        overdue_open,
-        dead_letters_open,
-        ledger_pending,
-        ledger_oldest_pending_ms: ledger_oldest.map_or(0, |t| now - t),
-        outbox_due,
-        outbox_oldest_due_ms: outbox_oldest.map_or(0, |t| now - t),
+        overdue_open: backlog.overdue_open,
+        dead_letters_open: backlog.dead_letters_open,
+        ledger_pending: backlog.ledger_pending,
+        ledger_oldest_pending_ms: backlog.ledger_oldest_created_ms.map_or(0, |t| now - t),
+        outbox_due: backlog.outbox_due,
+        outbox_oldest_due_ms: backlog.outbox_earliest_due_ms.map_or(0, |t| now - t),
         sweep_consecutive_failures: crate::sources::sweep::consecutive_failures(),
         plugins_tripped: policies.tripped(now),
     })

@@ -16,11 +16,11 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::{Value, json};
-use sqlx::Row;
 use tokio::sync::watch;
 
 use crate::config::{Config, PaidAfterClose};
 use crate::db::Db;
+use crate::db::payments::{self, OrderPayment};
 use crate::effects::EffectRunner;
 
 /// What the handlers share.
@@ -108,21 +108,17 @@ async fn handle_paid(
     state: &HttpState,
     order_id: &str,
 ) -> Result<(StatusCode, Json<Value>), crate::db::DbError> {
-    let row = state
-        .db
-        .backend()
-        .query("SELECT status, merchant_id, payment_ref FROM orders WHERE id = ?")
-        .bind(order_id)
-        .fetch_optional(state.db.pool())
-        .await?;
-    let Some(row) = row else {
+    let Some(OrderPayment {
+        status,
+        merchant_id: merchant,
+        payment_ref,
+    }) = payments::order_payment(&state.db, order_id).await?
+    else {
         return Ok((
             StatusCode::NOT_FOUND,
             Json(json!({ "error": format!("order `{order_id}` does not exist") })),
         ));
     };
-    let (status, merchant, payment_ref): (String, String, Option<String>) =
-        (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
     match status.as_str() {
         "PAID" => Ok((StatusCode::OK, Json(json!({ "status": "paid" })))),
         "PENDING" => Ok((

@@ -30,6 +30,7 @@ pub mod gauges;
 pub mod http;
 pub mod kinds;
 pub mod lateness;
+pub mod paid;
 pub mod plugin_cli;
 pub mod policies;
 /// The backoff rule and the default retry settings (shared with the plugin harness).

@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use sqlx::Row;
 use timeoutd_runtime::model::{Effect, Notice};
 use tokio::task::JoinSet;
 
@@ -37,14 +36,7 @@ pub(super) async fn run(
     n: u32,
     connections: u32,
 ) -> anyhow::Result<Baseline> {
-    let rows: HashMap<String, i64> = db
-        .backend()
-        .query("SELECT order_id, id FROM order_timeout_msg WHERE order_id LIKE 'b-%'")
-        .fetch_all(db.pool())
-        .await?
-        .iter()
-        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-        .collect::<Result<_, sqlx::Error>>()?;
+    let rows: HashMap<String, i64> = crate::db::bench::baseline_outbox_rows(db).await?;
     let rows = Arc::new(rows);
     let next = Arc::new(AtomicU32::new(0));
     let watch = Stopwatch::start();

@@ -2,9 +2,8 @@
 //! STATUS` `Com_commit` and `Questions`; PostgreSQL `pg_stat_database.xact_commit`, which counts
 //! every transaction including single-statement ones), CPU seconds and peak RSS (`/proc/self`).
 
-use sqlx::Row;
-
-use crate::db::{Backend, Db};
+use crate::db::Db;
+use crate::db::bench::server_counters;
 
 /// A reading of the server's counters; `None` where the backend has none.
 #[derive(Debug, Clone, Copy, Default)]
@@ -25,47 +24,10 @@ pub struct PerClose {
 impl Counters {
     /// Reads the counters; a backend or server without them reads as `None`.
     pub(super) async fn read(db: &Db) -> Counters {
-        match db.backend() {
-            Backend::Sqlite => Counters::default(),
-            Backend::MySql => {
-                let read = async {
-                    let rows = sqlx::query(
-                        "SHOW GLOBAL STATUS WHERE Variable_name IN ('Com_commit', 'Questions')",
-                    )
-                    .fetch_all(db.pool())
-                    .await?;
-                    let mut c = Counters::default();
-                    for r in rows {
-                        let name: String = r.try_get(0)?;
-                        let value: String = r.try_get(1)?;
-                        let value = value.parse().ok();
-                        match name.as_str() {
-                            "Com_commit" => c.commits = value,
-                            _ => c.statements = value,
-                        }
-                    }
-                    Ok::<_, sqlx::Error>(c)
-                };
-                read.await.unwrap_or_default()
-            }
-            Backend::Postgres => {
-                let read = async {
-                    sqlx::query("SELECT pg_stat_clear_snapshot()")
-                        .execute(db.pool())
-                        .await?;
-                    let row = sqlx::query(
-                        "SELECT CAST(xact_commit AS BIGINT) FROM pg_stat_database \
-                         WHERE datname = current_database()",
-                    )
-                    .fetch_one(db.pool())
-                    .await?;
-                    Ok::<_, sqlx::Error>(Counters {
-                        commits: row.try_get(0).ok(),
-                        statements: None,
-                    })
-                };
-                read.await.unwrap_or_default()
-            }
+        let c = server_counters(db).await.unwrap_or_default();
+        Counters {
+            commits: c.commits,
+            statements: c.statements,
         }
     }
 

@@ -2,7 +2,6 @@
 //! audit; printed as a table and one JSON line.
 
 use serde::Serialize;
-use sqlx::Row;
 
 use super::BenchPath;
 use super::baseline::Baseline;
@@ -206,21 +205,14 @@ impl Closes {
     /// # Errors
     /// The query fails.
     pub(super) async fn read(db: &Db, deadline_ms: i64) -> anyhow::Result<Closes> {
-        let rows = db
-            .backend()
-            .query(
-                "SELECT closed_at_ms, closed_at_ms - deadline_ms FROM orders \
-                 WHERE id LIKE 'd-%' AND status = 'CLOSED'",
-            )
-            .fetch_all(db.pool())
-            .await?;
+        let rows = crate::db::bench::daemon_closes(db).await?;
         let mut closes = Closes {
             since_ms: Vec::with_capacity(rows.len()),
             lateness_ms: Vec::with_capacity(rows.len()),
         };
-        for r in &rows {
-            closes.since_ms.push(r.try_get::<i64, _>(0)? - deadline_ms);
-            closes.lateness_ms.push(r.try_get::<i64, _>(1)?);
+        for (closed_at_ms, lateness_ms) in rows {
+            closes.since_ms.push(closed_at_ms - deadline_ms);
+            closes.lateness_ms.push(lateness_ms);
         }
         closes.lateness_ms.sort_unstable();
         Ok(closes)
@@ -262,8 +254,8 @@ pub(super) async fn collect(db: &Db, closes: &Closes, i: Inputs) -> anyhow::Resu
         baseline: i.baseline_counts,
         baseline_run: i.baseline,
         audit,
-        plans: plans(db, i.deadline_ms).await,
-        closed_by: closed_by(db).await?,
+        plans: crate::db::bench::explain_hot_queries(db, i.deadline_ms).await,
+        closed_by: crate::db::bench::closed_by(db).await?,
         broker_release_ms: release,
         broker_releases_per_s: releases_per_s,
         database: i.database,
@@ -283,146 +275,43 @@ async fn sweep_query_ms(db: &Db) -> anyhow::Result<f64> {
     Ok(times[2])
 }
 
-async fn closed_by(db: &Db) -> anyhow::Result<Vec<(String, i64)>> {
-    let rows = db
-        .backend()
-        .query(
-            "SELECT closed_by, COUNT(*) FROM orders WHERE id LIKE 'd-%' AND status = 'CLOSED' \
-             GROUP BY closed_by ORDER BY closed_by",
-        )
-        .fetch_all(db.pool())
-        .await?;
-    rows.iter()
-        .map(|r| {
-            Ok((
-                r.try_get::<Option<String>, _>(0)?.unwrap_or_default(),
-                r.try_get(1)?,
-            ))
-        })
-        .collect()
-}
-
-async fn scalar(db: &Db, sql: &'static str) -> anyhow::Result<i64> {
-    Ok(db
-        .backend()
-        .query(sql)
-        .fetch_one(db.pool())
-        .await?
-        .try_get(0)?)
-}
-
 async fn audit(db: &Db, i: &Inputs) -> anyhow::Result<Audit> {
+    let c = crate::db::bench::audit_counts(db).await?;
     let mut problems = Vec::new();
     let n = i64::from(i.orders);
-    let closed = scalar(
-        db,
-        "SELECT COUNT(*) FROM orders WHERE status = 'CLOSED' AND (id LIKE 'b-%' OR id LIKE 'd-%')",
-    )
-    .await?;
-    if closed != 2 * n {
-        problems.push(format!("{closed} orders CLOSED, want {}", 2 * n));
+    if c.closed != 2 * n {
+        problems.push(format!("{} orders CLOSED, want {}", c.closed, 2 * n));
     }
-    let early = scalar(
-        db,
-        "SELECT COUNT(*) FROM orders WHERE id LIKE 'd-%' AND closed_at_ms < deadline_ms",
-    )
-    .await?;
-    if early != 0 {
-        problems.push(format!("{early} orders closed before their deadline"));
-    }
-    let closes = scalar(
-        db,
-        "SELECT COUNT(*) FROM decision_log WHERE outcome = 'closed' AND order_id LIKE 'd-%'",
-    )
-    .await?;
-    if closes != n {
-        problems.push(format!("{closes} closed decisions for {n} orders"));
-    }
-    let units = match db.backend() {
-        Backend::MySql => "SELECT CAST(SUM(available) AS SIGNED) FROM sku_stock",
-        _ => "SELECT CAST(SUM(available) AS BIGINT) FROM sku_stock",
-    };
-    let units = scalar(db, units).await?;
-    if units != i.shape.initial_units {
+    if c.closed_early != 0 {
         problems.push(format!(
-            "stock {units} units after every close, want {}",
-            i.shape.initial_units
+            "{} orders closed before their deadline",
+            c.closed_early
         ));
     }
-    let locked = scalar(
-        db,
-        "SELECT COUNT(*) FROM coupons WHERE status <> 'AVAILABLE'",
-    )
-    .await?;
-    if locked != 0 {
-        problems.push(format!("{locked} coupons still held"));
+    if c.closed_decisions != n {
+        problems.push(format!(
+            "{} closed decisions for {n} orders",
+            c.closed_decisions
+        ));
     }
-    let ledger = scalar(
-        db,
-        "SELECT COUNT(*) FROM effect_ledger WHERE order_id LIKE 'd-%'",
-    )
-    .await?;
-    let per_close = ledger as f64 / n.max(1) as f64;
-    if ledger < n {
-        problems.push(format!("{ledger} ledger rows for {n} closes"));
+    if c.stock_units != i.shape.initial_units {
+        problems.push(format!(
+            "stock {} units after every close, want {}",
+            c.stock_units, i.shape.initial_units
+        ));
     }
-    let unsettled = scalar(
-        db,
-        "SELECT COUNT(*) FROM order_timeout_msg WHERE status <> 'PROCESSED'",
-    )
-    .await?;
-    if unsettled != 0 {
-        problems.push(format!("{unsettled} outbox rows not PROCESSED"));
+    if c.coupons_held != 0 {
+        problems.push(format!("{} coupons still held", c.coupons_held));
+    }
+    let per_close = c.ledger_rows as f64 / n.max(1) as f64;
+    if c.ledger_rows < n {
+        problems.push(format!("{} ledger rows for {n} closes", c.ledger_rows));
+    }
+    if c.outbox_unsettled != 0 {
+        problems.push(format!("{} outbox rows not PROCESSED", c.outbox_unsettled));
     }
     Ok(Audit {
         problems,
         ledger_rows_per_close: per_close,
     })
-}
-
-/// `EXPLAIN` of the outbox claim and the order load, flattened to one line each.
-async fn plans(db: &Db, now_ms: i64) -> Vec<(String, String)> {
-    let explain = match db.backend() {
-        Backend::Sqlite => "EXPLAIN QUERY PLAN",
-        _ => "EXPLAIN",
-    };
-    let queries = [
-        (
-            "outbox claim",
-            format!(
-                "{explain} SELECT id FROM order_timeout_msg WHERE ((status = 'PENDING' AND due_ms <= {now_ms}) \
-                 OR (status = 'SENT' AND due_ms <= {now_ms})) AND (claim_until_ms IS NULL OR claim_until_ms < {now_ms}) \
-                 ORDER BY due_ms LIMIT 256"
-            ),
-        ),
-        (
-            "order load",
-            format!("{explain} SELECT id, status, deadline_ms FROM orders WHERE id = 'd-0000001'"),
-        ),
-    ];
-    let mut out = Vec::new();
-    for (name, sql) in queries {
-        let text = match sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-            .fetch_all(db.pool())
-            .await
-        {
-            Ok(rows) => rows
-                .iter()
-                .map(|r| {
-                    (0..r.columns().len())
-                        .filter_map(|c| {
-                            r.try_get::<String, _>(c)
-                                .ok()
-                                .or_else(|| r.try_get::<i64, _>(c).ok().map(|v| v.to_string()))
-                        })
-                        .collect::<Vec<_>>()
-                        .join(" ")
-                })
-                .collect::<Vec<_>>()
-                .join(" | "),
-            Err(e) => format!("(no plan: {e})"),
-        };
-        out.push((name.to_string(), text));
-    }
-    out
 }

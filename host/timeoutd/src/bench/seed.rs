@@ -1,9 +1,7 @@
 //! The bench's database and orders: a fresh database on the configured server, and 2 × N orders
 //! written as an order service writes them (`b-…` for the baseline, `d-…` for the daemon).
 
-use sqlx::Row;
-
-use crate::db::{Backend, Db};
+use crate::db::{Backend, Db, fixtures};
 
 /// SKUs of the sale: few, so their stock rows are as hot as on a real flash-sale day.
 pub(super) const SKUS: u32 = 8;
@@ -42,19 +40,9 @@ pub(super) async fn fresh_database(
             let url = format!("sqlite://{}/bench.db", dir.path().display());
             Ok((url, Some(dir)))
         }
-        backend => {
+        Backend::MySql | Backend::Postgres => {
             let admin = Db::connect(url, 1).await?;
-            let drop = format!("DROP DATABASE IF EXISTS {DATABASE}");
-            sqlx::query(sqlx::AssertSqlSafe(drop))
-                .execute(admin.pool())
-                .await?;
-            let create = match backend {
-                Backend::MySql => format!("CREATE DATABASE {DATABASE} CHARACTER SET utf8mb4"),
-                _ => format!("CREATE DATABASE {DATABASE}"),
-            };
-            sqlx::query(sqlx::AssertSqlSafe(create))
-                .execute(admin.pool())
-                .await?;
+            fixtures::recreate_database(&admin, DATABASE).await?;
             admin.close().await;
             Ok((with_database(url, DATABASE), None))
         }
@@ -88,7 +76,6 @@ fn with_database(url: &str, name: &str) -> String {
 /// # Errors
 /// A statement fails.
 pub(super) async fn seed(db: &Db, merchant: &str, n: u32, outbox: bool) -> anyhow::Result<Shape> {
-    let backend = db.backend();
     let now = db.now_ms().await?;
     let far = now + 86_400_000;
     // The baseline's orders are overdue already (it runs before the daemon starts); the
@@ -121,7 +108,12 @@ pub(super) async fn seed(db: &Db, merchant: &str, n: u32, outbox: bool) -> anyho
             let total: i64 = order_lines.iter().map(|(_, q)| q * 1_990).sum();
             for (line_no, (sku, qty)) in order_lines.iter().enumerate() {
                 locked[*sku] += qty;
-                lines.push((id.clone(), line_no as i64, sku_name(*sku), *qty));
+                lines.push(fixtures::Line {
+                    order_id: id.clone(),
+                    line_no: line_no as i64,
+                    sku: sku_name(*sku),
+                    quantity: *qty,
+                });
             }
             shape.lines += order_lines.len() as u64;
             shape.coupons += u64::from(coupon.is_some());
@@ -129,75 +121,33 @@ pub(super) async fn seed(db: &Db, merchant: &str, n: u32, outbox: bool) -> anyho
             if let Some(c) = &coupon {
                 coupons.push((c.clone(), format!("u-{i}"), id.clone()));
             }
-            orders.push((id.clone(), format!("u-{i}"), total, coupon, activity));
+            orders.push(fixtures::PendingOrder {
+                id: id.clone(),
+                user_id: format!("u-{i}"),
+                created_at_ms: due_of(id) - 900_000,
+                deadline_ms: due_of(id),
+                total_cents: total,
+                coupon_id: coupon,
+                activity_id: activity.map(str::to_string),
+                payment_ref: format!("pay-{id}"),
+            });
         }
         let mut tx = db.begin().await?;
-        let marks = vec!["(?, ?, ?, 'PENDING', ?, ?, ?, ?, ?, ?)"; orders.len()].join(", ");
-        let mut q = backend.query_owned(format!(
-            "INSERT INTO orders (id, merchant_id, user_id, status, created_at_ms, deadline_ms, \
-             total_cents, coupon_id, activity_id, payment_ref) VALUES {marks}"
-        ));
-        for (id, user, total, coupon, activity) in &orders {
-            q = q
-                .bind(id.clone())
-                .bind(merchant.to_string())
-                .bind(user.clone())
-                .bind(due_of(id) - 900_000)
-                .bind(due_of(id))
-                .bind(*total)
-                .bind(coupon.clone())
-                .bind(activity.map(str::to_string))
-                .bind(format!("pay-{id}"));
-        }
-        q.execute(&mut *tx).await?;
-        let marks = vec!["(?, ?, ?, ?, 1990)"; lines.len()].join(", ");
-        let mut q = backend.query_owned(format!(
-            "INSERT INTO order_items (order_id, line_no, sku, quantity, unit_price_cents) \
-             VALUES {marks}"
-        ));
-        for (id, line_no, sku, qty) in &lines {
-            q = q
-                .bind(id.clone())
-                .bind(*line_no)
-                .bind(sku.clone())
-                .bind(*qty);
-        }
-        q.execute(&mut *tx).await?;
-        if !coupons.is_empty() {
-            let marks = vec!["(?, ?, 'LOCKED', ?)"; coupons.len()].join(", ");
-            let mut q = backend.query_owned(format!(
-                "INSERT INTO coupons (id, user_id, status, order_id) VALUES {marks}"
-            ));
-            for (c, user, id) in &coupons {
-                q = q.bind(c.clone()).bind(user.clone()).bind(id.clone());
-            }
-            q.execute(&mut *tx).await?;
-        }
+        fixtures::insert_pending_orders(&mut tx, merchant, &orders).await?;
+        fixtures::insert_lines(&mut tx, &lines).await?;
+        fixtures::insert_locked_coupons(&mut tx, &coupons).await?;
         // The baseline's orders always have their row: it marks it PROCESSED like the daemon.
-        let rows: Vec<&String> = chunk
+        let rows: Vec<(String, i64)> = chunk
             .iter()
             .filter(|id| outbox || id.starts_with("b-"))
+            .map(|id| (id.clone(), due_of(id)))
             .collect();
-        if !rows.is_empty() {
-            let marks = vec!["(?, ?, 0, 'PENDING')"; rows.len()].join(", ");
-            let mut q = backend.query_owned(format!(
-                "INSERT INTO order_timeout_msg (order_id, due_ms, phase, status) VALUES {marks}"
-            ));
-            for id in rows {
-                q = q.bind(id.clone()).bind(due_of(id));
-            }
-            q.execute(&mut *tx).await?;
-        }
+        fixtures::insert_pending_outbox_rows(&mut tx, &rows).await?;
         tx.commit().await?;
     }
     let mut tx = db.begin().await?;
     for (sku, units) in locked.iter().enumerate() {
-        backend
-            .query("INSERT INTO sku_stock (sku, available) VALUES (?, ?)")
-            .bind(sku_name(sku))
-            .bind(UNITS_PER_SKU - units)
-            .execute(&mut *tx)
-            .await?;
+        fixtures::add_stock(&mut tx, &sku_name(sku), UNITS_PER_SKU - units).await?;
     }
     tx.commit().await?;
     Ok(shape)
@@ -229,36 +179,7 @@ pub(super) fn sku_name(sku: usize) -> String {
 /// # Errors
 /// A statement fails.
 pub(super) async fn set_deadline(db: &Db, deadline_ms: i64, spread_ms: i64) -> anyhow::Result<()> {
-    let backend = db.backend();
-    // The order's number, from its id `d-0000042`.
-    let number = |column: &str| match backend {
-        Backend::MySql => format!("CAST(SUBSTR({column}, 3) AS SIGNED)"),
-        Backend::Postgres => format!("CAST(SUBSTR({column}, 3) AS BIGINT)"),
-        Backend::Sqlite => format!("CAST(SUBSTR({column}, 3) AS INTEGER)"),
-    };
-    let due = |column: &str| format!("(? + ? * {})", number(column));
-    let mut tx = db.begin().await?;
-    backend
-        .query_owned(format!(
-            "UPDATE orders SET deadline_ms = {d}, created_at_ms = {d} - 900000 WHERE id LIKE 'd-%'",
-            d = due("id")
-        ))
-        .bind(deadline_ms)
-        .bind(spread_ms)
-        .bind(deadline_ms)
-        .bind(spread_ms)
-        .execute(&mut *tx)
-        .await?;
-    backend
-        .query_owned(format!(
-            "UPDATE order_timeout_msg SET due_ms = {} WHERE order_id LIKE 'd-%'",
-            due("order_id")
-        ))
-        .bind(deadline_ms)
-        .bind(spread_ms)
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await?;
+    fixtures::set_daemon_deadlines(db, deadline_ms, spread_ms).await?;
     Ok(())
 }
 
@@ -269,43 +190,31 @@ pub(super) async fn set_deadline(db: &Db, deadline_ms: i64, spread_ms: i64) -> a
 /// # Errors
 /// A statement fails.
 pub(super) async fn history(db: &Db, merchant: &str, n: u32) -> anyhow::Result<()> {
-    let backend = db.backend();
     let long_ago = db.now_ms().await? - 90 * 86_400_000;
     let mut written = 0u32;
     while written < n {
         let count = (n - written).min(CHUNK as u32 * 2);
+        let orders: Vec<fixtures::PastOrder> = (written..written + count)
+            .map(|k| {
+                let deadline = long_ago + i64::from(k);
+                fixtures::PastOrder {
+                    id: format!("h-{k:07}"),
+                    user_id: format!("u-{k}"),
+                    status: if k % 2 == 0 { "PAID" } else { "CLOSED" },
+                    created_at_ms: deadline - 900_000,
+                    deadline_ms: deadline,
+                    closed_at_ms: (k % 2 == 1).then_some(deadline + 5),
+                    payment_ref: format!("pay-h-{k}"),
+                }
+            })
+            .collect();
+        let rows: Vec<(String, i64, i64)> = orders
+            .iter()
+            .map(|o| (o.id.clone(), o.deadline_ms, o.deadline_ms + 5))
+            .collect();
         let mut tx = db.begin().await?;
-        let marks = vec!["(?, ?, ?, ?, ?, ?, ?, 1990, ?)"; count as usize].join(", ");
-        let mut q = backend.query_owned(format!(
-            "INSERT INTO orders (id, merchant_id, user_id, status, created_at_ms, deadline_ms, \
-             closed_at_ms, total_cents, payment_ref) VALUES {marks}"
-        ));
-        for k in written..written + count {
-            let deadline = long_ago + i64::from(k);
-            q = q
-                .bind(format!("h-{k:07}"))
-                .bind(merchant.to_string())
-                .bind(format!("u-{k}"))
-                .bind(if k % 2 == 0 { "PAID" } else { "CLOSED" })
-                .bind(deadline - 900_000)
-                .bind(deadline)
-                .bind((k % 2 == 1).then_some(deadline + 5))
-                .bind(format!("pay-h-{k}"));
-        }
-        q.execute(&mut *tx).await?;
-        let marks = vec!["(?, ?, 0, 'PROCESSED', ?)"; count as usize].join(", ");
-        let mut q = backend.query_owned(format!(
-            "INSERT INTO order_timeout_msg (order_id, due_ms, phase, status, processed_at_ms) \
-             VALUES {marks}"
-        ));
-        for k in written..written + count {
-            let deadline = long_ago + i64::from(k);
-            q = q
-                .bind(format!("h-{k:07}"))
-                .bind(deadline)
-                .bind(deadline + 5);
-        }
-        q.execute(&mut *tx).await?;
+        fixtures::insert_past_orders(&mut tx, merchant, &orders).await?;
+        fixtures::insert_processed_outbox_rows(&mut tx, &rows).await?;
         tx.commit().await?;
         written += count;
         if written % 100_000 < count {
@@ -320,12 +229,7 @@ pub(super) async fn history(db: &Db, merchant: &str, n: u32) -> anyhow::Result<(
 /// # Errors
 /// The query fails.
 pub(super) async fn open_orders(db: &Db) -> anyhow::Result<u64> {
-    let open: i64 = db
-        .backend()
-        .query("SELECT COUNT(*) FROM orders WHERE status = 'PENDING' AND id LIKE 'd-%'")
-        .fetch_one(db.pool())
-        .await?
-        .try_get(0)?;
+    let open = crate::db::bench::open_daemon_orders(db).await?;
     Ok(open.max(0) as u64)
 }
 

@@ -150,6 +150,18 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
             );
         }
     }
+    if let Some(payment) = &c.payment
+        && payment.paid_channel != "log"
+        && !c.notify.channels.contains_key(&payment.paid_channel)
+    {
+        p.push(
+            "payment.paid_channel",
+            format!(
+                "`{}` is not a channel of [notify.channels] (nor `log`)",
+                payment.paid_channel
+            ),
+        );
+    }
     for (id, merchant) in &c.merchants {
         for (i, kind) in merchant.granted_effects.iter().flatten().enumerate() {
             if EffectKind::parse(kind).is_none() {

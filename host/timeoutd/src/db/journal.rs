@@ -173,3 +173,18 @@ pub async fn dead_letter_message(
         .await?;
     Ok(done.rows_affected() == 1)
 }
+
+/// Marks OPEN dead letter `id` REDRIVEN (an operator's re-drive). Returns false when it is no
+/// longer OPEN (or does not exist).
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn mark_redriven(conn: &mut AnyConnection, id: i64) -> Result<bool, DbError> {
+    let marked = Backend::of(conn)
+        .query("UPDATE dead_letter SET status = 'REDRIVEN' WHERE id = ? AND status = 'OPEN'")
+        .bind(id)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+    Ok(marked != 0)
+}

@@ -335,3 +335,21 @@ pub async fn settle(
     .await?;
     Ok(done.rows_affected() == 1)
 }
+
+/// Puts FAILED effect `id` back to PENDING with a fresh attempt budget, due at once and
+/// unclaimed (an operator's retry). Returns false when the row is not FAILED (or does not exist).
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn retry_failed(conn: &mut AnyConnection, id: i64) -> Result<bool, DbError> {
+    let done = Backend::of(conn)
+        .query(
+            "UPDATE effect_ledger SET status = 'PENDING', attempts = 0, next_attempt_ms = 0, \
+             claim_until_ms = NULL, updated_at_ms = 0 WHERE id = ? AND status = 'FAILED'",
+        )
+        .bind(id)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+    Ok(done != 0)
+}

@@ -1,8 +1,9 @@
-//! `paid_after_close`: payments that succeeded after timeoutd closed their order (F13).
+//! `paid_after_close`: payments that succeeded after timeoutd closed their order (F13), and what
+//! a payment callback reads of the order.
 
-use sqlx::AnyConnection;
+use sqlx::{AnyConnection, Row};
 
-use super::{Backend, DbError, ledger};
+use super::{Backend, Db, DbError, ledger};
 use crate::config::PaidAfterClose;
 use crate::kinds::LedgerKind;
 
@@ -69,3 +70,36 @@ pub async fn record_paid_after_close(
 
 /// Effect index of the refund row (outside any decision's effect list, which holds at most 64).
 pub const REFUND_INDEX: u32 = 10_000;
+
+/// What a payment callback needs of an order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrderPayment {
+    /// `PENDING`, `PAID` or `CLOSED`, as stored.
+    pub status: String,
+    /// Merchant id.
+    pub merchant_id: String,
+    /// The provider's payment reference, if the order has one.
+    pub payment_ref: Option<String>,
+}
+
+/// Order `order_id`'s status, merchant and payment reference, or `None` when there is no such
+/// order.
+///
+/// # Errors
+/// [`DbError::Sql`] when the query fails or a column cannot be read.
+pub async fn order_payment(db: &Db, order_id: &str) -> Result<Option<OrderPayment>, DbError> {
+    let Some(row) = db
+        .backend()
+        .query("SELECT status, merchant_id, payment_ref FROM orders WHERE id = ?")
+        .bind(order_id)
+        .fetch_optional(db.pool())
+        .await?
+    else {
+        return Ok(None);
+    };
+    Ok(Some(OrderPayment {
+        status: row.try_get(0)?,
+        merchant_id: row.try_get(1)?,
+        payment_ref: row.try_get(2)?,
+    }))
+}

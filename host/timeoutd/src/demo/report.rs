@@ -3,9 +3,8 @@
 use std::path::Path;
 
 use serde::Serialize;
-use sqlx::Row;
 
-use crate::db::{Db, DbError};
+use crate::db::{Db, DbError, demo};
 
 /// Orders by status.
 #[derive(Debug, Clone, Copy, Default)]
@@ -17,12 +16,9 @@ pub(super) struct Counts {
 }
 
 pub(super) async fn counts(db: &Db) -> Result<Counts, DbError> {
-    let rows = sqlx::query("SELECT status, COUNT(*) FROM orders GROUP BY status")
-        .fetch_all(db.pool())
-        .await?;
+    let rows = demo::orders_by_status(db).await?;
     let mut c = Counts::default();
-    for r in rows {
-        let (status, n): (String, i64) = (r.try_get(0)?, r.try_get(1)?);
+    for (status, n) in rows {
         c.total += n;
         match status.as_str() {
             "PENDING" => c.pending = n,
@@ -35,12 +31,7 @@ pub(super) async fn counts(db: &Db) -> Result<Counts, DbError> {
 }
 
 pub(super) async fn open_orders(db: &Db) -> Result<Vec<String>, DbError> {
-    sqlx::query("SELECT id FROM orders WHERE status = 'PENDING' ORDER BY id LIMIT 20")
-        .fetch_all(db.pool())
-        .await?
-        .iter()
-        .map(|r| Ok(r.try_get(0)?))
-        .collect()
+    demo::first_open_orders(db).await
 }
 
 /// Close lateness (close time − due time), ms.
@@ -96,11 +87,6 @@ pub struct DemoReport {
     pub db_path: String,
 }
 
-async fn scalar(db: &Db, sql: &'static str) -> Result<i64, DbError> {
-    let row = sqlx::query(sql).fetch_one(db.pool()).await?;
-    Ok(row.try_get::<Option<i64>, _>(0)?.unwrap_or(0))
-}
-
 impl DemoReport {
     pub(super) async fn gather(
         db: &Db,
@@ -109,69 +95,32 @@ impl DemoReport {
         db_path: &Path,
     ) -> Result<DemoReport, DbError> {
         let c = counts(db).await?;
-        let mut lateness: Vec<i64> = sqlx::query(
-            "SELECT closed_at_ms - close_due_ms FROM orders WHERE status = 'CLOSED' ORDER BY 1",
-        )
-        .fetch_all(db.pool())
-        .await?
-        .iter()
-        .map(|r| r.try_get::<i64, _>(0))
-        .collect::<Result<_, _>>()?;
+        let mut lateness = demo::close_lateness_ms(db).await?;
         lateness.sort_unstable();
         let rank = |q: f64| crate::lateness::nearest_rank(&lateness, q);
-        let restores = scalar(
-            db,
-            "SELECT COUNT(*) FROM effect_ledger WHERE kind = 'restore-stock'",
-        )
-        .await?;
-        let closed_lines = scalar(
-            db,
-            "SELECT COUNT(*) FROM order_items i JOIN orders o ON o.id = i.order_id WHERE o.status = 'CLOSED'",
-        )
-        .await?;
+        let t = demo::tallies(db).await?;
         Ok(DemoReport {
             orders: i64::from(orders),
             paid: c.paid,
             closed: c.closed,
             open: c.pending,
-            reminded: scalar(
-                db,
-                "SELECT COUNT(DISTINCT order_id) FROM effect_ledger WHERE kind = 'remind' AND status = 'DONE' AND last_error IS NULL",
-            )
-            .await?,
+            reminded: t.reminded,
             lateness_ms: Lateness {
                 p50: rank(0.50),
                 p99: rank(0.99),
                 max: lateness.last().copied().unwrap_or(0),
             },
-            closed_before_deadline: scalar(
-                db,
-                "SELECT COUNT(*) FROM orders WHERE status = 'CLOSED' AND closed_at_ms < deadline_ms",
-            )
-            .await?,
+            closed_before_deadline: t.closed_before_deadline,
             initial_stock_units,
-            final_stock_units: scalar(db, "SELECT SUM(available) FROM sku_stock").await?,
-            paid_units: scalar(
-                db,
-                "SELECT SUM(i.quantity) FROM order_items i JOIN orders o ON o.id = i.order_id WHERE o.status = 'PAID'",
-            )
-            .await?,
-            duplicate_restores: restores - closed_lines,
-            coupons_locked: scalar(db, "SELECT COUNT(*) FROM coupons WHERE status = 'LOCKED'").await?,
-            coupons_misplaced: scalar(
-                db,
-                "SELECT COUNT(*) FROM orders o JOIN coupons c ON c.id = o.coupon_id \
-                 WHERE (o.status = 'PAID' AND c.status <> 'USED') OR (o.status = 'CLOSED' AND c.status <> 'AVAILABLE')",
-            )
-            .await?,
-            decisions: scalar(db, "SELECT COUNT(*) FROM decision_log").await?,
-            dead_letters: scalar(db, "SELECT COUNT(*) FROM dead_letter WHERE status = 'OPEN'").await?,
-            effects_done: scalar(
-                db,
-                "SELECT COUNT(*) FROM effect_ledger WHERE status = 'DONE' AND kind IN ('notify', 'remind')",
-            )
-            .await?,
-            effects_waiting: scalar(db, "SELECT COUNT(*) FROM effect_ledger WHERE status = 'PENDING'").await?,
+            final_stock_units: t.stock_units,
+            paid_units: t.paid_units,
+            duplicate_restores: t.restores - t.closed_lines,
+            coupons_locked: t.coupons_locked,
+            coupons_misplaced: t.coupons_misplaced,
+            decisions: t.decisions,
+            dead_letters: t.dead_letters,
+            effects_done: t.effects_done,
+            effects_waiting: t.effects_waiting,
             db_path: db_path.display().to_string(),
         })
     }

@@ -7,7 +7,7 @@ use timeoutd_runtime::model::{Order, OrderItem, OrderStatus};
 use tokio::task::JoinSet;
 
 use crate::config::Config;
-use crate::db::{Db, orders};
+use crate::db::{Db, fixtures, orders};
 use crate::sources::outbox::Waker;
 
 /// SKUs seeded.
@@ -42,11 +42,7 @@ impl Shop {
     pub(super) async fn open(db: Db, config: &Config, orders: u32) -> anyhow::Result<Shop> {
         let mut tx = db.begin().await?;
         for n in 0..SKUS {
-            sqlx::query("INSERT INTO sku_stock (sku, available) VALUES (?, ?)")
-                .bind(format!("sku-{n:03}"))
-                .bind(UNITS_PER_SKU)
-                .execute(&mut *tx)
-                .await?;
+            fixtures::add_stock(&mut tx, &format!("sku-{n:03}"), UNITS_PER_SKU).await?;
         }
         tx.commit().await?;
         let merchants = config
@@ -145,12 +141,7 @@ impl Shop {
             .collect();
         let coupon = if fastrand::u8(0..10) < 3 {
             let coupon = format!("cpn-{n:06}");
-            let _gate = self.db.write_gate().await;
-            sqlx::query("INSERT INTO coupons (id, user_id, status) VALUES (?, ?, 'AVAILABLE')")
-                .bind(&coupon)
-                .bind(&user)
-                .execute(self.db.pool())
-                .await?;
+            fixtures::add_coupon(&self.db, &coupon, &user).await?;
             Some(coupon)
         } else {
             None

@@ -1,13 +1,21 @@
-//! The payment provider: closing an order's payment, and refunding one that succeeded after the
-//! close.
+//! The payment provider: asking a payment's state before a close, closing an order's payment,
+//! and refunding one that succeeded after the close.
 //!
-//! HTTP protocol (what [`HttpPaymentGateway`] speaks):
-//! - `POST {base_url}/v1/payments/{ref}/close` → `200 {"status":"closed"}` (also when already
-//!   closed), or `409 {"status":"already_paid"}` when the buyer's payment went through;
+//! HTTP protocol (what [`HttpPaymentGateway`] speaks; a provider with another protocol is
+//! another [`PaymentGateway`]):
+//! - `GET {base_url}/v1/payments/{ref}` → `200 {"status": "unpaid" | "paid" | "closed" |
+//!   "not_found", "paid_at_ms"?: epoch ms, "amount_cents"?: cents}`; `404` is `not_found`;
+//! - `POST {base_url}/v1/payments/{ref}/close` → `200 {"status":"closed"}`, or
+//!   `409 {"status":"already_paid"}` when the buyer's payment went through; "nothing to close"
+//!   answers — `404` (no such payment: the buyer never opened the cashier) and
+//!   `409 {"status":"already_closed"}` — settle the close as done, noted;
 //! - `POST {base_url}/v1/payments/{ref}/refund` → `200`;
-//! - both carry the effect's idempotency key (header `payment.idempotency_header`); the provider
-//!   answers a repeated key as it answered the first time;
-//! - 408, 429, 5xx and connection errors are transient, other 4xx permanent.
+//! - every request carries `Authorization` when configured; close and refund carry the
+//!   effect's idempotency key (header `payment.idempotency_header`), and the provider answers a
+//!   repeated key as it answered the first time;
+//! - each request times out after `payment.timeout`; 408, 429, 5xx and connection errors are
+//!   transient (retried `payment.attempts` times quickly, then by the ledger or the caller),
+//!   other 4xx permanent.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -16,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use timeoutd_runtime::model::Effect;
+use timeoutd_runtime::model::{Effect, Payment, PaymentStatus};
 
 use super::executor::{Done, EffectError, Executor, Job};
 use super::notify::classify_status;
@@ -32,14 +40,30 @@ pub type GatewayFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, EffectErro
 /// What closing a payment found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CloseOutcome {
-    /// Closed (or it already was): the buyer can no longer pay.
+    /// Closed: the buyer can no longer pay.
     Closed,
+    /// Nothing to close: the provider has no such payment, or it was closed already.
+    NothingToClose,
     /// The buyer's payment succeeded first: the order is paid-after-close.
     AlreadyPaid,
 }
 
 /// A payment provider adapter.
 pub trait PaymentGateway: Send + Sync {
+    /// The payment `payment_ref` as the provider has it now (`queried_at_ms` is left `None`:
+    /// the caller stamps it with the database clock).
+    ///
+    /// # Errors
+    /// [`EffectError::Transient`] when the provider cannot be reached or answers 5xx after the
+    /// quick retries; permanent for an answer it cannot read.
+    fn query<'a>(&'a self, payment_ref: &'a str) -> GatewayFuture<'a, Payment> {
+        let _ = payment_ref;
+        Box::pin(async {
+            Err(EffectError::Permanent(
+                "this provider cannot be queried".into(),
+            ))
+        })
+    }
     /// Closes payment `payment_ref`; `idempotency_key` makes a repeat harmless.
     fn close<'a>(
         &'a self,
@@ -77,29 +101,34 @@ impl HttpPaymentGateway {
         })
     }
 
-    /// POSTs to `/v1/payments/{ref}/{action}`, retrying transient failures a few times quickly
-    /// (the ledger reschedules beyond that). Returns the status and body.
+    /// POSTs to `/v1/payments/{ref}/{action}` (`action` empty: GETs `/v1/payments/{ref}`),
+    /// retrying transient failures a few times quickly (the ledger reschedules beyond that).
+    /// Returns the status and body; 404 and 409 are returned, not classified.
     async fn post(
         &self,
         payment_ref: &str,
         action: &str,
         key: &str,
     ) -> Result<(reqwest::StatusCode, String), EffectError> {
-        let url = format!(
-            "{}/v1/payments/{}/{action}",
-            self.config.base_url.trim_end_matches('/'),
-            urlencode(payment_ref)
-        );
+        let base = self.config.base_url.trim_end_matches('/');
+        let url = if action.is_empty() {
+            format!("{base}/v1/payments/{}", urlencode(payment_ref))
+        } else {
+            format!("{base}/v1/payments/{}/{action}", urlencode(payment_ref))
+        };
         let backoff = Backoff {
             initial: Duration::from_millis(100),
             max: Duration::from_secs(1),
         };
         let mut failures = 0;
         loop {
-            let mut request = self
-                .client
-                .post(&url)
-                .header(self.config.idempotency_header.as_str(), key);
+            let mut request = if action.is_empty() {
+                self.client.get(&url)
+            } else {
+                self.client
+                    .post(&url)
+                    .header(self.config.idempotency_header.as_str(), key)
+            };
             if let Some(auth) = &self.config.authorization {
                 request = request.header("Authorization", auth);
             }
@@ -107,7 +136,7 @@ impl HttpPaymentGateway {
                 Ok(response) => {
                     let status = response.status();
                     let body = response.text().await.unwrap_or_default();
-                    if status.as_u16() == 409 {
+                    if matches!(status.as_u16(), 404 | 409) {
                         return Ok((status, body));
                     }
                     classify_status(&url, status).map(|()| (status, body))
@@ -127,25 +156,60 @@ impl HttpPaymentGateway {
 }
 
 impl PaymentGateway for HttpPaymentGateway {
+    fn query<'a>(&'a self, payment_ref: &'a str) -> GatewayFuture<'a, Payment> {
+        Box::pin(async move {
+            let (status, body) = self.post(payment_ref, "", "").await?;
+            if status.as_u16() == 404 {
+                return Ok(Payment {
+                    status: PaymentStatus::NotFound,
+                    ..Payment::default()
+                });
+            }
+            let unreadable = || {
+                EffectError::Permanent(format!(
+                    "query {payment_ref}: HTTP {status}, unreadable body {body}"
+                ))
+            };
+            if status.as_u16() == 409 {
+                return Err(unreadable());
+            }
+            let v: serde_json::Value = serde_json::from_str(&body).map_err(|_| unreadable())?;
+            let status = match v["status"].as_str() {
+                Some("unpaid") => PaymentStatus::Unpaid,
+                Some("paid") => PaymentStatus::Paid,
+                Some("closed") => PaymentStatus::Closed,
+                Some("not_found") => PaymentStatus::NotFound,
+                _ => return Err(unreadable()),
+            };
+            let paid = status == PaymentStatus::Paid;
+            Ok(Payment {
+                status,
+                queried_at_ms: None,
+                paid_at_ms: v["paid_at_ms"].as_i64().filter(|_| paid),
+                paid_cents: v["amount_cents"].as_i64().filter(|_| paid),
+            })
+        })
+    }
+
     fn close<'a>(&'a self, payment_ref: &'a str, key: &'a str) -> GatewayFuture<'a, CloseOutcome> {
         Box::pin(async move {
             let (status, body) = self.post(payment_ref, "close", key).await?;
-            if status.as_u16() == 409 {
-                if body.contains("already_paid") {
-                    return Ok(CloseOutcome::AlreadyPaid);
-                }
-                return Err(EffectError::Permanent(format!(
+            match status.as_u16() {
+                404 => Ok(CloseOutcome::NothingToClose),
+                409 if body.contains("already_paid") => Ok(CloseOutcome::AlreadyPaid),
+                409 if body.contains("already_closed") => Ok(CloseOutcome::NothingToClose),
+                409 => Err(EffectError::Permanent(format!(
                     "close {payment_ref}: HTTP 409 {body}"
-                )));
+                ))),
+                _ => Ok(CloseOutcome::Closed),
             }
-            Ok(CloseOutcome::Closed)
         })
     }
 
     fn refund<'a>(&'a self, payment_ref: &'a str, key: &'a str) -> GatewayFuture<'a, ()> {
         Box::pin(async move {
             let (status, body) = self.post(payment_ref, "refund", key).await?;
-            if status.as_u16() == 409 {
+            if matches!(status.as_u16(), 404 | 409) {
                 return Err(EffectError::Permanent(format!(
                     "refund {payment_ref}: HTTP 409 {body}"
                 )));
@@ -188,6 +252,9 @@ impl PaymentEffects {
         let row = job.row;
         match self.gateway.close(payment_ref, &row.key).await? {
             CloseOutcome::Closed => Ok(Done::plain()),
+            CloseOutcome::NothingToClose => Ok(Done::noted(
+                "provider: nothing to close (no such payment, or closed already)",
+            )),
             CloseOutcome::AlreadyPaid => {
                 let resolution = self
                     .resolutions
@@ -279,6 +346,31 @@ pub async fn record_paid_after_close(
     .await?;
     tx.commit().await?;
     Ok(new)
+}
+
+/// The gateway is dispatch's port for asking a payment's state before a close.
+impl crate::dispatch::PaymentQuery for HttpPaymentGateway {
+    fn query<'a>(&'a self, payment_ref: &'a str) -> BoxFuture<'a, Result<Payment, String>> {
+        Box::pin(async move {
+            PaymentGateway::query(self, payment_ref)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// `dispatcher` asking `config`'s `[payment]` provider before closes (unchanged without one).
+///
+/// # Errors
+/// When the provider's HTTP client cannot be built.
+pub fn with_provider(
+    dispatcher: crate::dispatch::Dispatcher,
+    config: &Config,
+) -> Result<crate::dispatch::Dispatcher, String> {
+    Ok(match &config.payment {
+        Some(p) => dispatcher.with_payments(Arc::new(HttpPaymentGateway::new(p)?), p),
+        None => dispatcher,
+    })
 }
 
 /// Percent-encodes a path segment (payment references are opaque).

@@ -11,30 +11,14 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use serde::Deserialize;
-use sqlx::Row;
 use timeoutd_plugin_harness::cases::summary;
 use timeoutd_runtime::model::{Context, Decision, Order, OrderStatus, TriggerKind};
 use timeoutd_runtime::{DecideError, Plugin, PolicyEngine};
 
 use crate::config::Config;
+use crate::db::replay::{RecordedCall, recorded_calls};
 use crate::db::{Db, DbError, orders};
 use crate::policies;
-
-/// One recorded call, as read from `decision_log`.
-struct Recorded {
-    id: i64,
-    order_id: String,
-    merchant_id: String,
-    plugin_digest: String,
-    trigger_kind: String,
-    phase: u32,
-    attempt: u32,
-    decision: String,
-    detail: String,
-    decided_at_ms: i64,
-    input: Option<String>,
-    answer: Option<String>,
-}
 
 #[derive(Deserialize)]
 struct Input {
@@ -119,7 +103,7 @@ async fn replay(
     limit: u32,
 ) -> Result<usize, DbError> {
     let db = Db::connect(&config.database.url, 2).await?;
-    let rows = recorded(&db, merchant, limit).await?;
+    let rows = recorded_calls(&db, merchant, limit).await?;
     let (mut same, mut differ, mut skipped, mut reconstructed) = (0, 0, 0, 0);
     for row in &rows {
         let (order, ctx, rebuilt) = match input_of(&db, config, row).await? {
@@ -175,52 +159,12 @@ async fn replay(
     Ok(differ)
 }
 
-async fn recorded(db: &Db, merchant: Option<&str>, limit: u32) -> Result<Vec<Recorded>, DbError> {
-    let sql = match merchant {
-        Some(_) => {
-            "SELECT id, order_id, merchant_id, plugin_digest, trigger_kind, phase, attempt, \
-                    decision, detail, decided_at_ms, input, answer FROM decision_log \
-                    WHERE merchant_id = ? ORDER BY id DESC LIMIT ?"
-        }
-        None => {
-            "SELECT id, order_id, merchant_id, plugin_digest, trigger_kind, phase, attempt, \
-                 decision, detail, decided_at_ms, input, answer FROM decision_log \
-                 ORDER BY id DESC LIMIT ?"
-        }
-    };
-    let mut query = db.backend().query(sql);
-    if let Some(m) = merchant {
-        query = query.bind(m);
-    }
-    let rows = query.bind(i64::from(limit)).fetch_all(db.pool()).await?;
-    rows.into_iter()
-        .map(|r| {
-            let phase: i64 = r.try_get("phase")?;
-            let attempt: i64 = r.try_get("attempt")?;
-            Ok(Recorded {
-                id: r.try_get("id")?,
-                order_id: r.try_get("order_id")?,
-                merchant_id: r.try_get("merchant_id")?,
-                plugin_digest: r.try_get("plugin_digest")?,
-                trigger_kind: r.try_get("trigger_kind")?,
-                phase: u32::try_from(phase).unwrap_or(u32::MAX),
-                attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
-                decision: r.try_get("decision")?,
-                detail: r.try_get("detail")?,
-                decided_at_ms: r.try_get("decided_at_ms")?,
-                input: r.try_get("input")?,
-                answer: r.try_get("answer")?,
-            })
-        })
-        .collect()
-}
-
 /// The call's input: recorded, or reconstructed (`true`) for rows older than migration 0005.
 /// `Ok(Err(why))` when neither is possible.
 async fn input_of(
     db: &Db,
     config: &Config,
-    row: &Recorded,
+    row: &RecordedCall,
 ) -> Result<Result<(Order, Context, bool), String>, DbError> {
     if let Some(input) = &row.input {
         return Ok(serde_json::from_str::<Input>(input)
@@ -258,7 +202,7 @@ async fn input_of(
 }
 
 /// The recorded answer: the `answer` column, or for older rows the decision in `detail`.
-fn recorded_answer(row: &Recorded) -> Option<Answer> {
+fn recorded_answer(row: &RecordedCall) -> Option<Answer> {
     if let Some(answer) = &row.answer {
         let value: serde_json::Value = serde_json::from_str(answer).ok()?;
         if let Some(error) = value.get("error").and_then(|e| e.as_str()) {

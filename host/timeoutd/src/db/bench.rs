@@ -1,0 +1,264 @@
+//! The bench's reads: the baseline's outbox rows, the server's commit and statement counters,
+//! the daemon's closes read back, the exactly-once audit's tallies, and `EXPLAIN` of the hot
+//! queries. Never used by the daemon itself. Times are epoch ms.
+
+use std::collections::HashMap;
+
+use sqlx::Row;
+
+use super::{Backend, Db, DbError};
+
+/// The baseline orders' (`b-…`) outbox rows: order id → row id.
+///
+/// # Errors
+/// [`DbError::Sql`] when the query fails or a column cannot be read.
+pub async fn baseline_outbox_rows(db: &Db) -> Result<HashMap<String, i64>, DbError> {
+    Ok(db
+        .backend()
+        .query("SELECT order_id, id FROM order_timeout_msg WHERE order_id LIKE 'b-%'")
+        .fetch_all(db.pool())
+        .await?
+        .iter()
+        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+        .collect::<Result<_, sqlx::Error>>()?)
+}
+
+/// The server's counters at one instant; `None` where the backend has none.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServerCounters {
+    /// Commits (MariaDB/MySQL `Com_commit`: explicit COMMITs; PostgreSQL
+    /// `pg_stat_database.xact_commit`: every transaction). `None` on SQLite, or when PostgreSQL's
+    /// value cannot be read.
+    pub commits: Option<i64>,
+    /// Statements (MariaDB/MySQL `Questions`); `None` on PostgreSQL and SQLite.
+    pub statements: Option<i64>,
+}
+
+/// Reads the server's counters (nothing is read on SQLite, which has none: all `None`).
+/// PostgreSQL's statistics snapshot is cleared first, so the figure is current.
+///
+/// # Errors
+/// [`DbError::Sql`] when a statement fails or a column cannot be read (e.g. no privilege).
+pub async fn server_counters(db: &Db) -> Result<ServerCounters, DbError> {
+    match db.backend() {
+        Backend::Sqlite => Ok(ServerCounters::default()),
+        Backend::MySql => {
+            let rows = sqlx::query(
+                "SHOW GLOBAL STATUS WHERE Variable_name IN ('Com_commit', 'Questions')",
+            )
+            .fetch_all(db.pool())
+            .await?;
+            let mut c = ServerCounters::default();
+            for r in rows {
+                let name: String = r.try_get(0)?;
+                let value: String = r.try_get(1)?;
+                let value = value.parse().ok();
+                match name.as_str() {
+                    "Com_commit" => c.commits = value,
+                    _ => c.statements = value,
+                }
+            }
+            Ok(c)
+        }
+        Backend::Postgres => {
+            sqlx::query("SELECT pg_stat_clear_snapshot()")
+                .execute(db.pool())
+                .await?;
+            let row = sqlx::query(
+                "SELECT CAST(xact_commit AS BIGINT) FROM pg_stat_database \
+                 WHERE datname = current_database()",
+            )
+            .fetch_one(db.pool())
+            .await?;
+            Ok(ServerCounters {
+                commits: row.try_get(0).ok(),
+                statements: None,
+            })
+        }
+    }
+}
+
+/// The CLOSED bench daemon orders (`d-…`): each one's `(closed_at_ms, closed_at_ms −
+/// deadline_ms)`, epoch ms and ms, in no particular order.
+///
+/// # Errors
+/// [`DbError::Sql`] when the query fails or a column cannot be read.
+pub async fn daemon_closes(db: &Db) -> Result<Vec<(i64, i64)>, DbError> {
+    let rows = db
+        .backend()
+        .query(
+            "SELECT closed_at_ms, closed_at_ms - deadline_ms FROM orders \
+             WHERE id LIKE 'd-%' AND status = 'CLOSED'",
+        )
+        .fetch_all(db.pool())
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| Ok((r.try_get::<i64, _>(0)?, r.try_get::<i64, _>(1)?)))
+        .collect::<Result<_, sqlx::Error>>()?)
+}
+
+/// How many CLOSED bench daemon orders (`d-…`) each `closed_by` closed, by `closed_by` (`""`
+/// for none).
+///
+/// # Errors
+/// [`DbError::Sql`] when the query fails or a column cannot be read.
+pub async fn closed_by(db: &Db) -> Result<Vec<(String, i64)>, DbError> {
+    let rows = db
+        .backend()
+        .query(
+            "SELECT closed_by, COUNT(*) FROM orders WHERE id LIKE 'd-%' AND status = 'CLOSED' \
+             GROUP BY closed_by ORDER BY closed_by",
+        )
+        .fetch_all(db.pool())
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            Ok((
+                r.try_get::<Option<String>, _>(0)?.unwrap_or_default(),
+                r.try_get(1)?,
+            ))
+        })
+        .collect::<Result<_, sqlx::Error>>()?)
+}
+
+/// Bench daemon orders (`d-…`) still PENDING.
+///
+/// # Errors
+/// [`DbError::Sql`] when the query fails or the column cannot be read.
+pub async fn open_daemon_orders(db: &Db) -> Result<i64, DbError> {
+    scalar(
+        db,
+        "SELECT COUNT(*) FROM orders WHERE status = 'PENDING' AND id LIKE 'd-%'",
+    )
+    .await
+}
+
+/// What the exactly-once audit counts after the burst.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AuditCounts {
+    /// CLOSED bench orders, baseline (`b-…`) and daemon (`d-…`).
+    pub closed: i64,
+    /// Daemon orders closed before their deadline.
+    pub closed_early: i64,
+    /// `closed` decisions logged for daemon orders.
+    pub closed_decisions: i64,
+    /// Stock units available over all SKUs.
+    pub stock_units: i64,
+    /// Coupons not AVAILABLE.
+    pub coupons_held: i64,
+    /// Ledger rows of daemon orders.
+    pub ledger_rows: i64,
+    /// Outbox rows not PROCESSED.
+    pub outbox_unsettled: i64,
+}
+
+/// Counts the audit's figures, one query each in the order of [`AuditCounts`]'s fields.
+///
+/// # Errors
+/// [`DbError::Sql`] when a query fails or a column cannot be read (the first failure ends it).
+pub async fn audit_counts(db: &Db) -> Result<AuditCounts, DbError> {
+    let closed = scalar(
+        db,
+        "SELECT COUNT(*) FROM orders WHERE status = 'CLOSED' AND (id LIKE 'b-%' OR id LIKE 'd-%')",
+    )
+    .await?;
+    let closed_early = scalar(
+        db,
+        "SELECT COUNT(*) FROM orders WHERE id LIKE 'd-%' AND closed_at_ms < deadline_ms",
+    )
+    .await?;
+    let closed_decisions = scalar(
+        db,
+        "SELECT COUNT(*) FROM decision_log WHERE outcome = 'closed' AND order_id LIKE 'd-%'",
+    )
+    .await?;
+    let units = match db.backend() {
+        Backend::MySql => "SELECT CAST(SUM(available) AS SIGNED) FROM sku_stock",
+        _ => "SELECT CAST(SUM(available) AS BIGINT) FROM sku_stock",
+    };
+    let stock_units = scalar(db, units).await?;
+    let coupons_held = scalar(
+        db,
+        "SELECT COUNT(*) FROM coupons WHERE status <> 'AVAILABLE'",
+    )
+    .await?;
+    let ledger_rows = scalar(
+        db,
+        "SELECT COUNT(*) FROM effect_ledger WHERE order_id LIKE 'd-%'",
+    )
+    .await?;
+    let outbox_unsettled = scalar(
+        db,
+        "SELECT COUNT(*) FROM order_timeout_msg WHERE status <> 'PROCESSED'",
+    )
+    .await?;
+    Ok(AuditCounts {
+        closed,
+        closed_early,
+        closed_decisions,
+        stock_units,
+        coupons_held,
+        ledger_rows,
+        outbox_unsettled,
+    })
+}
+
+async fn scalar(db: &Db, sql: &'static str) -> Result<i64, DbError> {
+    Ok(db
+        .backend()
+        .query(sql)
+        .fetch_one(db.pool())
+        .await?
+        .try_get(0)?)
+}
+
+/// `EXPLAIN` (`EXPLAIN QUERY PLAN` on SQLite) of the outbox claim at `now_ms` (epoch ms) and of
+/// the order load: `(name, plan)` each, the plan's rows flattened to one line (`" | "` between
+/// rows). Never fails: a plan that cannot be had reads `(no plan: <error>)`.
+pub async fn explain_hot_queries(db: &Db, now_ms: i64) -> Vec<(String, String)> {
+    let explain = match db.backend() {
+        Backend::Sqlite => "EXPLAIN QUERY PLAN",
+        _ => "EXPLAIN",
+    };
+    let queries = [
+        (
+            "outbox claim",
+            format!(
+                "{explain} SELECT id FROM order_timeout_msg WHERE ((status = 'PENDING' AND due_ms <= {now_ms}) \
+                 OR (status = 'SENT' AND due_ms <= {now_ms})) AND (claim_until_ms IS NULL OR claim_until_ms < {now_ms}) \
+                 ORDER BY due_ms LIMIT 256"
+            ),
+        ),
+        (
+            "order load",
+            format!("{explain} SELECT id, status, deadline_ms FROM orders WHERE id = 'd-0000001'"),
+        ),
+    ];
+    let mut out = Vec::new();
+    for (name, sql) in queries {
+        let text = match sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .fetch_all(db.pool())
+            .await
+        {
+            Ok(rows) => rows
+                .iter()
+                .map(|r| {
+                    (0..r.columns().len())
+                        .filter_map(|c| {
+                            r.try_get::<String, _>(c)
+                                .ok()
+                                .or_else(|| r.try_get::<i64, _>(c).ok().map(|v| v.to_string()))
+                        })
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .collect::<Vec<_>>()
+                .join(" | "),
+            Err(e) => format!("(no plan: {e})"),
+        };
+        out.push((name.to_string(), text));
+    }
+    out
+}

@@ -1,0 +1,82 @@
+//! `timeoutd plugin replay`'s reads: the plugin calls recorded in `decision_log`.
+
+use sqlx::Row;
+
+use super::{Db, DbError};
+
+/// One recorded plugin call, as read from `decision_log`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedCall {
+    /// Row id.
+    pub id: i64,
+    /// Order.
+    pub order_id: String,
+    /// Merchant.
+    pub merchant_id: String,
+    /// Plugin SHA-256, hex.
+    pub plugin_digest: String,
+    /// Trigger kind (`outbox`, `sweep`, …).
+    pub trigger_kind: String,
+    /// Phase decided (`u32::MAX` when the stored value does not fit).
+    pub phase: u32,
+    /// Attempt of this phase (`u32::MAX` when the stored value does not fit).
+    pub attempt: u32,
+    /// `wait`, `cancel`, `ignore` or `error`.
+    pub decision: String,
+    /// The decision or error, JSON (or the error text).
+    pub detail: String,
+    /// Database time of the decision, epoch ms.
+    pub decided_at_ms: i64,
+    /// What the plugin was given, JSON (`None` on rows older than migration 0005).
+    pub input: Option<String>,
+    /// What it answered, JSON (`None` on rows older than migration 0005).
+    pub answer: Option<String>,
+}
+
+/// The recorded calls, newest first, at most `limit`: of `merchant` only when given.
+///
+/// # Errors
+/// [`DbError::Sql`] when the query fails or a column cannot be read.
+pub async fn recorded_calls(
+    db: &Db,
+    merchant: Option<&str>,
+    limit: u32,
+) -> Result<Vec<RecordedCall>, DbError> {
+    let sql = match merchant {
+        Some(_) => {
+            "SELECT id, order_id, merchant_id, plugin_digest, trigger_kind, phase, attempt, \
+                    decision, detail, decided_at_ms, input, answer FROM decision_log \
+                    WHERE merchant_id = ? ORDER BY id DESC LIMIT ?"
+        }
+        None => {
+            "SELECT id, order_id, merchant_id, plugin_digest, trigger_kind, phase, attempt, \
+                 decision, detail, decided_at_ms, input, answer FROM decision_log \
+                 ORDER BY id DESC LIMIT ?"
+        }
+    };
+    let mut query = db.backend().query(sql);
+    if let Some(m) = merchant {
+        query = query.bind(m);
+    }
+    let rows = query.bind(i64::from(limit)).fetch_all(db.pool()).await?;
+    rows.into_iter()
+        .map(|r| {
+            let phase: i64 = r.try_get("phase")?;
+            let attempt: i64 = r.try_get("attempt")?;
+            Ok(RecordedCall {
+                id: r.try_get("id")?,
+                order_id: r.try_get("order_id")?,
+                merchant_id: r.try_get("merchant_id")?,
+                plugin_digest: r.try_get("plugin_digest")?,
+                trigger_kind: r.try_get("trigger_kind")?,
+                phase: u32::try_from(phase).unwrap_or(u32::MAX),
+                attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
+                decision: r.try_get("decision")?,
+                detail: r.try_get("detail")?,
+                decided_at_ms: r.try_get("decided_at_ms")?,
+                input: r.try_get("input")?,
+                answer: r.try_get("answer")?,
+            })
+        })
+        .collect()
+}

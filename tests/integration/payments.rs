@@ -1,0 +1,124 @@
+//! Payment alignment (seeds 002, 003) on every backend, against a real HTTP provider stub:
+//! before an order with a payment reference is decided at its deadline, the provider is asked.
+//! A payment whose notification was lost aligns the order to PAID (no close, no refund, stock
+//! with the buyer, a forward `order-paid` notice); an unknown payment closes as usual and its
+//! close-payment is "nothing to close", DONE without an alert; a provider that does not answer
+//! holds the order at most `payment.unknown_max_wait`.
+
+use std::sync::atomic::Ordering;
+
+use timeoutd::clock::Clock;
+use timeoutd::dispatch::Outcome;
+
+use crate::fakes::Provider;
+use crate::support::{MerchantSpec, T0, each_backend, order};
+
+const SHOPS: &[MerchantSpec<'static>] = &[("acme", "builtin:single-phase", &[])];
+
+fn provider_config(provider: &Provider, payment_keys: &str) -> String {
+    format!(
+        "[payment]\nbase_url = \"{}\"\nattempts = 2\ntimeout = \"1s\"\n{payment_keys}\n",
+        provider.base_url
+    )
+}
+
+each_backend! {
+    async fn a_payment_whose_notification_was_lost_is_aligned_to_paid_not_closed(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&order("lost", "acme", T0)).await;
+        let provider = Provider::start().await;
+        {
+            let mut books = provider.books.lock().unwrap();
+            books.paid.insert("pay-lost".into());
+            books.paid_at_ms.insert("pay-lost".into(), T0 - 30_000);
+        }
+        let config = env.config(SHOPS, &provider_config(&provider, ""));
+        let (clock, _) = Clock::manual(T0 + 1_000);
+        let d = env.dispatcher(&config, clock).await;
+        let outcomes = env.process(&d, T0 + 1_000).await;
+        assert_eq!(outcomes, vec![Outcome::Aligned { paid_at_ms: T0 - 30_000 }]);
+        assert_eq!(env.status("lost").await, "PAID");
+        assert_eq!(env.int("SELECT paid_at_ms FROM orders WHERE id = ?", "lost").await, T0 - 30_000);
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (8, 9), "the buyer keeps the goods");
+        assert_eq!(env.coupon("cpn-lost").await, "USED");
+        assert_eq!(env.int("SELECT COUNT(*) FROM paid_after_close WHERE order_id = ?", "lost").await, 0);
+        // One ledger row: the forward notice, DONE on the log channel.
+        assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE order_id = ?", "lost").await, 1);
+        assert_eq!(env.text("SELECT idempotency_key FROM effect_ledger WHERE order_id = ?", "lost").await, "acme/lost/0/10001");
+        assert!(env.text("SELECT payload FROM effect_ledger WHERE order_id = ?", "lost").await.contains("order-paid"));
+        assert_eq!(env.text("SELECT status FROM effect_ledger WHERE order_id = ?", "lost").await, "DONE");
+        assert_eq!(env.text("SELECT decision FROM decision_log WHERE order_id = ?", "lost").await, "align");
+        assert_eq!(env.text("SELECT status FROM order_timeout_msg WHERE order_id = ?", "lost").await, "PROCESSED");
+        let books = provider.books.lock().unwrap();
+        assert_eq!(books.calls_for("query", "pay-lost"), 1);
+        assert_eq!(books.calls_for("close", "pay-lost"), 0, "nothing closed at the provider");
+        assert!(books.refunds.is_empty(), "no refund");
+    }
+}
+
+each_backend! {
+    async fn an_unknown_payment_closes_and_its_close_is_nothing_to_close(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&order("never-opened", "acme", T0)).await;
+        env.create(&order("unpaid", "acme", T0)).await;
+        let provider = Provider::start().await;
+        provider.books.lock().unwrap().unknown.insert("pay-never-opened".into());
+        let config = env.config(SHOPS, &provider_config(&provider, ""));
+        let (clock, _) = Clock::manual(T0);
+        let d = env.dispatcher(&config, clock).await;
+        let outcomes = env.process(&d, T0).await;
+        assert!(outcomes.iter().all(|o| matches!(o, Outcome::Closed { .. })), "{outcomes:?}");
+        let close = "SELECT status FROM effect_ledger WHERE kind = 'close-payment' AND order_id = ?";
+        assert_eq!(env.text(close, "never-opened").await, "DONE", "a 404 is not a failure");
+        assert!(env.text("SELECT last_error FROM effect_ledger WHERE kind = 'close-payment' AND order_id = ?", "never-opened").await.contains("nothing to close"));
+        assert_eq!(env.text(close, "unpaid").await, "DONE");
+        assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE status = 'FAILED' AND order_id <> ?", "").await, 0);
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (10, 10));
+        let books = provider.books.lock().unwrap();
+        assert_eq!((books.calls_for("query", "pay-unpaid"), books.calls_for("close", "pay-unpaid")), (1, 1));
+    }
+}
+
+each_backend! {
+    async fn a_provider_that_does_not_answer_holds_the_order_at_most_the_maximum_wait(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&order("dark", "acme", T0)).await;
+        let provider = Provider::start().await;
+        provider.books.lock().unwrap().down_for = 1_000;
+        let config = env.config(SHOPS, &provider_config(&provider, "unknown_max_wait = \"60s\""));
+        let (clock, now) = Clock::manual(T0);
+        let d = env.dispatcher(&config, clock).await;
+        let first = env.process(&d, T0).await;
+        assert!(matches!(&first[..], [Outcome::Retry { error, .. }] if error.contains("payment provider")), "{first:?}");
+        assert_eq!(env.status("dark").await, "PENDING");
+        // Retried with backoff while the provider is dark, never past deadline + 60 s.
+        let mut at = T0;
+        let mut rounds = 0;
+        while env.status("dark").await == "PENDING" {
+            rounds += 1;
+            assert!(rounds < 50, "the wait is bounded");
+            let due = env.int("SELECT due_ms FROM order_timeout_msg WHERE order_id = ?", "dark").await;
+            assert!(due <= T0 + 60_000, "due {due} is past the maximum wait");
+            at = at.max(due);
+            now.store(at, Ordering::SeqCst);
+            env.process(&d, at).await;
+        }
+        assert_eq!(env.status("dark").await, "CLOSED", "decided as unknown once the wait ran out");
+        assert!(at <= T0 + 60_000 + 1, "closed at {at}");
+        assert_eq!(env.text("SELECT status FROM effect_ledger WHERE kind = 'close-payment' AND order_id = ?", "dark").await, "PENDING", "close-payment waits for the provider in the ledger");
+    }
+}
+
+each_backend! {
+    async fn on_unknown_close_decides_at_once(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&order("dark-close", "acme", T0)).await;
+        let provider = Provider::start().await;
+        provider.books.lock().unwrap().down_for = 1_000;
+        let config = env.config(SHOPS, &provider_config(&provider, "on_unknown = \"close\""));
+        let (clock, _) = Clock::manual(T0);
+        let d = env.dispatcher(&config, clock).await;
+        assert_eq!(env.process(&d, T0).await, vec![Outcome::Closed { lateness_ms: 0 }]);
+        assert_eq!(env.status("dark-close").await, "CLOSED");
+    }
+}
