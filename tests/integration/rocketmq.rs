@@ -1321,3 +1321,58 @@ async fn with_the_broker_down_the_outbox_closes_on_time_and_late_messages_are_no
     daemon.stop().await;
     env.cleanup().await;
 }
+
+// Seed 003: the payment system's "cancel the timeout" messages on the paid topic. A PENDING
+// order becomes PAID once (a duplicate changes nothing), a CLOSED one is a paid-after-close
+// recorded once, and a message naming no order or an unknown one is dead-lettered with its
+// reason — the queue keeps flowing.
+with_broker!(
+    async fn paid_messages_align_pending_orders_record_closed_ones_and_dead_letter_the_rest(env) {
+        let (topic, group) = names("paid");
+        let paid_topic = format!("{topic}_PAID");
+        let config = env.config(
+            ACME,
+            &format!(
+                "[outbox]\nenabled = false\n[sweep]\nenabled = false\n{}",
+                section(&topic, &group, &format!("paid_topic = \"{paid_topic}\""))
+            ),
+        );
+        env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
+        let now = env.db.now_ms().await.unwrap();
+        for id in ["p-text", "p-json", "p-closed"] {
+            env.create(&order(id, "acme", now + 3_600_000)).await;
+        }
+        without_rows(env).await;
+        env.db
+            .backend()
+            .query("UPDATE orders SET status = 'CLOSED' WHERE id = ?")
+            .bind("p-closed")
+            .execute(env.db.pool())
+            .await
+            .unwrap();
+        let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
+        let tx = sender(&config).await;
+        send(&tx, raw(&paid_topic, "p-text", b"p-text")).await;
+        let bean = br#"{"orderId":"p-json","activityId":null,"userId":"user-of-p-json","createTime":1}"#;
+        send(&tx, raw(&paid_topic, "p-json", bean)).await;
+        send(&tx, raw(&paid_topic, "p-text", b"p-text")).await;
+        send(&tx, raw(&paid_topic, "p-closed", b"p-closed")).await;
+        send(&tx, raw(&paid_topic, "nobody", b"nobody")).await;
+        send(&tx, raw(&paid_topic, "junk", b"{\"orderId\": ")).await;
+        let dead = "SELECT COUNT(*) FROM dead_letter WHERE source = 'rocketmq-paid' AND reason <> ?";
+        eventually(Duration::from_secs(60), "every paid message is applied or dead-lettered", || async {
+            env.status("p-text").await == "PAID"
+                && env.status("p-json").await == "PAID"
+                && env.int("SELECT COUNT(*) FROM paid_after_close WHERE order_id = ?", "p-closed").await == 1
+                && env.int(dead, "").await == 2
+        })
+        .await;
+        assert_eq!(env.coupon("cpn-p-text").await, "USED");
+        assert_eq!(env.text("SELECT source FROM paid_after_close WHERE order_id = ?", "p-closed").await, "paid-message");
+        assert_eq!(env.text("SELECT reason FROM dead_letter WHERE source = 'rocketmq-paid' AND order_id = ?", "nobody").await, "paid notice for order `nobody`, which does not exist");
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (94, 97), "paid orders keep their stock");
+        assert_eq!(env.int("SELECT COUNT(*) FROM decision_log WHERE order_id <> ?", "").await, 0, "no timeout decided anything");
+        tx.shutdown().await;
+        daemon.stop().await;
+    }
+);

@@ -109,6 +109,7 @@ impl Daemon {
                     clock.clone(),
                     dispatcher.clone(),
                     policies.clone(),
+                    crate::effects::resolutions(config),
                     config.outbox.lease,
                     &mut tasks,
                     rx.clone(),

@@ -137,6 +137,11 @@ impl EffectRunner {
         }
     }
 
+    /// The clock it reads.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
     /// The broker's state for `/readyz`: `None` without one, else whether its last send worked.
     pub fn broker_ready(&self) -> Option<bool> {
         self.notifier.broker_ready()

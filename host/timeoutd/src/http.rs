@@ -3,10 +3,12 @@
 //! `POST /v1/payments/{order}/paid` — the provider (or the order service) reports that the
 //! order's payment succeeded. For a CLOSED order that is a paid-after-close (F13): it is
 //! recorded once and a refund is raised (or a manual review queued, per merchant), and stock and
-//! coupons are not touched again. Answers: `202` recorded (`{"status":"paid_after_close",
-//! "resolution":…, "new":bool}`), `200` the order is PAID already, `409` the order is still
-//! PENDING (payments are the order service's to record), `404` no such order, `401` a missing
-//! or wrong bearer token when `http.callback_token` is set.
+//! coupons are not touched again. A PENDING order is aligned to PAID (its timeout then finds it
+//! paid: the provider's notice is as good as the order service's record, seed 002). The same
+//! path takes seed 003's paid messages ([`crate::paid`]). Answers: `202` recorded
+//! (`{"status":"paid_after_close", "resolution":…, "new":bool}`), `200 {"status":"paid",
+//! "new":bool}` the order is PAID (now, or already), `404` no such order, `401` a missing or
+//! wrong bearer token when `http.callback_token` is set.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,8 +22,8 @@ use tokio::sync::watch;
 
 use crate::config::{Config, PaidAfterClose};
 use crate::db::Db;
-use crate::db::payments::{self, OrderPayment};
 use crate::effects::EffectRunner;
+use crate::paid::Applied;
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -108,41 +110,21 @@ async fn handle_paid(
     state: &HttpState,
     order_id: &str,
 ) -> Result<(StatusCode, Json<Value>), crate::db::DbError> {
-    let Some(OrderPayment {
-        status,
-        merchant_id: merchant,
-        payment_ref,
-    }) = payments::order_payment(&state.db, order_id).await?
-    else {
-        return Ok((
+    let clock = state.effects.clock();
+    match crate::paid::apply(&state.db, clock, &state.resolutions, order_id, "callback").await? {
+        Applied::Missing => Ok((
             StatusCode::NOT_FOUND,
             Json(json!({ "error": format!("order `{order_id}` does not exist") })),
-        ));
-    };
-    match status.as_str() {
-        "PAID" => Ok((StatusCode::OK, Json(json!({ "status": "paid" })))),
-        "PENDING" => Ok((
-            StatusCode::CONFLICT,
-            Json(
-                json!({ "error": format!("order `{order_id}` is PENDING; the order service records payments") }),
-            ),
         )),
-        _ => {
-            let resolution = state
-                .resolutions
-                .get(&merchant)
-                .copied()
-                .unwrap_or_default();
-            let new = state
-                .effects
-                .paid_after_close(
-                    order_id,
-                    &merchant,
-                    payment_ref.as_deref(),
-                    "callback",
-                    resolution,
-                )
-                .await?;
+        Applied::AlreadyPaid => Ok((
+            StatusCode::OK,
+            Json(json!({ "status": "paid", "new": false })),
+        )),
+        Applied::Aligned => Ok((
+            StatusCode::OK,
+            Json(json!({ "status": "paid", "new": true })),
+        )),
+        Applied::AfterClose { resolution, new } => {
             state.effects.run_for_order(order_id).await;
             Ok((
                 StatusCode::ACCEPTED,

@@ -18,6 +18,7 @@ pub mod coalesce;
 pub mod codec;
 pub mod consumer;
 pub mod dlq;
+pub mod paid;
 pub mod planner;
 pub mod received;
 pub mod relay;
@@ -63,6 +64,7 @@ impl Broker {
         clock: Clock,
         dispatcher: Arc<Dispatcher>,
         policies: Arc<Policies>,
+        resolutions: Arc<std::collections::HashMap<String, crate::config::PaidAfterClose>>,
         lease: Duration,
         tasks: &mut JoinSet<()>,
         shutdown: watch::Receiver<bool>,
@@ -74,6 +76,21 @@ impl Broker {
             arming::ArmListener::new(app.clone(), db.clone(), clock.clone(), policies),
         )
         .await?;
+        if let Some(topic) = &config.paid_topic {
+            let group = config
+                .paid_group
+                .clone()
+                .unwrap_or_else(|| paid::default_group(&config.consumer_group));
+            let listener = paid::PaidListener {
+                app: app.clone(),
+                db: db.clone(),
+                clock: clock.clone(),
+                resolutions,
+                dispatcher: dispatcher.clone(),
+            };
+            transport.start_consumer(&group, topic, listener).await?;
+            tracing::info!(topic = %topic, group = %group, "paid notices consumed");
+        }
         if config.consume {
             let consumer = Arc::new(consumer::TimeoutConsumer::new(
                 dispatcher,

@@ -114,6 +114,15 @@ pub struct RocketMqConfig {
     /// Drain `%DLQ%<consumer_group>` into the dead-letter table.
     #[serde(default = "defaults::yes")]
     pub drain_dlq: bool,
+    /// Topic a payment system sends paid notices to (seed 003: "cancel the timeout" on
+    /// success; body the order id as text, or a JSON bean with `orderId`, as the timeout topic
+    /// takes). Off when unset. Each notice is applied once through the paid callback's path
+    /// ([`crate::paid`]); a malformed one is dead-lettered.
+    #[serde(default)]
+    pub paid_topic: Option<String>,
+    /// Consumer group of the paid topic; default `<consumer_group>-PAID`.
+    #[serde(default)]
+    pub paid_group: Option<String>,
     /// Topic notices are published to by `kind = "rocketmq"` channels (one message per notice,
     /// keyed by its idempotency key).
     #[serde(default = "defaults::notification_topic")]
