@@ -122,3 +122,43 @@ each_backend! {
         assert_eq!(env.status("dark-close").await, "CLOSED");
     }
 }
+
+each_backend! {
+    /// Seed 002's check-back as the poller: each check asks the provider; paid → rollback
+    /// (nothing to arm), unpaid → unknown until the plugin's maximum of checks, then commit;
+    /// and a check-back writes nothing.
+    async fn the_check_back_asks_the_provider_at_each_check_and_commits_at_the_maximum(env) {
+        use timeoutd::rocketmq::arming::ArmListener;
+        use timeoutd_runtime::model::CheckVerdict;
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        let now = env.db.now_ms().await.unwrap();
+        env.create(&order("cb-paid", "acme", now + 600_000)).await;
+        env.create(&order("cb-unpaid", "acme", now + 600_000)).await;
+        let provider = Provider::start().await;
+        provider.books.lock().unwrap().paid.insert("pay-cb-paid".into());
+        let config = env.config(SHOPS, &provider_config(&provider, ""));
+        let d = env.dispatcher(&config, Clock::Database).await;
+        let listener = ArmListener::new(
+            tokio::runtime::Handle::current(),
+            env.db.clone(),
+            Clock::Database,
+            timeoutd::policies::load(&config).unwrap(),
+        )
+        .with_payments(d.payment_query());
+        let before = env.dump().await;
+        assert_eq!(listener.check_back("cb-paid", 0).await, CheckVerdict::Rollback);
+        let mut verdicts = Vec::new();
+        for checks in 0..4 {
+            verdicts.push(listener.check_back("cb-unpaid", checks).await);
+        }
+        assert_eq!(
+            verdicts,
+            [CheckVerdict::Unknown, CheckVerdict::Unknown, CheckVerdict::Unknown, CheckVerdict::Commit],
+            "single-phase's check: unknown until max_checks (3)"
+        );
+        assert_eq!(env.dump().await, before, "a check-back writes nothing");
+        let books = provider.books.lock().unwrap();
+        assert_eq!(books.calls_for("query", "pay-cb-unpaid"), 4, "each check asked the provider");
+        assert_eq!(books.calls_for("query", "pay-cb-paid"), 1);
+    }
+}

@@ -306,6 +306,11 @@ impl Dispatcher {
         &self.clock
     }
 
+    /// The payment provider it asks before closes, if any (the check-back asks it too).
+    pub fn payment_query(&self) -> Option<Arc<dyn PaymentQuery>> {
+        self.provider.as_ref().map(|p| p.query.clone())
+    }
+
     /// Whether any merchant's plugin is asked before the deadline (API 0.2.0 on): then the
     /// outbox timer looks at new rows early ([`outbox::claim_unseen`]).
     pub fn asks_before_deadline(&self) -> bool {

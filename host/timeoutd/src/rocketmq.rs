@@ -73,7 +73,8 @@ impl Broker {
         let app = tokio::runtime::Handle::current();
         let arming = arming::Arming::start(
             transport.clone(),
-            arming::ArmListener::new(app.clone(), db.clone(), clock.clone(), policies),
+            arming::ArmListener::new(app.clone(), db.clone(), clock.clone(), policies)
+                .with_payments(dispatcher.payment_query()),
         )
         .await?;
         if let Some(topic) = &config.paid_topic {

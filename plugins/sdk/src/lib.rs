@@ -123,12 +123,18 @@ macro_rules! export_policy {
     };
 }
 
-/// The seed-002 check-back answer: a paid or closed order rolls back (nothing to arm); a pending
-/// one commits once its deadline has passed or the broker has asked `max_checks` times
-/// (`ctx.attempt` counts the broker's checks), and is unknown before that.
+/// The seed-002 check-back answer: a paid or closed order — or one the provider says is paid
+/// (`ctx.payment`) — rolls back (nothing to arm); a pending one commits once its deadline has
+/// passed or the broker has asked `max_checks` times (`ctx.attempt` counts the broker's
+/// checks), and is unknown before that.
 pub fn standard_check(order: &Order, ctx: &Context, max_checks: u32) -> CheckVerdict {
+    let paid_at_provider = ctx
+        .payment
+        .as_ref()
+        .is_some_and(|p| p.status == PaymentStatus::Paid);
     match order.status {
         OrderStatus::Paid | OrderStatus::Closed => CheckVerdict::Rollback,
+        OrderStatus::Pending if paid_at_provider => CheckVerdict::Rollback,
         OrderStatus::Pending if ctx.now_ms >= order.deadline_ms || ctx.attempt >= max_checks => {
             CheckVerdict::Commit
         }

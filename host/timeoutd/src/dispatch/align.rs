@@ -33,7 +33,7 @@ pub trait PaymentQuery: Send + Sync {
 /// The provider and the rules for asking it.
 #[derive(Clone)]
 pub(super) struct Provider {
-    query: Arc<dyn PaymentQuery>,
+    pub(super) query: Arc<dyn PaymentQuery>,
     on_unknown: OnPaymentUnknown,
     unknown_max_wait_ms: i64,
     paid_channel: String,

@@ -20,13 +20,16 @@ use rocketmq_client_rust::{LocalTransactionState, TransactionListener, Transacti
 use rocketmq_model::common::message::MessageTrait;
 use rocketmq_model::common::message::message_ext::MessageExt;
 use rocketmq_model::common::message::message_single::Message;
-use timeoutd_runtime::model::{CheckVerdict, Context, TriggerKind};
+use timeoutd_runtime::model::{
+    CheckVerdict, Context, OrderStatus, Payment, PaymentStatus, TriggerKind,
+};
 use tokio::runtime::Handle;
 
 use super::client::{TAG_ARM, Transport, TransportError};
 use super::codec::{self, TimeoutMessage};
 use crate::clock::Clock;
 use crate::db::{Db, DbError, orders, outbox};
+use crate::dispatch::PaymentQuery;
 use crate::events::{Event, emit};
 use crate::policies::Policies;
 
@@ -53,6 +56,7 @@ pub struct ArmListener {
     db: Db,
     clock: Clock,
     policies: Arc<Policies>,
+    payments: Option<Arc<dyn PaymentQuery>>,
 }
 
 impl ArmListener {
@@ -63,7 +67,17 @@ impl ArmListener {
             db,
             clock,
             policies,
+            payments: None,
         }
+    }
+
+    /// Consults `payments` at each check-back (seed 002's poller): a payment the provider says
+    /// is paid rolls the half message back (nothing to arm; the order's row, if committed, is
+    /// aligned at its deadline); otherwise the plugin's `check` sees the answer in
+    /// `context.payment`. `None` leaves the check-back to the database and the plugin alone.
+    pub fn with_payments(mut self, payments: Option<Arc<dyn PaymentQuery>>) -> Self {
+        self.payments = payments;
+        self
     }
 
     /// The local transaction: the order's phase-0 row, due at its deadline, in one transaction.
@@ -106,6 +120,22 @@ impl ArmListener {
                 return Ok::<_, DbError>(CheckVerdict::Rollback);
             };
             drop(conn);
+            let payment = match (&self.payments, &order.payment_ref) {
+                (Some(provider), Some(payment_ref)) if order.status == OrderStatus::Pending => {
+                    let mut payment = provider.query(payment_ref).await.unwrap_or_else(|e| {
+                        tracing::warn!(order = order_id, error = %e, "check-back cannot ask the payment provider");
+                        Payment::default()
+                    });
+                    payment.queried_at_ms = Some(now_ms);
+                    if payment.status == PaymentStatus::Paid {
+                        tracing::info!(order = order_id, checks, "check-back: paid at the provider; nothing to arm");
+                        return Ok(CheckVerdict::Rollback);
+                    }
+                    Some(payment)
+                }
+                (_, Some(_)) => Some(Payment::default()),
+                (_, None) => None,
+            };
             let Some(policy) = self.policies.get(&order.merchant) else {
                 // No plugin to ask: the order exists, so the timeout must be armed.
                 return Ok(CheckVerdict::Commit);
@@ -117,7 +147,7 @@ impl ArmListener {
                 attempt: checks,
                 settings: policy.settings.clone(),
                 state: Vec::new(),
-                payment: None,
+                payment,
             };
             let plugin = policy.plugin.clone();
             let answer = tokio::task::spawn_blocking(move || plugin.check(&order, &ctx))
