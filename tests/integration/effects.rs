@@ -519,3 +519,88 @@ async fn redis_cluster_routes_effect_and_marker_to_one_slot() {
         );
     }
 }
+
+/// Redis during a failover: the daemon's Redis is a replica (READONLY to writes, as a master
+/// demoted by a failover is). The flash-sale effects stay PENDING and are retried with
+/// backoff — never FAILED, so the stock is given back once a master takes writes — and
+/// `/readyz`'s Redis check says it is not writable, which a PING alone would not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_read_only_replica_leaves_flash_effects_pending_and_is_reported_not_writable() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    // A replica of a master that does not exist: it refuses every write with READONLY.
+    let _replica = tokio::process::Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--replicaof",
+            "127.0.0.1",
+            "1",
+        ])
+        .args(["--save", "", "--appendonly", "no", "--dir"])
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("redis-server (Debian's redis package) on PATH");
+    let url = format!("redis://127.0.0.1:{port}");
+    let client = redis::Client::open(url.as_str()).unwrap();
+    crate::support::eventually(Duration::from_secs(10), "the replica answers", || async {
+        match client.get_multiplexed_async_connection().await {
+            Ok(mut c) => redis::cmd("PING")
+                .query_async::<String>(&mut c)
+                .await
+                .is_ok(),
+            Err(_) => false,
+        }
+    })
+    .await;
+    let env = Env::new(timeoutd::db::Backend::Sqlite).await;
+    env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+    flash_order(&env, "failover", "flashy").await;
+    let config = env.config(FLASH, &format!("[redis]\nurl = \"{url}\"\n"));
+    let (clock, now) = Clock::manual(T0);
+    let d = env.dispatcher(&config, clock.clone()).await;
+    env.process(&d, T0).await;
+    now.store(T0 + 1_000, Ordering::SeqCst);
+    assert_eq!(
+        env.process(&d, T0 + 1_000).await,
+        vec![Outcome::Closed { lateness_ms: 0 }]
+    );
+    for kind in ["restore-flash-stock", "release-flash-slot"] {
+        let row = |col: &str| {
+            format!("SELECT {col} FROM effect_ledger WHERE kind = '{kind}' AND order_id = ?")
+        };
+        let status = env
+            .text(Box::leak(row("status").into_boxed_str()), "failover")
+            .await;
+        assert_eq!(status, "PENDING", "{kind}: retried, not FAILED");
+        let error = env
+            .text(Box::leak(row("last_error").into_boxed_str()), "failover")
+            .await;
+        assert!(
+            error.to_ascii_uppercase().contains("READONLY") || error.contains("ReadOnly"),
+            "{kind}: {error}"
+        );
+        assert_eq!(
+            env.int(Box::leak(row("attempts").into_boxed_str()), "failover")
+                .await,
+            1
+        );
+    }
+    let runner = env.runner(&config, clock).await;
+    let ready = runner.redis_ready().await.expect("[redis] is configured");
+    assert!(
+        ready
+            .as_ref()
+            .is_err_and(|e| e.contains("not writable") && e.to_ascii_uppercase().contains("READ")),
+        "{ready:?}"
+    );
+    env.cleanup().await;
+}

@@ -6,6 +6,7 @@ mod e2e;
 mod effects;
 mod fakes;
 mod group;
+mod input;
 mod payments;
 mod pipeline;
 mod plugin_cli;

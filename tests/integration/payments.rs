@@ -162,3 +162,85 @@ each_backend! {
         assert_eq!(books.calls_for("query", "pay-cb-paid"), 1);
     }
 }
+
+each_backend! {
+    /// Seed 002's aggregated payment: a payment attempt holds a PENDING order against its close
+    /// for the lease; the close waits (its row deferred to the lease's end), then happens; an
+    /// attempt on a closed order, or past the deadline, is refused with the order's state.
+    async fn a_payment_attempt_holds_the_close_until_its_lease_lapses(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&order("held", "acme", T0)).await;
+        env.create(&order("held-2", "acme", T0)).await;
+        env.create(&order("late", "acme", T0 - 20_000)).await;
+        let config = env.config(SHOPS, "[http]\nlisten = \"127.0.0.1:0\"\ncallback_token = \"cb-secret\"\npayment_lease = \"90s\"\n");
+        let (clock, now) = Clock::manual(T0 - 10_000);
+        let runner = env.runner(&config, clock.clone()).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let state = timeoutd::http::HttpState::new(env.db.clone(), runner, &config);
+        let server = tokio::spawn(timeoutd::http::serve(listener, state, stopped));
+        let client = reqwest::Client::new();
+        let attempt = |id: &str| client.post(format!("http://{addr}/v1/orders/{id}/payment-attempts")).bearer_auth("cb-secret").send();
+        let held = attempt("held").await.unwrap();
+        assert_eq!(held.status(), 200);
+        assert_eq!(held.json::<serde_json::Value>().await.unwrap()["lease_until_ms"], T0 + 80_000);
+        assert_eq!(attempt("held-2").await.unwrap().status(), 200);
+        let late = attempt("late").await.unwrap();
+        assert_eq!(late.status(), 409, "past its deadline");
+        let body = late.json::<serde_json::Value>().await.unwrap();
+        assert_eq!((body["status"].as_str(), body["deadline_ms"].as_i64()), (Some("PENDING"), Some(T0 - 20_000)));
+        assert_eq!(attempt("nobody").await.unwrap().status(), 404);
+        assert_eq!(client.post(format!("http://{addr}/v1/orders/held/payment-attempts")).send().await.unwrap().status(), 401);
+
+        // At the deadline the close waits for the lease (both alone and as a group).
+        now.store(T0, Ordering::SeqCst);
+        let d = env.dispatcher(&config, clock).await;
+        let outcomes = env.process(&d, T0).await;
+        assert!(outcomes.iter().all(|o| *o == Outcome::Deferred { until_ms: T0 + 80_000 } || matches!(o, Outcome::Closed { .. })), "{outcomes:?}");
+        let triggers = env.claim(T0).await;
+        assert!(triggers.is_empty(), "the held orders' rows wait for the lease: {triggers:?}");
+        assert_eq!(env.status("held").await, "PENDING");
+        assert_eq!(env.status("late").await, "CLOSED");
+        assert_eq!(env.int("SELECT due_ms FROM order_timeout_msg WHERE order_id = ?", "held").await, T0 + 80_000);
+        assert_eq!(attempt("late").await.unwrap().status(), 409, "a closed order cannot be paid");
+
+        // The lease lapses without a payment: the orders close, once.
+        now.store(T0 + 80_000, Ordering::SeqCst);
+        let mut group = env.claim(T0 + 80_000).await;
+        group.sort_by(|a, b| a.order_id.cmp(&b.order_id));
+        let outcomes = d.handle_group(&group).await;
+        assert!(outcomes.iter().all(|o| matches!(o, Outcome::Closed { .. })), "{outcomes:?}");
+        assert_eq!((env.status("held").await, env.status("held-2").await), ("CLOSED".into(), "CLOSED".into()));
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (10, 10));
+        stop.send(true).unwrap();
+        server.await.unwrap();
+    }
+}
+
+each_backend! {
+    /// The lease in a group close: one order of the group held by a payment attempt waits, the
+    /// others close in the same transaction.
+    async fn a_held_order_in_a_group_waits_while_the_rest_close(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        for id in ["g-1", "g-2", "g-3"] {
+            env.create(&order(id, "acme", T0)).await;
+        }
+        let config = env.config(SHOPS, "");
+        let mut conn = env.db.pool().acquire().await.unwrap();
+        let held = timeoutd::db::orders::take_payment_lease(&mut conn, "g-2", T0 - 1_000, T0 + 30_000).await.unwrap();
+        assert_eq!(held, timeoutd::db::orders::Attempt::Held { until_ms: T0 + 30_000 });
+        drop(conn);
+        let (clock, _) = Clock::manual(T0);
+        let d = env.dispatcher(&config, clock).await;
+        let mut group = env.claim(T0).await;
+        group.sort_by(|a, b| a.order_id.cmp(&b.order_id));
+        let outcomes = d.handle_group(&group).await;
+        assert!(matches!(outcomes[0], Outcome::Closed { .. }), "{outcomes:?}");
+        assert_eq!(outcomes[1], Outcome::Deferred { until_ms: T0 + 30_000 });
+        assert!(matches!(outcomes[2], Outcome::Closed { .. }), "{outcomes:?}");
+        assert_eq!(env.status("g-2").await, "PENDING");
+        assert_eq!(env.text("SELECT status FROM order_timeout_msg WHERE order_id = ?", "g-2").await, "PENDING");
+        assert_eq!(env.text("SELECT outcome FROM decision_log WHERE order_id = ?", "g-2").await, "deferred");
+    }
+}

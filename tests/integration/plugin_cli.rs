@@ -195,3 +195,62 @@ async fn replay_prints_where_a_new_version_decides_differently() {
     assert!(all.contains("1 with reconstructed input"), "{all}");
     env.cleanup().await;
 }
+
+/// `plugin check` lists a 0.2.0 plugin's manifest; `plugin run` calls it once with an order from
+/// a file and prints the decision and the guard's verdict (a reminder before the deadline is a
+/// wait the daemon carries out), warning about a setting the manifest says is malformed.
+#[test]
+fn run_calls_a_plugin_once_with_an_order_from_a_file_and_check_lists_its_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    let tea = file(dir.path(), "tea_house.wasm", crate::support::TEA_HOUSE_WASM);
+    let out = plugin_cmd(&["check".as_ref(), tea.as_os_str()]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    for want in [
+        "api stamp:   timeout:policy@0.2.0",
+        "effects:     restore-stock, release-coupon, restore-flash-stock, release-flash-slot, close-payment, notify",
+        "setting:     vip_grace (duration, default 10m): how much longer a VIP order stays open after its deadline",
+    ] {
+        assert!(all.contains(want), "missing `{want}` in\n{all}");
+    }
+    let o = order("o-run", "tea", T0);
+    let order_file = file(
+        dir.path(),
+        "order.json",
+        serde_json::to_string(&o).unwrap().as_bytes(),
+    );
+    let now = (T0 - 2 * 60_000).to_string();
+    let out = plugin_cmd(&[
+        "run".as_ref(),
+        tea.as_os_str(),
+        "--order".as_ref(),
+        order_file.as_os_str(),
+        "--now".as_ref(),
+        now.as_ref(),
+        "--phase".as_ref(),
+        "1".as_ref(),
+        "--setting".as_ref(),
+        "vip_grace=10".as_ref(),
+    ]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    for want in [
+        "plugin:   tea_house (timeout:policy@0.2.0",
+        "asked:    phase 1 at",
+        "\"decision\":\"wait\"",
+        "order-closing-soon",
+        "guard:    permitted",
+        "warning: settings.vip_grace: `10` has no unit",
+    ] {
+        assert!(all.contains(want), "missing `{want}` in\n{all}");
+    }
+    let bad = file(dir.path(), "bad.json", b"{\"id\": 1}");
+    let out = plugin_cmd(&[
+        "run".as_ref(),
+        tea.as_os_str(),
+        "--order".as_ref(),
+        bad.as_os_str(),
+    ]);
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out));
+    assert!(text(&out).contains("not an order"), "{}", text(&out));
+}

@@ -155,6 +155,12 @@ pub struct DispatchConfig {
     /// Longest delay between retries.
     #[serde(default = "defaults::retry_max", with = "duration")]
     pub retry_max: Duration,
+    /// The longest plausible payment window (`deadline_ms − created_at_ms`, default 30d). An
+    /// order whose deadline lies before its creation or further from it than this — a deadline
+    /// written in seconds, say — is quarantined: dead-lettered naming the field and its value,
+    /// never closed, its stock untouched.
+    #[serde(default = "defaults::max_window", with = "duration")]
+    pub max_window: Duration,
 }
 
 /// `[runtime]`: limits of every plugin call.
@@ -319,9 +325,14 @@ pub enum ChannelConfig {
 pub struct HttpConfig {
     /// Address to listen on, e.g. `127.0.0.1:8080`.
     pub listen: std::net::SocketAddr,
-    /// Bearer token payment callbacks must carry; none means no check (loopback only!).
+    /// Bearer token payment callbacks (and payment attempts) must carry; none means no check
+    /// (loopback only!).
     #[serde(default)]
     pub callback_token: Option<String>,
+    /// How long a payment attempt (`POST /v1/orders/{id}/payment-attempts`) holds its order
+    /// against the close (default 2m).
+    #[serde(default = "defaults::payment_lease", with = "duration")]
+    pub payment_lease: Duration,
 }
 
 /// `[admin]`: the operators' API (`/v1/…`, bearer tokens, every call audited), Prometheus
@@ -610,6 +621,12 @@ mod defaults {
     }
     pub fn http_attempts() -> u32 {
         3
+    }
+    pub fn max_window() -> Duration {
+        Duration::from_secs(30 * 24 * 3600)
+    }
+    pub fn payment_lease() -> Duration {
+        Duration::from_secs(120)
     }
     pub fn unknown_max_wait() -> Duration {
         Duration::from_secs(300)

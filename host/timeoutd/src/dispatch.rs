@@ -383,6 +383,13 @@ impl Dispatcher {
             let reason = format!("order is {}", order.status.as_str());
             return Ok(Step::NotPending { reason });
         }
+        if let Some(reason) = implausible(&order, trigger, self.retry.max_window.as_millis() as i64)
+        {
+            tracing::error!(order = %order.id, %reason, "quarantined: implausible times; nothing closed");
+            return Ok(Step::Done(
+                self.dead_letter(trigger, now_ms, &reason).await?,
+            ));
+        }
         let early = trigger.kind != TriggerKind::Manual && now_ms < order.deadline_ms;
         let asks_early = self
             .policies
@@ -581,6 +588,45 @@ impl Dispatcher {
             tx.commit().await?;
         }
         Ok(())
+    }
+}
+
+/// Why an order's times cannot be believed, if they cannot: a deadline before the order's
+/// creation or more than `max_window_ms` after it, or a trigger due before the order was
+/// created — typically seconds written where milliseconds belong. Such an order is never
+/// closed on those times; it is quarantined (dead-lettered) with the field and value named.
+fn implausible(order: &Order, trigger: &Trigger, max_window_ms: i64) -> Option<String> {
+    let hint = |value: i64| {
+        if (1_000_000_000..100_000_000_000).contains(&value) {
+            " (it looks like seconds, not milliseconds)"
+        } else {
+            ""
+        }
+    };
+    let (created, deadline) = (order.created_at_ms, order.deadline_ms);
+    if deadline < created {
+        return Some(format!(
+            "orders.deadline_ms = {deadline} of order `{}` is before its created_at_ms = {created}{}",
+            order.id,
+            hint(deadline)
+        ));
+    }
+    if deadline - created > max_window_ms {
+        return Some(format!(
+            "orders.deadline_ms = {deadline} of order `{}` is {} ms after its created_at_ms = {created}, more than dispatch.max_window ({max_window_ms} ms){}",
+            order.id,
+            deadline - created,
+            hint(created)
+        ));
+    }
+    match trigger.due_ms {
+        Some(due) if due < created && trigger.row_id.is_some() => Some(format!(
+            "order_timeout_msg.due_ms = {due} (row {}) is before order `{}`'s created_at_ms = {created}{}",
+            trigger.row_id.unwrap_or_default(),
+            order.id,
+            hint(due)
+        )),
+        _ => None,
     }
 }
 

@@ -9,6 +9,10 @@
 //! (`{"status":"paid_after_close", "resolution":…, "new":bool}`), `200 {"status":"paid",
 //! "new":bool}` the order is PAID (now, or already), `404` no such order, `401` a missing or
 //! wrong bearer token when `http.callback_token` is set.
+//!
+//! `POST /v1/orders/{order}/payment-attempts` — an aggregated cashier about to take the buyer's
+//! money serializes the payment with the close: the order is held against its close for
+//! `http.payment_lease`, or the answer says why it cannot be paid ([`orders::take_payment_lease`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,7 +25,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use crate::config::{Config, PaidAfterClose};
-use crate::db::Db;
+use crate::db::{Db, orders};
 use crate::effects::EffectRunner;
 use crate::paid::Applied;
 
@@ -32,6 +36,7 @@ pub struct HttpState {
     effects: EffectRunner,
     resolutions: Arc<HashMap<String, PaidAfterClose>>,
     token: Option<String>,
+    lease_ms: i64,
 }
 
 impl HttpState {
@@ -42,6 +47,10 @@ impl HttpState {
             effects,
             resolutions: crate::effects::resolutions(config),
             token: config.http.as_ref().and_then(|h| h.callback_token.clone()),
+            lease_ms: config
+                .http
+                .as_ref()
+                .map_or(120_000, |h| h.payment_lease.as_millis() as i64),
         }
     }
 }
@@ -50,6 +59,7 @@ impl HttpState {
 pub fn router(state: HttpState) -> Router {
     Router::new()
         .route("/v1/payments/{order}/paid", post(paid_callback))
+        .route("/v1/orders/{order}/payment-attempts", post(payment_attempt))
         .with_state(state)
 }
 
@@ -80,19 +90,70 @@ pub async fn serve_until(
     }
 }
 
+/// `401` unless the request carries `http.callback_token` (when one is set).
+fn authorized(state: &HttpState, headers: &HeaderMap) -> Result<(), (StatusCode, Json<Value>)> {
+    if let Some(token) = &state.token {
+        let given = headers.get("authorization").and_then(|v| v.to_str().ok());
+        if given != Some(format!("Bearer {token}").as_str()) {
+            return Err((
+                StatusCode::UNAUTHORIZED,
+                Json(json!({ "error": "missing or wrong bearer token" })),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `POST /v1/orders/{order}/payment-attempts` (seed 002's aggregated payment): a cashier about
+/// to take the buyer's money asks first. `200 {"lease_until_ms"}`: the order is PENDING and not
+/// past its deadline, and its close now waits until the lease lapses (`http.payment_lease`);
+/// `409 {"status", "deadline_ms"}`: it cannot be paid (closed, paid, or its window lapsed);
+/// `404`: no such order.
+async fn payment_attempt(
+    State(state): State<HttpState>,
+    Path(order_id): Path<String>,
+    headers: HeaderMap,
+) -> (StatusCode, Json<Value>) {
+    if let Err(refused) = authorized(&state, &headers) {
+        return refused;
+    }
+    let attempt = async {
+        let now_ms = state.effects.clock().now_ms(&state.db).await?;
+        let mut conn = state.db.pool().acquire().await?;
+        orders::take_payment_lease(&mut conn, &order_id, now_ms, now_ms + state.lease_ms).await
+    };
+    match attempt.await {
+        Ok(orders::Attempt::Held { until_ms }) => {
+            (StatusCode::OK, Json(json!({ "lease_until_ms": until_ms })))
+        }
+        Ok(orders::Attempt::Refused {
+            status,
+            deadline_ms,
+        }) => (
+            StatusCode::CONFLICT,
+            Json(json!({
+                "error": format!("order `{order_id}` cannot be paid now"),
+                "status": status, "deadline_ms": deadline_ms,
+            })),
+        ),
+        Ok(orders::Attempt::Missing) => (
+            StatusCode::NOT_FOUND,
+            Json(json!({ "error": format!("order `{order_id}` does not exist") })),
+        ),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({ "error": e.to_string() })),
+        ),
+    }
+}
+
 async fn paid_callback(
     State(state): State<HttpState>,
     Path(order_id): Path<String>,
     headers: HeaderMap,
 ) -> (StatusCode, Json<Value>) {
-    if let Some(token) = &state.token {
-        let given = headers.get("authorization").and_then(|v| v.to_str().ok());
-        if given != Some(format!("Bearer {token}").as_str()) {
-            return (
-                StatusCode::UNAUTHORIZED,
-                Json(json!({ "error": "missing or wrong bearer token" })),
-            );
-        }
+    if let Err(refused) = authorized(&state, &headers) {
+        return refused;
     }
     match handle_paid(&state, &order_id).await {
         Ok(answer) => answer,

@@ -6,13 +6,16 @@
 //! - `test FILE.wasm CASES.toml` — runs a cases file ([`timeoutd_plugin_harness::cases`]) and
 //!   prints pass/fail per case ([`test`]);
 //! - `replay FILE.wasm --config CONFIG` — re-runs the plugin over `decision_log` and prints where
-//!   it decides differently ([`replay`]).
+//!   it decides differently ([`replay`]);
+//! - `run FILE.wasm --order ORDER.json` — one ad-hoc call: the decision, the guard's verdict and
+//!   the plugin's log lines ([`run`]).
 //!
 //! Exit statuses: 0 success; 1 a plugin that does not load, a failing case or a differing
 //! decision; 64 a bad cases file or configuration.
 
 mod check;
 mod replay;
+mod run;
 mod test;
 
 use std::path::{Path, PathBuf};
@@ -43,6 +46,15 @@ pub enum PluginCommand {
         #[command(flatten)]
         limits: LimitArgs,
     },
+    /// Call a plugin once with an order from a JSON file and print its decision, the guard's
+    /// verdict and its log lines; exit 1 when the decision is refused or the plugin fails.
+    Run {
+        /// The plugin (a wasm32-wasip2 component).
+        file: PathBuf,
+        /// What to call it with.
+        #[command(flatten)]
+        args: RunArgs,
+    },
     /// Re-run a plugin over the decisions recorded in `decision_log` and print where it decides
     /// differently; exit 1 if any does.
     Replay {
@@ -58,6 +70,31 @@ pub enum PluginCommand {
         #[arg(long, default_value_t = 1000)]
         limit: u32,
     },
+}
+
+/// What `timeoutd plugin run` calls the plugin with.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// The order, as JSON: `{"id", "merchant", "user", "status": "PENDING", "created_at_ms",
+    /// "deadline_ms", "total_cents", "items": [{"sku", "quantity", "unit_price_cents"}],
+    /// "coupon", "flash_activity", "payment_ref"}` (the last three may be null).
+    #[arg(long)]
+    pub order: PathBuf,
+    /// A merchant setting, `KEY=VALUE` (repeat it).
+    #[arg(long)]
+    pub setting: Vec<String>,
+    /// Now, epoch ms (default: the order's deadline).
+    #[arg(long)]
+    pub now: Option<i64>,
+    /// The phase asked (default 0).
+    #[arg(long, default_value_t = 0)]
+    pub phase: u32,
+    /// The state the previous phase's wait handed on, hex (API 0.2.0).
+    #[arg(long, default_value = "")]
+    pub state: String,
+    /// Limits it runs under.
+    #[command(flatten)]
+    pub limits: LimitArgs,
 }
 
 /// The per-call limits, as `[runtime]` in the config (defaults: the config's defaults).
@@ -93,6 +130,7 @@ pub async fn run(command: PluginCommand) -> ExitCode {
             cases,
             limits,
         } => test::run(&file, &cases, &limits.limits()),
+        PluginCommand::Run { file, args } => run::run(&file, &args),
         PluginCommand::Replay {
             file,
             config,

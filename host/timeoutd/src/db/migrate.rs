@@ -44,6 +44,11 @@ const SQLITE: &[(i64, &str, &str)] = &[
         "phase state",
         include_str!("../../migrations/sqlite/0007_phase_state.sql"),
     ),
+    (
+        8,
+        "payment lease",
+        include_str!("../../migrations/sqlite/0008_payment_lease.sql"),
+    ),
 ];
 const MYSQL: &[(i64, &str, &str)] = &[
     (
@@ -81,6 +86,11 @@ const MYSQL: &[(i64, &str, &str)] = &[
         "phase state",
         include_str!("../../migrations/mysql/0007_phase_state.sql"),
     ),
+    (
+        8,
+        "payment lease",
+        include_str!("../../migrations/mysql/0008_payment_lease.sql"),
+    ),
 ];
 const POSTGRES: &[(i64, &str, &str)] = &[
     (
@@ -117,6 +127,11 @@ const POSTGRES: &[(i64, &str, &str)] = &[
         7,
         "phase state",
         include_str!("../../migrations/postgres/0007_phase_state.sql"),
+    ),
+    (
+        8,
+        "payment lease",
+        include_str!("../../migrations/postgres/0008_payment_lease.sql"),
     ),
 ];
 

@@ -185,9 +185,10 @@ pub struct CloseStamp<'a> {
     pub reason: &'a str,
 }
 
-/// The compare-and-set PENDING → CLOSED, guarded by the deadline against the database clock.
-/// Returns false when the order is no longer PENDING (paid in between, closed by a concurrent
-/// trigger) or its deadline has not passed: the caller must then roll back and do nothing.
+/// The compare-and-set PENDING → CLOSED, guarded by the deadline and by a live payment lease
+/// against the database clock. Returns false when the order is no longer PENDING (paid in
+/// between, closed by a concurrent trigger), its deadline has not passed, or a payment attempt
+/// holds it ([`live_leases`] tells which): the caller must then roll back and do nothing.
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
@@ -198,7 +199,8 @@ pub async fn compare_and_close(
 ) -> Result<bool, DbError> {
     let done = Backend::of(conn).query(
         "UPDATE orders SET status = 'CLOSED', closed_at_ms = ?, close_due_ms = ?, closed_by = ?, \
-         close_reason = ? WHERE id = ? AND status = 'PENDING' AND deadline_ms <= ?",
+         close_reason = ? WHERE id = ? AND status = 'PENDING' AND deadline_ms <= ? \
+         AND (payment_lease_until_ms IS NULL OR payment_lease_until_ms <= ?)",
     )
     .bind(stamp.now_ms)
     .bind(stamp.due_ms)
@@ -206,13 +208,14 @@ pub async fn compare_and_close(
     .bind(stamp.reason)
     .bind(id)
     .bind(stamp.now_ms)
+    .bind(stamp.now_ms)
     .execute(&mut *conn)
     .await?;
     Ok(done.rows_affected() == 1)
 }
 
 /// The orders among `ids` that are PENDING (and, with `deadline_by`, whose deadline has passed
-/// by then), locked for this transaction (`FOR UPDATE` on MySQL/PostgreSQL, in id order so two groups never
+/// by then and that no payment attempt holds then), locked for this transaction (`FOR UPDATE` on MySQL/PostgreSQL, in id order so two groups never
 /// deadlock on each other; SQLite's `BEGIN IMMEDIATE` already holds the only write lock). These
 /// are exactly the orders [`close_many`] then closes (or a group of waits schedules): nobody can
 /// pay or close them in between.
@@ -231,16 +234,14 @@ pub async fn lock_pending(
     };
     let mut q = backend.query_owned(format!(
         "SELECT id FROM orders WHERE id IN ({}) AND status = 'PENDING' AND deadline_ms <= ? \
-         ORDER BY id{lock}",
+         AND (payment_lease_until_ms IS NULL OR payment_lease_until_ms <= ?) ORDER BY id{lock}",
         marks(ids.len())
     ));
     for id in ids {
         q = q.bind(id.to_string());
     }
-    let rows = q
-        .bind(deadline_by.unwrap_or(i64::MAX))
-        .fetch_all(&mut *conn)
-        .await?;
+    let by = deadline_by.unwrap_or(i64::MAX);
+    let rows = q.bind(by).bind(by).fetch_all(&mut *conn).await?;
     rows.iter()
         .map(|r| Ok(r.try_get::<String, _>(0)?))
         .collect()
@@ -474,4 +475,100 @@ pub async fn pay(conn: &mut AnyConnection, id: &str, now_ms: i64) -> Result<bool
         .execute(&mut *conn)
         .await?;
     Ok(true)
+}
+
+/// The PENDING orders among `ids` that a payment attempt holds at `now_ms`, with when each
+/// lease lapses (epoch ms): the closes they lost are deferred until then, not dropped.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn live_leases(
+    conn: &mut AnyConnection,
+    ids: &[&str],
+    now_ms: i64,
+) -> Result<std::collections::HashMap<String, i64>, DbError> {
+    if ids.is_empty() {
+        return Ok(Default::default());
+    }
+    let backend = Backend::of(conn);
+    let mut q = backend.query_owned(format!(
+        "SELECT id, payment_lease_until_ms FROM orders WHERE id IN ({}) AND status = 'PENDING' \
+         AND payment_lease_until_ms > ?",
+        marks(ids.len())
+    ));
+    for id in ids {
+        q = q.bind(id.to_string());
+    }
+    let rows = q.bind(now_ms).fetch_all(&mut *conn).await?;
+    rows.iter()
+        .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<i64, _>(1)?)))
+        .collect()
+}
+
+/// What a payment attempt found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attempt {
+    /// The order is held for the payment until `until_ms` (epoch ms).
+    Held {
+        /// When the lease lapses.
+        until_ms: i64,
+    },
+    /// The order cannot be paid: its status and deadline (a CLOSED or PAID order, or a PENDING
+    /// one past its deadline).
+    Refused {
+        /// `PENDING`, `PAID` or `CLOSED`.
+        status: String,
+        /// Its deadline, epoch ms.
+        deadline_ms: i64,
+    },
+    /// No such order.
+    Missing,
+}
+
+/// A payment attempt on `id` at `now_ms`: holds a PENDING order not past its deadline until
+/// `until_ms` (a live lease is extended, never shortened), so its close waits for the payment.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn take_payment_lease(
+    conn: &mut AnyConnection,
+    id: &str,
+    now_ms: i64,
+    until_ms: i64,
+) -> Result<Attempt, DbError> {
+    let backend = Backend::of(conn);
+    let done = backend
+        .query(
+            "UPDATE orders SET payment_lease_until_ms = ? WHERE id = ? AND status = 'PENDING' \
+             AND deadline_ms > ? AND (payment_lease_until_ms IS NULL OR payment_lease_until_ms < ?)",
+        )
+        .bind(until_ms)
+        .bind(id)
+        .bind(now_ms)
+        .bind(until_ms)
+        .execute(&mut *conn)
+        .await?;
+    let row = backend
+        .query("SELECT status, deadline_ms, payment_lease_until_ms FROM orders WHERE id = ?")
+        .bind(id)
+        .fetch_optional(&mut *conn)
+        .await?;
+    let Some(row) = row else {
+        return Ok(Attempt::Missing);
+    };
+    let status: String = row.try_get(0)?;
+    let deadline_ms: i64 = row.try_get(1)?;
+    let lease: Option<i64> = row.try_get(2)?;
+    Ok(match lease {
+        Some(until_ms)
+            if done.rows_affected() == 1
+                || (status == "PENDING" && deadline_ms > now_ms && until_ms > now_ms) =>
+        {
+            Attempt::Held { until_ms }
+        }
+        _ => Attempt::Refused {
+            status,
+            deadline_ms,
+        },
+    })
 }

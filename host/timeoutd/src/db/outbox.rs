@@ -341,6 +341,23 @@ pub async fn defer(db: &Db, id: i64, due_ms: i64) -> Result<(), DbError> {
     Ok(())
 }
 
+/// [`defer`] inside the caller's transaction `conn`.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn defer_in(conn: &mut AnyConnection, id: i64, due_ms: i64) -> Result<(), DbError> {
+    Backend::of(conn)
+        .query(
+            "UPDATE order_timeout_msg SET due_ms = ?, status = 'PENDING', claim_token = NULL, \
+         claim_until_ms = NULL WHERE id = ? AND status <> 'PROCESSED'",
+        )
+        .bind(due_ms)
+        .bind(id)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
 /// Counts a failed attempt, records why, and makes the row due again at `due_ms` (PENDING: a
 /// SENT row's message has been consumed).
 ///

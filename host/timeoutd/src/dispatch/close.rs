@@ -86,6 +86,12 @@ pub(super) fn closed_detail(reason: &str, effects: &[Effect]) -> String {
     serde_json::json!({ "decision": "cancel", "reason": reason, "effects": effects }).to_string()
 }
 
+/// The `decision_log.detail` of a close held back by a payment attempt's lease.
+pub(super) fn held_detail(until_ms: i64) -> String {
+    serde_json::json!({ "decision": "cancel", "held": "a payment attempt holds the order", "until_ms": until_ms })
+        .to_string()
+}
+
 /// The `decision_log.detail` of a close that lost its compare-and-set.
 pub(super) fn noop_detail() -> String {
     serde_json::json!({ "decision": "cancel", "noop": CAS_LOST }).to_string()
@@ -109,6 +115,24 @@ impl Dispatcher {
         if !orders::compare_and_close(&mut tx, &order.id, &stamp).await? {
             tx.rollback().await?;
             let mut tx = self.db.begin().await?;
+            let leases = orders::live_leases(&mut tx, &[order.id.as_str()], d.now_ms).await?;
+            if let Some(&until_ms) = leases.get(&order.id) {
+                // A payment attempt holds the order: the close waits for it to lapse.
+                journal::log_decision(
+                    &mut tx,
+                    &d.record("cancel", "deferred", held_detail(until_ms)),
+                )
+                .await?;
+                if let Some(id) = d.trigger.row_id {
+                    outbox::defer_in(&mut tx, id, until_ms).await?;
+                }
+                tx.commit().await?;
+                tracing::info!(
+                    until_ms,
+                    "a payment attempt holds the order; the close waits"
+                );
+                return Ok(Outcome::Deferred { until_ms });
+            }
             journal::log_decision(&mut tx, &d.record("cancel", "noop", noop_detail())).await?;
             if let Some(id) = d.trigger.row_id {
                 outbox::finish(&mut tx, id, d.now_ms, Some(CAS_LOST)).await?;

@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, HashSet};
 use futures_util::future::join_all;
 use timeoutd_runtime::model::{Decision, Effect};
 
-use super::close::{CAS_LOST, closed_detail, is_external, noop_detail};
+use super::close::{CAS_LOST, closed_detail, held_detail, is_external, noop_detail};
 use super::wait::{next_due_ms, wait_detail};
 use super::{Dispatcher, Outcome, Ready, Step, Trigger, permitted};
 use crate::db::{DbError, journal, ledger, orders, outbox};
@@ -320,8 +320,15 @@ impl Dispatcher {
             .await?
             .into_iter()
             .collect();
-        // Which orders of the group this transaction closes, by position.
+        // Which orders of the group this transaction closes, by position; those a payment
+        // attempt holds wait for its lease to lapse.
         let won: Vec<bool> = ids.iter().map(|id| locked.contains(*id)).collect();
+        let lost: Vec<&str> = (0..group.len())
+            .filter(|&k| !won[k])
+            .map(|k| ids[k])
+            .collect();
+        let leases = orders::live_leases(&mut tx, &lost, now_ms).await?;
+        let held = |k: usize| leases.get(ids[k]).copied();
         let closing = || (0..group.len()).filter(|&k| won[k]);
         let stamps: Vec<(&str, orders::CloseStamp<'_>)> = closing()
             .map(|k| (ids[k], decided[k].close_stamp(cancels[k].0)))
@@ -367,22 +374,30 @@ impl Dispatcher {
             .collect();
         ledger::record_many(&mut tx, backend, &entries, now_ms).await?;
         let records: Vec<journal::DecisionRecord<'_>> = (0..group.len())
-            .map(|k| match won[k] {
-                true => decided[k].record(
+            .map(|k| match (won[k], held(k)) {
+                (true, _) => decided[k].record(
                     "cancel",
                     "closed",
                     closed_detail(cancels[k].0, cancels[k].1),
                 ),
-                false => decided[k].record("cancel", "noop", noop_detail()),
+                (false, Some(until_ms)) => {
+                    decided[k].record("cancel", "deferred", held_detail(until_ms))
+                }
+                (false, None) => decided[k].record("cancel", "noop", noop_detail()),
             })
             .collect();
         journal::log_decisions(&mut tx, &records).await?;
         let rows = |closed: bool| -> Vec<i64> {
             (0..group.len())
-                .filter(|&k| won[k] == closed)
+                .filter(|&k| won[k] == closed && (closed || held(k).is_none()))
                 .filter_map(|k| group[k].trigger.row_id)
                 .collect()
         };
+        for k in (0..group.len()).filter(|&k| !won[k]) {
+            if let (Some(until_ms), Some(id)) = (held(k), group[k].trigger.row_id) {
+                outbox::defer_in(&mut tx, id, until_ms).await?;
+            }
+        }
         outbox::finish_many(&mut tx, &rows(true), now_ms, None).await?;
         outbox::finish_many(&mut tx, &rows(false), now_ms, Some(CAS_LOST)).await?;
         tx.commit().await?;
@@ -397,8 +412,11 @@ impl Dispatcher {
                     });
                     Outcome::Closed { lateness_ms }
                 }
-                false => Outcome::NoOp {
-                    reason: CAS_LOST.to_string(),
+                false => match held(k) {
+                    Some(until_ms) => Outcome::Deferred { until_ms },
+                    None => Outcome::NoOp {
+                        reason: CAS_LOST.to_string(),
+                    },
                 },
             })
             .collect();

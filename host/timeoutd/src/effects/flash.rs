@@ -80,17 +80,21 @@ impl FlashSale {
         })
     }
 
-    /// `PING`: whether Redis (or the cluster) answers.
+    /// Whether Redis (or the cluster) takes a write: `SET timeoutd:readyz 1 PX 60000`. A PING
+    /// is not enough — a replica left behind by a failover answers it, and refuses every
+    /// effect with READONLY.
     ///
     /// # Errors
-    /// The client's message when it does not.
+    /// The client's message when it does not (`READONLY You can't write against a read only
+    /// replica.`, a refused connection, …).
     pub async fn ping(&self) -> Result<(), String> {
-        let cmd = redis::cmd("PING");
-        let pong: Result<String, _> = match &self.conn {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg("timeoutd:readyz").arg(1).arg("PX").arg(60_000);
+        let ok: Result<String, _> = match &self.conn {
             Connection::Single(c) => cmd.query_async(&mut c.clone()).await,
             Connection::Cluster(c) => cmd.query_async(&mut c.clone()).await,
         };
-        pong.map(|_| ()).map_err(|e| e.to_string())
+        ok.map(|_| ()).map_err(|e| format!("not writable: {e}"))
     }
 
     /// `INCRBY stock_key quantity`, once per `idempotency_key`.
@@ -239,8 +243,50 @@ fn marker_key(key: &str, idempotency_key: &str) -> String {
     format!("timeoutd:effect:{{{tag}}}:{idempotency_key}")
 }
 
-fn classify(e: redis::RedisError) -> EffectError {
+/// Redis error codes that pass with time: a replica that is (or became, in a failover) the
+/// target of a write, a server loading its dataset or busy in a script, a master down, a
+/// cluster resharding or down, memory full until eviction or a failover frees some. Redis
+/// documents them in its error replies (`-READONLY You can't write against a read only
+/// replica.`); inside a script they come wrapped in the script's error, so the words of the
+/// message are searched too.
+const TRANSIENT_CODES: &[&str] = &[
+    "READONLY",
+    "LOADING",
+    "BUSY",
+    "MASTERDOWN",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "OOM",
+    "NOREPLICAS",
+    "MOVED",
+    "ASK",
+];
+
+/// Whether a Redis failure may pass by retrying (transient: the ledger row stays PENDING and
+/// is retried with backoff) or never will (permanent: FAILED with the reason).
+fn is_transient(e: &redis::RedisError) -> bool {
     if e.is_io_error() || e.is_timeout() || e.is_connection_refusal() || e.is_connection_dropped() {
+        return true;
+    }
+    if e.code().is_some_and(|c| TRANSIENT_CODES.contains(&c)) {
+        return true;
+    }
+    // The client renders some codes by its own names (`ReadOnly: You can't write against a
+    // read only replica. script: …`).
+    const RENDERED: &[&str] = &[
+        "ReadOnly",
+        "BusyLoading",
+        "TryAgain",
+        "ClusterDown",
+        "MasterDown",
+    ];
+    let text = e.to_string();
+    text.split(|c: char| !c.is_ascii_alphanumeric())
+        .any(|word| TRANSIENT_CODES.contains(&word) || RENDERED.contains(&word))
+}
+
+fn classify(e: redis::RedisError) -> EffectError {
+    if is_transient(&e) {
         EffectError::Transient(format!("redis: {e}"))
     } else {
         EffectError::Permanent(format!("redis: {e}"))
@@ -249,7 +295,44 @@ fn classify(e: redis::RedisError) -> EffectError {
 
 #[cfg(test)]
 mod tests {
-    use super::marker_key;
+    use super::{is_transient, marker_key};
+
+    #[test]
+    fn failover_errors_are_transient_also_inside_a_script() {
+        let server = |code: &str, text: &str| {
+            redis::RedisError::from((
+                redis::ErrorKind::Extension,
+                "An error was signalled by the server",
+                format!("{code} {text}"),
+            ))
+        };
+        for code in [
+            "READONLY",
+            "LOADING",
+            "BUSY",
+            "MASTERDOWN",
+            "TRYAGAIN",
+            "CLUSTERDOWN",
+            "OOM",
+        ] {
+            assert!(is_transient(&server(code, "try later")), "{code}");
+        }
+        let wrapped = redis::RedisError::from((
+            redis::ErrorKind::Extension,
+            "An error was signalled by the server",
+            "ERR Error running script (call to f_1): @user_script:2: -READONLY You can't write against a read only replica.".to_string(),
+        ));
+        assert!(is_transient(&wrapped));
+        let wrong = redis::RedisError::from((
+            redis::ErrorKind::Extension,
+            "An error was signalled by the server",
+            "WRONGTYPE Operation against a key holding the wrong kind of value".to_string(),
+        ));
+        assert!(
+            !is_transient(&wrong),
+            "a wrong key type will not pass by retrying"
+        );
+    }
 
     #[test]
     fn markers_share_the_hash_slot_of_their_key() {

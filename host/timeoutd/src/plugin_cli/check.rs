@@ -59,6 +59,24 @@ pub(super) fn run(file: &Path, limits: &RuntimeLimits) -> ExitCode {
             );
             println!("compile:     {compile_ms:.1} ms (compile and link, no cache)");
             println!("sha256:      {}", plugin.digest());
+            match plugin.manifest() {
+                None => println!("manifest:    none (API 0.1.0 plugins declare nothing)"),
+                Some(m) => {
+                    let kinds: Vec<&str> = m.effects.iter().map(|k| k.as_str()).collect();
+                    println!("effects:     {}", kinds.join(", "));
+                    for s in &m.settings {
+                        println!(
+                            "setting:     {} ({}, {}): {}",
+                            s.name,
+                            s.value_type.as_str(),
+                            s.default
+                                .as_deref()
+                                .map_or("required".to_string(), |d| format!("default {d}")),
+                            s.doc
+                        );
+                    }
+                }
+            }
             println!("ok");
             ExitCode::SUCCESS
         }
