@@ -244,3 +244,56 @@ each_backend! {
         assert_eq!(env.text("SELECT outcome FROM decision_log WHERE order_id = ?", "g-2").await, "deferred");
     }
 }
+
+each_backend! {
+    /// Polling during the window (seed 002) by a 0.2.0 plugin: its waits ask for the provider
+    /// to be polled, so a payment whose notification was lost is aligned before the deadline;
+    /// the polls of a burst stay under the merchant's query cap; a 0.1.0 merchant beside it is
+    /// not asked before its deadline.
+    async fn a_polling_plugin_finds_a_lost_payment_before_the_deadline_within_the_query_cap(env) {
+        env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
+        let tea: &[MerchantSpec<'static>] = &[
+            ("tea", "tea-house", &[("poll_every", "30s")]),
+            ("acme", "builtin:single-phase", &[]),
+        ];
+        for id in ["poll-1", "poll-2", "poll-3", "poll-4"] {
+            env.create(&order(id, "tea", T0)).await;
+        }
+        env.create(&order("old-api", "acme", T0)).await;
+        let provider = Provider::start().await;
+        let config = env.config(tea, &provider_config(&provider, "max_queries_per_second = 2"));
+        let created = T0 - 15 * 60_000;
+        let (clock, now) = Clock::manual(created);
+        let d = env.dispatcher(&config, clock).await;
+        // The first look: each tea order waits 30 s, polling.
+        for row in timeoutd::db::outbox::claim_unseen(&env.db, created, 100, 30_000).await.unwrap() {
+            let t = timeoutd::sources::outbox::trigger_of(&row).unwrap();
+            d.handle(&t).await;
+        }
+        assert_eq!(env.int("SELECT COUNT(*) FROM order_timeout_msg WHERE source = 'wait-poll' AND order_id <> ?", "").await, 4);
+        // The buyer of poll-1 pays; the notification is lost.
+        provider.books.lock().unwrap().paid.insert("pay-poll-1".into());
+        now.store(created + 30_000, Ordering::SeqCst);
+        let outcomes = env.process(&d, created + 30_000).await;
+        assert_eq!(outcomes.len(), 4, "{outcomes:?}");
+        let queries = provider.books.lock().unwrap().calls.iter().filter(|(a, _, _)| a == "query").count();
+        assert_eq!(queries, 2, "the cap (2 a second, a burst of 2) held the polls of the burst");
+        // The order service records the others' payments; poll-1's buyer paid but its
+        // notification is lost: polling finds it, at the first poll that asks for it.
+        for id in ["poll-2", "poll-3", "poll-4"] {
+            assert!(env.pay(id, created + 40_000).await);
+        }
+        let mut at = created + 30_000;
+        while env.status("poll-1").await == "PENDING" {
+            at += 30_000;
+            assert!(at < T0 - 2 * 60_000, "found while polling, before the reminder");
+            now.store(at, Ordering::SeqCst);
+            env.process(&d, at).await;
+        }
+        assert_eq!(env.status("poll-1").await, "PAID");
+        assert!(at < T0, "aligned before the deadline");
+        assert_eq!(env.status("old-api").await, "PENDING");
+        assert_eq!(env.int("SELECT COUNT(*) FROM decision_log WHERE order_id = ?", "old-api").await, 0, "the 0.1.0 plugin is not asked early");
+        assert_eq!(provider.books.lock().unwrap().calls_for("query", "pay-old-api"), 0);
+    }
+}

@@ -275,6 +275,12 @@ pub struct PaymentConfig {
     /// at the provider, so fulfilment does not depend on the provider's own notification.
     #[serde(default = "defaults::log_channel")]
     pub paid_channel: String,
+    /// Status queries per second per merchant at most (default 50): a flash sale's burst of
+    /// closes or polls must not hammer the provider. A query over the cap is not made; the
+    /// order is decided with the payment unknown (a close then learns "already paid" from
+    /// close-payment, F13) and `timeoutd_payment_unknown_total{outcome="capped"}` counts it.
+    #[serde(default = "defaults::max_queries_per_second")]
+    pub max_queries_per_second: u32,
 }
 
 /// `payment.on_unknown`: when the provider cannot say whether an order was paid.
@@ -424,7 +430,7 @@ impl PaidAfterClose {
     /// `refund` or `manual-review`, as stored in `paid_after_close.resolution`.
     pub fn as_str(self) -> &'static str {
         match self {
-            PaidAfterClose::Refund => "refund",
+            PaidAfterClose::Refund => crate::db::payments::REFUND,
             PaidAfterClose::ManualReview => "manual-review",
         }
     }
@@ -621,6 +627,9 @@ mod defaults {
     }
     pub fn http_attempts() -> u32 {
         3
+    }
+    pub fn max_queries_per_second() -> u32 {
+        50
     }
     pub fn max_window() -> Duration {
         Duration::from_secs(30 * 24 * 3600)

@@ -375,4 +375,32 @@ mod tests {
             "UPDATE t SET a = $1, b = 'why?' WHERE id = $2 AND c IN ($3, $4)"
         );
     }
+
+    /// ARCHITECTURE.md's rule, enforced: no file of the daemon outside `db/` names sqlx.
+    #[test]
+    fn only_db_speaks_sql() {
+        fn walk(dir: &std::path::Path, found: &mut Vec<String>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    if path.file_name().is_some_and(|n| n != "db") {
+                        walk(&path, found);
+                    }
+                } else if path.extension().is_some_and(|e| e == "rs")
+                    && path.file_name().is_some_and(|n| n != "db.rs")
+                {
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    if text.contains("sqlx::") || text.contains("raw_sql") {
+                        found.push(path.display().to_string());
+                    }
+                }
+            }
+        }
+        let mut found = Vec::new();
+        walk(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+            &mut found,
+        );
+        assert!(found.is_empty(), "SQL outside db/: {found:?}");
+    }
 }

@@ -58,6 +58,10 @@ pub struct Trigger {
     /// The state the previous phase's `wait` handed to this one (API 0.2.0 on); empty for none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub state: Vec<u8>,
+    /// The previous phase's `wait` asked for the payment provider to be polled: this trigger
+    /// asks it even before the deadline.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub poll: bool,
 }
 
 impl Trigger {
@@ -74,6 +78,7 @@ impl Trigger {
             due_ms: Some(row.due_ms),
             row_id: Some(row.id),
             state,
+            poll: row.source == outbox::SOURCE_POLL,
         };
         let Ok(phase) = u32::try_from(row.phase) else {
             let reason = format!(

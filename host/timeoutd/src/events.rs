@@ -87,9 +87,10 @@ pub enum Event<'a> {
     /// (`timeoutd_payments_aligned_total`).
     Aligned,
     /// The payment provider could not say whether an order was paid
-    /// (`timeoutd_payment_unknown_total{outcome}`): `wait` (the trigger retries) or `decide`.
+    /// (`timeoutd_payment_unknown_total{outcome}`): `wait` (the trigger retries), `decide`, or
+    /// `capped` (not asked: the merchant's `payment.max_queries_per_second` was spent).
     PaymentUnknown {
-        /// `wait` or `decide`.
+        /// `wait`, `decide` or `capped`.
         outcome: &'static str,
     },
     /// A transactional arming ended ([`crate::rocketmq::arming::Arming::arm`]).

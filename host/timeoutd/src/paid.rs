@@ -79,7 +79,7 @@ pub async fn apply(
                 &merchant_id,
                 payment_ref.as_deref(),
                 source,
-                resolution,
+                resolution.as_str(),
                 now_ms,
             )
             .await?;

@@ -3,7 +3,8 @@
 //! and `vip_grace` more before it closes.
 //!
 //! Phases, each a `wait` to an instant (the state byte counts reminders sent):
-//! - first look (as soon as the daemon sees the order): wait until `deadline - remind_before`;
+//! - first look (as soon as the daemon sees the order): wait until `deadline - remind_before`
+//!   (with `poll_every` set, in steps of it, asking the host to poll the payment provider);
 //! - then: remind ("closes in 2 minutes"), wait until the deadline (VIP) or the close;
 //! - VIP at the deadline: second reminder ("held 10 more minutes"), wait until the close;
 //! - at the close: cancel, releasing everything the order holds, and tell the buyer.
@@ -59,6 +60,11 @@ impl Policy for TeaHouse {
                     "how much longer a VIP order stays open after its deadline",
                 ),
                 Setting::text("channel", Some("log"), "notification channel"),
+                Setting::duration(
+                    "poll_every",
+                    Some("0s"),
+                    "how often the payment provider is asked until the reminder; 0s: not at all",
+                ),
             ],
         }
     }
@@ -92,7 +98,13 @@ impl Policy for TeaHouse {
             ));
         }
         let minutes = |ms: i64| format!("{} minutes", (ms.max(0) + 59_999) / 60_000);
+        let poll_every = settings.duration_ms("poll_every")? as i64;
         let wait = match sent {
+            // Polling the provider until the reminder (seed 002): a payment it knows of is
+            // aligned at once, before the deadline.
+            0 if ctx.now_ms < remind_at && poll_every > 0 => {
+                wait_until(&ctx, (ctx.now_ms + poll_every).min(remind_at)).poll()
+            }
             0 if ctx.now_ms < remind_at => wait_until(&ctx, remind_at),
             0 => {
                 log(

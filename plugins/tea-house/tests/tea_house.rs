@@ -40,7 +40,13 @@ fn it_declares_its_effects_and_settings() {
     let names: Vec<&str> = manifest.settings.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(
         names,
-        ["remind_before", "vip_cents", "vip_grace", "channel"]
+        [
+            "remind_before",
+            "vip_cents",
+            "vip_grace",
+            "channel",
+            "poll_every"
+        ]
     );
     assert_eq!(
         manifest.check_config(None, &[]),

@@ -105,6 +105,7 @@ pub async fn close(State(s): State<AdminState>, Path(id): Path<String>) -> ApiRe
         due_ms: None,
         row_id: None,
         state: Vec::new(),
+        poll: false,
     };
     let outcome = s.dispatcher.handle(&trigger).await;
     Ok(Json(

@@ -7,6 +7,9 @@ use super::{Backend, Db, DbError};
 
 /// Who put a row in the table; decides the trigger kind the plugin sees.
 pub const SOURCE_WAIT: &str = "wait";
+/// Rows of a phase whose `wait` asked for the payment provider to be polled (`poll_payment`):
+/// their trigger asks the provider even before the deadline.
+pub const SOURCE_POLL: &str = "wait-poll";
 /// Rows re-armed by the sweep.
 pub const SOURCE_SWEEP: &str = "sweep";
 /// Rows re-armed by an operator (a re-driven dead letter).
@@ -380,8 +383,9 @@ pub async fn retry_later(db: &Db, id: i64, due_ms: i64, error: &str) -> Result<(
 }
 
 /// Schedules `phase` of `order_id` at `due_ms` (a `wait` decision), with the `state` the wait
-/// hands to it (stored as hex; empty is none). A row for that phase that already exists is
-/// left as it is, so a replayed decision schedules nothing twice.
+/// hands to it (stored as hex; empty is none) and, when `poll`, as a polling phase
+/// ([`SOURCE_POLL`]). A row for that phase that already exists is left as it is, so a replayed
+/// decision schedules nothing twice.
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
@@ -392,9 +396,11 @@ pub async fn schedule_phase(
     phase: u32,
     due_ms: i64,
     state: &[u8],
+    poll: bool,
 ) -> Result<(), DbError> {
+    let source = if poll { SOURCE_POLL } else { SOURCE_WAIT };
     if state.is_empty() {
-        return insert_row(conn, backend, order_id, phase, due_ms, SOURCE_WAIT).await;
+        return insert_row(conn, backend, order_id, phase, due_ms, source).await;
     }
     backend
         .query_owned(format!(
@@ -406,7 +412,7 @@ pub async fn schedule_phase(
         .bind(order_id)
         .bind(due_ms)
         .bind(i64::from(phase))
-        .bind(SOURCE_WAIT)
+        .bind(source)
         .bind(hex::encode(state))
         .execute(&mut *conn)
         .await?;

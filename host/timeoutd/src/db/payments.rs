@@ -4,11 +4,14 @@
 use sqlx::{AnyConnection, Row};
 
 use super::{Backend, Db, DbError, ledger};
-use crate::config::PaidAfterClose;
 use crate::kinds::LedgerKind;
 
+/// The `paid_after_close.resolution` that raises a refund (the other is `manual-review`;
+/// `config::PaidAfterClose::as_str` names both).
+pub const REFUND: &str = "refund";
+
 /// Records that a closed order's payment succeeded, once per order, and — when `resolution` is
-/// `refund` — raises one `refund-payment` effect in the ledger (key `merchant/order/refund`).
+/// [`REFUND`] — raises one `refund-payment` effect in the ledger (key `merchant/order/refund`).
 /// Stock and coupons are not touched: the close already gave them back. Returns false when the
 /// order was already recorded (a second callback, a replayed close-payment).
 ///
@@ -21,7 +24,7 @@ pub async fn record_paid_after_close(
     merchant_id: &str,
     payment_ref: Option<&str>,
     source: &str,
-    resolution: PaidAfterClose,
+    resolution: &str,
     now_ms: i64,
 ) -> Result<bool, DbError> {
     let backend = Backend::of(conn);
@@ -35,14 +38,14 @@ pub async fn record_paid_after_close(
         .bind(merchant_id)
         .bind(payment_ref)
         .bind(source)
-        .bind(resolution.as_str())
+        .bind(resolution)
         .bind(now_ms)
         .execute(&mut *conn)
         .await?;
     if done.rows_affected() == 0 {
         return Ok(false);
     }
-    if resolution == PaidAfterClose::Refund {
+    if resolution == REFUND {
         let payload =
             serde_json::json!({ "kind": LedgerKind::Refund.as_str(), "payment_ref": payment_ref })
                 .to_string();
@@ -62,7 +65,7 @@ pub async fn record_paid_after_close(
     tracing::warn!(
         order = order_id,
         source,
-        resolution = resolution.as_str(),
+        resolution,
         "payment succeeded after the order was closed"
     );
     Ok(true)

@@ -6,6 +6,7 @@
 //! its context (API 0.2.0). Unreachable, the merchant-wide `payment.on_unknown` rule applies,
 //! bounded by `payment.unknown_max_wait`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
@@ -37,6 +38,7 @@ pub(super) struct Provider {
     on_unknown: OnPaymentUnknown,
     unknown_max_wait_ms: i64,
     paid_channel: String,
+    cap: Arc<QueryCap>,
 }
 
 impl Provider {
@@ -46,6 +48,40 @@ impl Provider {
             on_unknown: config.on_unknown,
             unknown_max_wait_ms: config.unknown_max_wait.as_millis() as i64,
             paid_channel: config.paid_channel.clone(),
+            cap: Arc::new(QueryCap::new(config.max_queries_per_second)),
+        }
+    }
+}
+
+/// A token bucket per merchant: `rate` queries a second, bursts of up to `rate`, timed by the
+/// dispatcher's clock (the database's; a manual one in tests).
+pub(super) struct QueryCap {
+    rate: f64,
+    buckets: std::sync::Mutex<HashMap<String, (f64, i64)>>,
+}
+
+impl QueryCap {
+    fn new(rate: u32) -> Self {
+        QueryCap {
+            rate: f64::from(rate.max(1)),
+            buckets: std::sync::Mutex::default(),
+        }
+    }
+
+    /// Takes one query of `merchant`'s budget at `now_ms`; false when the budget is spent.
+    fn take(&self, merchant: &str, now_ms: i64) -> bool {
+        let mut buckets = self.buckets.lock().expect("query cap lock poisoned");
+        let (tokens, last) = buckets
+            .entry(merchant.to_string())
+            .or_insert((self.rate, now_ms));
+        let elapsed_s = (now_ms - *last).max(0) as f64 / 1000.0;
+        *tokens = (*tokens + elapsed_s * self.rate).min(self.rate);
+        *last = (*last).max(now_ms);
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            true
+        } else {
+            false
         }
     }
 }
@@ -59,9 +95,11 @@ pub(super) enum Consulted {
 }
 
 impl Dispatcher {
-    /// Asks the provider about `order`'s payment when a close may follow: at or after the
-    /// deadline (or on an operator's trigger), with a provider configured and a payment
-    /// reference on the order. Without a provider the context carries the payment as unknown.
+    /// Asks the provider about `order`'s payment when a close may follow — at or after the
+    /// deadline, or on an operator's trigger — or when the phase was scheduled to poll
+    /// (`wait.poll-payment`), with a provider configured and a payment reference on the order,
+    /// within the merchant's `payment.max_queries_per_second`. Otherwise the context carries
+    /// the payment as unknown.
     pub(super) async fn consult(
         &self,
         trigger: &Trigger,
@@ -72,9 +110,13 @@ impl Dispatcher {
         let Some(payment_ref) = &order.payment_ref else {
             return Ok(Consulted::Decide(None));
         };
-        let Some(provider) = self.provider.as_ref().filter(|_| !early) else {
+        let Some(provider) = self.provider.as_ref().filter(|_| !early || trigger.poll) else {
             return Ok(Consulted::Decide(Some(Payment::default())));
         };
+        if !provider.cap.take(&order.merchant, now_ms) {
+            crate::events::emit(crate::events::Event::PaymentUnknown { outcome: "capped" });
+            return Ok(Consulted::Decide(Some(Payment::default())));
+        }
         match provider.query.query(payment_ref).await {
             Ok(mut payment) => {
                 payment.queried_at_ms = Some(now_ms);

@@ -97,8 +97,13 @@ impl Dispatcher {
                 Some(Ok(Step::NotPending { reason })) => not_pending.push((i, reason)),
                 Some(Ok(Step::Ready(ready))) => match &ready.decision {
                     Decision::Cancel { .. } if passes(&ready) => closes.push((i, ready)),
-                    // A wait handing state to its next phase goes alone (its row carries it).
-                    Decision::Wait { state, .. } if state.is_empty() && passes(&ready) => {
+                    // A wait handing state to its next phase, or polling, goes alone (its row
+                    // carries that).
+                    Decision::Wait {
+                        state,
+                        poll_payment,
+                        ..
+                    } if state.is_empty() && !poll_payment && passes(&ready) => {
                         waits.push((i, ready))
                     }
                     _ => decided.push((i, ready)),

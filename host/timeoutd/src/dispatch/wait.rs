@@ -61,7 +61,7 @@ impl Dispatcher {
             next_phase,
             reminder,
             state,
-            ..
+            poll_payment,
         } = decision
         else {
             unreachable!("wait is called with a wait decision");
@@ -76,6 +76,7 @@ impl Dispatcher {
             next_phase,
             due_ms,
             state,
+            *poll_payment,
         )
         .await?;
         let status = orders::status_of(&mut tx, &d.order.id).await?;

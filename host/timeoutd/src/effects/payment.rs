@@ -340,7 +340,7 @@ pub async fn record_paid_after_close(
         merchant_id,
         payment_ref,
         source,
-        resolution,
+        resolution.as_str(),
         now,
     )
     .await?;
