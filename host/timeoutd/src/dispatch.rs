@@ -528,9 +528,13 @@ impl Dispatcher {
     ) -> Result<Outcome, DbError> {
         let early_ms = order.deadline_ms - now_ms;
         match (trigger.row_id, trigger.due_ms) {
-            // A row due at or after the deadline (an early look) keeps its time and status:
-            // the usual case for a 0.1.0 merchant's row, so it is not worth an info line.
-            (Some(id), Some(due_ms)) if due_ms >= order.deadline_ms => {
+            // The outbox timer's early look at a row due at or after the deadline: it keeps
+            // its time and status (a relayed row stays SENT, its message still to come) — the
+            // usual case for a 0.1.0 merchant's row, so not worth an info line. A broker
+            // message that came early is deferred like any other early trigger.
+            (Some(id), Some(due_ms))
+                if due_ms >= order.deadline_ms && trigger.kind == TriggerKind::Outbox =>
+            {
                 outbox::release(&self.db, id).await?;
                 tracing::debug!(order = %order.id, early_ms, held = what, "early look; asked at the deadline");
             }
