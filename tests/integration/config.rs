@@ -168,3 +168,37 @@ fn merchant_plugin_error_rules_and_granted_effects_are_checked() {
     let err = Config::from_toml(&bad_rule, std::path::Path::new("."), &|_| None).unwrap_err();
     assert!(err.to_string().contains("shrug"), "{err}");
 }
+
+/// `redis.marker_ttl` must outlast the ledger's replay horizon (every retry at `retry_max`, and
+/// a lease): a marker that expires before a replay lets the effect apply twice.
+#[test]
+fn a_marker_ttl_shorter_than_the_replay_horizon_is_refused_naming_both() {
+    let raw = r#"
+[database]
+url = "sqlite://data/t.db"
+[effects]
+max_attempts = 48
+retry_max = "1h"
+[redis]
+url = "redis://127.0.0.1:6379"
+marker_ttl = "1d"
+[merchants.a]
+plugin = "builtin:single-phase"
+"#;
+    let problems = Config::from_toml(raw, std::path::Path::new("."), &|_| None).unwrap_err();
+    let (_, what) = problems
+        .problems
+        .iter()
+        .find(|(k, _)| k == "redis.marker_ttl")
+        .unwrap_or_else(|| panic!("redis.marker_ttl not reported:\n{problems}"));
+    assert!(
+        what.starts_with("is 1day, shorter than the ledger's replay horizon"),
+        "{what}"
+    );
+    assert!(
+        what.contains("effects.max_attempts 48 × effects.retry_max 1h"),
+        "{what}"
+    );
+    let fine = raw.replace("marker_ttl = \"1d\"", "marker_ttl = \"7d\"");
+    assert!(Config::from_toml(&fine, std::path::Path::new("."), &|_| None).is_ok());
+}

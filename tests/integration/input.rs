@@ -57,3 +57,57 @@ each_backend! {
         assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE order_id <> ?", "").await, 0);
     }
 }
+
+/// A MariaDB database created latin1 (a common default): the schema is utf8mb4 anyway, so a
+/// close whose reason is `超时未支付⏰` for a buyer `买家⏰` on SKU `茶-⏰` closes once and stores
+/// every character exactly (it failed with error 1366 and dead-lettered, stock held).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_latin1_mariadb_database_stores_cjk_and_emoji_exactly() {
+    let env = crate::support::Env::new_with(
+        timeoutd::db::Backend::MySql,
+        " CHARACTER SET latin1 COLLATE latin1_swedish_ci",
+    )
+    .await;
+    let reason = "超时未支付⏰";
+    env.stock_up(&[("茶-⏰", 10), ("sku-b", 10)]).await;
+    let mut o = order("订单-⏰-1", "acme", T0);
+    o.user = "买家⏰".into();
+    o.items[0].sku = "茶-⏰".into();
+    env.create(&o).await;
+    let shops: &[MerchantSpec<'_>] = &[("acme", "builtin:single-phase", &[("reason", reason)])];
+    let config = env.config(shops, "");
+    let (clock, _) = Clock::manual(T0);
+    let d = env.dispatcher(&config, clock).await;
+    assert_eq!(
+        env.process(&d, T0).await,
+        vec![Outcome::Closed { lateness_ms: 0 }]
+    );
+    assert_eq!(
+        env.text("SELECT close_reason FROM orders WHERE id = ?", "订单-⏰-1")
+            .await,
+        reason
+    );
+    assert_eq!(
+        env.text("SELECT user_id FROM orders WHERE id = ?", "订单-⏰-1")
+            .await,
+        "买家⏰"
+    );
+    assert_eq!(
+        env.stock("茶-⏰").await,
+        10,
+        "the stock came back to the emoji SKU"
+    );
+    assert!(
+        env.text(
+            "SELECT detail FROM decision_log WHERE order_id = ?",
+            "订单-⏰-1"
+        )
+        .await
+        .contains(reason)
+    );
+    assert_eq!(
+        env.text("SELECT table_collation FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?", "orders").await,
+        "utf8mb4_bin"
+    );
+    env.cleanup().await;
+}

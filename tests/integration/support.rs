@@ -90,6 +90,12 @@ pub struct Env {
 impl Env {
     /// A fresh, migrated database.
     pub async fn new(backend: Backend) -> Env {
+        Self::new_with(backend, "").await
+    }
+
+    /// A fresh, migrated database created with `create_options` appended to its `CREATE
+    /// DATABASE` (e.g. ` CHARACTER SET latin1`); ignored on SQLite.
+    pub async fn new_with(backend: Backend, create_options: &str) -> Env {
         let dir = tempfile::tempdir().unwrap();
         let (url, server_database) = match backend {
             Backend::Sqlite => (format!("sqlite://{}/t.db", dir.path().display()), None),
@@ -99,10 +105,12 @@ impl Env {
                 let admin = Db::connect(&server, 1)
                     .await
                     .unwrap_or_else(|e| panic!("{server} must be reachable: {e}"));
-                sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-                    .execute(admin.pool())
-                    .await
-                    .unwrap();
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "CREATE DATABASE {name}{create_options}"
+                )))
+                .execute(admin.pool())
+                .await
+                .unwrap();
                 admin.close().await;
                 let base = server.rsplit_once('/').map_or(server.as_str(), |(b, _)| b);
                 (format!("{base}/{name}"), Some((backend, name)))

@@ -221,8 +221,13 @@ impl Db {
                             .await?;
                         }
                         Backend::MySql => {
-                            conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                                .await?;
+                            // utf8mb4 on the wire whatever the server's default (latin1 on
+                            // many installs), matching the tables (migration 0009).
+                            conn.execute(
+                                "SET NAMES utf8mb4 COLLATE utf8mb4_bin; \
+                                 SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+                            )
+                            .await?;
                         }
                         // READ COMMITTED is PostgreSQL's default.
                         Backend::Postgres => {}

@@ -426,30 +426,4 @@ impl EffectRunner {
     ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
         Box::pin(async move { self.run_for_order(&order_id).await })
     }
-
-    /// Records a paid-after-close order (from a payment callback) and the refund it raises,
-    /// in one transaction ([`record_paid_after_close`]). Returns false when it was already
-    /// recorded.
-    ///
-    /// # Errors
-    /// [`DbError`] when the record cannot be written.
-    pub async fn paid_after_close(
-        &self,
-        order_id: &str,
-        merchant_id: &str,
-        payment_ref: Option<&str>,
-        source: &str,
-        resolution: PaidAfterClose,
-    ) -> Result<bool, DbError> {
-        record_paid_after_close(
-            &self.db,
-            &self.clock,
-            order_id,
-            merchant_id,
-            payment_ref,
-            source,
-            resolution,
-        )
-        .await
-    }
 }

@@ -227,13 +227,28 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
     if c.effects.lease.is_zero() {
         p.push("effects.lease", "must be longer than 0s");
     }
-    if let Some(r) = &c.redis
-        && r.marker_ttl < std::time::Duration::from_secs(3600)
-    {
-        p.push(
-            "redis.marker_ttl",
-            "must be at least 1h: markers must outlast any replay of an effect",
-        );
+    if let Some(r) = &c.redis {
+        // The ledger may replay an effect as late as its last retry: every attempt waiting up
+        // to retry_max, plus a lease's worth for the one running. A marker gone by then lets
+        // the replay apply the Redis change twice.
+        let horizon = c.effects.retry_max * c.effects.max_attempts.max(1) + c.effects.lease;
+        let floor = horizon.max(std::time::Duration::from_secs(3600));
+        if r.marker_ttl < floor {
+            p.push(
+                "redis.marker_ttl",
+                format!(
+                    "is {}, shorter than the ledger's replay horizon ({}: effects.max_attempts {} × \
+                     effects.retry_max {} + effects.lease {}, and at least 1h): a retried effect \
+                     could find its idempotency marker expired and apply twice; make it at least {}",
+                    humantime::format_duration(r.marker_ttl),
+                    humantime::format_duration(horizon),
+                    c.effects.max_attempts,
+                    humantime::format_duration(c.effects.retry_max),
+                    humantime::format_duration(c.effects.lease),
+                    humantime::format_duration(floor),
+                ),
+            );
+        }
     }
     if c.runtime.deadline > std::time::Duration::from_secs(10) {
         p.push(

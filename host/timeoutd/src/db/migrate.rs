@@ -91,6 +91,11 @@ const MYSQL: &[(i64, &str, &str)] = &[
         "payment lease",
         include_str!("../../migrations/mysql/0008_payment_lease.sql"),
     ),
+    (
+        9,
+        "utf8mb4",
+        include_str!("../../migrations/mysql/0009_utf8mb4.sql"),
+    ),
 ];
 const POSTGRES: &[(i64, &str, &str)] = &[
     (
