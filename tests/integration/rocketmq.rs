@@ -1376,3 +1376,105 @@ with_broker!(
         daemon.stop().await;
     }
 );
+
+/// Seed 003's race, on the real broker, 1,000 times: for each lapsed order the timeout message
+/// and the payment system's paid message are sent at once, from two producers. Whatever
+/// order they arrive in, every order ends PAID or CLOSED, a PAID order was never closed, a
+/// CLOSED one was closed once and — when its paid message lost the race — recorded once as
+/// paid-after-close; SQL stock is exactly conserved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paid_message_racing_the_timeout_message_never_closes_a_paid_order() {
+    const N: usize = 1_000;
+    let _broker = broker().await;
+    let env = Env::new(timeoutd::db::Backend::MySql).await;
+    let (topic, group) = names("race");
+    let paid_topic = format!("{topic}_PAID");
+    let config = env.config(
+        ACME,
+        &format!(
+            "[outbox]\nenabled = false\n[sweep]\nenabled = false\n{}",
+            section(&topic, &group, &format!("paid_topic = \"{paid_topic}\""))
+        ),
+    );
+    env.stock_up(&[("sku-a", 10 * N as i64), ("sku-b", 10 * N as i64)])
+        .await;
+    let now = env.db.now_ms().await.unwrap();
+    let ids: Vec<String> = (0..N).map(|i| format!("race-{i:04}")).collect();
+    for id in &ids {
+        env.create(&order(id, "acme", now - 1_000)).await;
+    }
+    without_rows(&env).await;
+    let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
+    let (timeouts, paid) = (sender(&config).await, {
+        let mut c = config.rocketmq.clone().unwrap();
+        c.producer_group = format!("{}_PAYER", c.producer_group);
+        Transport::start(&c).await.unwrap()
+    });
+    let send_all = |t: Arc<Transport>, topic: String, ids: Vec<String>| async move {
+        for id in ids {
+            send(&t, raw(&topic, &id, id.as_bytes())).await;
+        }
+    };
+    // The payer sends in reverse order, so early orders mostly lose the race and late ones win.
+    let mut reversed = ids.clone();
+    reversed.reverse();
+    tokio::join!(
+        send_all(timeouts.clone(), topic.clone(), ids.clone()),
+        send_all(paid.clone(), paid_topic.clone(), reversed),
+    );
+    eventually(
+        Duration::from_secs(180),
+        "every order is settled",
+        || async {
+            env.int(
+                "SELECT COUNT(*) FROM orders WHERE status = 'PENDING' AND id <> ?",
+                "",
+            )
+            .await
+                == 0
+                && env
+                    .int(
+                        "SELECT COUNT(*) FROM paid_after_close WHERE order_id <> ?",
+                        "",
+                    )
+                    .await
+                    == env
+                        .int(
+                            "SELECT COUNT(*) FROM orders WHERE status = 'CLOSED' AND id <> ?",
+                            "",
+                        )
+                        .await
+        },
+    )
+    .await;
+    let count = |sql: &'static str| env.int(sql, "");
+    let paid_orders = count("SELECT COUNT(*) FROM orders WHERE status = 'PAID' AND id <> ?").await;
+    let closed = count("SELECT COUNT(*) FROM orders WHERE status = 'CLOSED' AND id <> ?").await;
+    assert_eq!(paid_orders + closed, N as i64);
+    assert_eq!(
+        count("SELECT COUNT(*) FROM decision_log d JOIN orders o ON o.id = d.order_id WHERE o.status = 'PAID' AND d.outcome = 'closed' AND d.order_id <> ?").await,
+        0,
+        "a PAID order was never closed"
+    );
+    assert_eq!(
+        count("SELECT COUNT(*) FROM decision_log WHERE outcome = 'closed' AND order_id <> ?").await,
+        closed,
+        "each CLOSED order closed once"
+    );
+    assert_eq!(
+        count("SELECT COUNT(*) FROM (SELECT order_id FROM paid_after_close GROUP BY order_id HAVING COUNT(*) > 1) x WHERE order_id <> ?").await,
+        0
+    );
+    assert_eq!(
+        count("SELECT COUNT(*) FROM dead_letter WHERE order_id <> ?").await,
+        0
+    );
+    // Every order took 2 × sku-a and 1 × sku-b; only the closed gave theirs back.
+    assert_eq!(env.stock("sku-a").await, 10 * N as i64 - 2 * paid_orders);
+    assert_eq!(env.stock("sku-b").await, 10 * N as i64 - paid_orders);
+    eprintln!("race: {paid_orders} paid first, {closed} closed first (then paid after close)");
+    timeouts.shutdown().await;
+    paid.shutdown().await;
+    daemon.stop().await;
+    env.cleanup().await;
+}
