@@ -1377,16 +1377,14 @@ with_broker!(
     }
 );
 
-/// Seed 003's race, on the real broker, 1,000 times: for each lapsed order the timeout message
-/// and the payment system's paid message are sent at once, from two producers. Whatever
-/// order they arrive in, every order ends PAID or CLOSED, a PAID order was never closed, a
-/// CLOSED one was closed once and — when its paid message lost the race — recorded once as
-/// paid-after-close; SQL stock is exactly conserved.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_paid_message_racing_the_timeout_message_never_closes_a_paid_order() {
+// Seed 003's race, on the real broker, 1,000 times per backend: for each lapsed order the
+// timeout message and the payment system's paid message are sent at once, from two producers.
+// Whatever order they arrive in, every order ends PAID or CLOSED, a PAID order was never
+// closed, a CLOSED one was closed once and — when its paid message lost the race — recorded
+// once as paid-after-close; SQL stock is exactly conserved.
+with_broker!(
+    async fn a_paid_message_racing_the_timeout_message_never_closes_a_paid_order(env) {
     const N: usize = 1_000;
-    let _broker = broker().await;
-    let env = Env::new(timeoutd::db::Backend::MySql).await;
     let (topic, group) = names("race");
     let paid_topic = format!("{topic}_PAID");
     let config = env.config(
@@ -1403,7 +1401,7 @@ async fn a_paid_message_racing_the_timeout_message_never_closes_a_paid_order() {
     for id in &ids {
         env.create(&order(id, "acme", now - 1_000)).await;
     }
-    without_rows(&env).await;
+    without_rows(env).await;
     let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
     let (timeouts, paid) = (sender(&config).await, {
         let mut c = config.rocketmq.clone().unwrap();
@@ -1476,5 +1474,83 @@ async fn a_paid_message_racing_the_timeout_message_never_closes_a_paid_order() {
     timeouts.shutdown().await;
     paid.shutdown().await;
     daemon.stop().await;
+    }
+);
+
+/// Seed 002's check-back as the payment poller, through the real broker: half messages whose
+/// outcome is lost are checked back by the broker, and each check asks the provider. The order
+/// the provider says is paid is rolled back at its first check; the unpaid one is unknown until
+/// the plugin's maximum of checks (3), then committed — the provider asked at every check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn broker_check_backs_poll_the_payment_provider() {
+    let _broker = broker().await;
+    let env = Env::new(timeoutd::db::Backend::Sqlite).await;
+    let (topic, group) = names("cbpay");
+    let provider = crate::fakes::Provider::start().await;
+    provider
+        .books
+        .lock()
+        .unwrap()
+        .paid
+        .insert("pay-cb-paid".into());
+    let config = env.config(
+        ACME,
+        &format!(
+            "[payment]\nbase_url = \"{}\"\nattempts = 1\n{}",
+            provider.base_url,
+            section(&topic, &group, "")
+        ),
+    );
+    env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+    let now = env.db.now_ms().await.unwrap();
+    for id in ["cb-paid", "cb-unpaid"] {
+        env.create(&order(id, "acme", now + 600_000)).await;
+    }
+    let gateway =
+        timeoutd::effects::HttpPaymentGateway::new(config.payment.as_ref().unwrap()).unwrap();
+    let query: Arc<dyn timeoutd::dispatch::PaymentQuery> = Arc::new(gateway);
+    let listener = UnknownFirst(
+        ArmListener::new(
+            tokio::runtime::Handle::current(),
+            env.db.clone(),
+            Clock::Database,
+            timeoutd::policies::load(&config).unwrap(),
+        )
+        .with_payments(Some(query)),
+    );
+    let before = Outcomes::of("timeoutd_check_backs_total");
+    let (transport, arming) = lone_transaction_producer(&config, "PAY", listener).await;
+    for id in ["cb-paid", "cb-unpaid"] {
+        assert_eq!(arm(&arming, id).await, Armed::Unknown);
+    }
+    let queries = |r: &str| provider.books.lock().unwrap().calls_for("query", r);
+    eventually(
+        Duration::from_secs(120),
+        "the broker checks both back until each is resolved",
+        || async {
+            let now = Outcomes::of("timeoutd_check_backs_total");
+            now.since(&before, "rollback") >= 1 && now.since(&before, "commit") >= 1
+        },
+    )
+    .await;
+    assert_eq!(
+        queries("pay-cb-paid"),
+        1,
+        "paid at its first check: rolled back"
+    );
+    let after = Outcomes::of("timeoutd_check_backs_total");
+    let unknown = after.since(&before, "unknown");
+    assert!(unknown >= 2, "unknown until the maximum: {after:?}");
+    assert_eq!(
+        queries("pay-cb-unpaid") as u64,
+        unknown + 1,
+        "the provider asked at every check, the committing one too"
+    );
+    assert_eq!(
+        env.status("cb-paid").await,
+        "PENDING",
+        "a check-back writes nothing"
+    );
+    transport.shutdown().await;
     env.cleanup().await;
 }
