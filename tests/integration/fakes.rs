@@ -42,6 +42,8 @@ pub struct Books {
     /// References the buyer pays between timeoutd's status query and its close (F13's race): the
     /// query answers `unpaid`, the close `409 already_paid`.
     pub pays_during_close: HashSet<String>,
+    /// When each status query arrived (for load measurements).
+    pub query_times: Vec<std::time::Instant>,
 }
 
 impl Books {
@@ -88,6 +90,7 @@ async fn pay_status(
     b.requests += 1;
     b.calls
         .push(("query".into(), reference.clone(), String::new()));
+    b.query_times.push(std::time::Instant::now());
     if b.down_for > 0 {
         b.down_for -= 1;
         return (

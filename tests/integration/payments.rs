@@ -297,3 +297,78 @@ each_backend! {
         assert_eq!(provider.books.lock().unwrap().calls_for("query", "pay-old-api"), 0);
     }
 }
+
+/// A measurement, not a check (run by hand: `integration payments::measure --ignored
+/// --nocapture`): the provider's load when 10,000 orders with payment references lapse at one
+/// instant on MariaDB, with the default cap of 50 queries a second per merchant. Prints the
+/// queries made, the busiest second, and how fast the burst closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "a measurement: run by hand"]
+async fn measure_the_provider_load_of_a_10000_order_flash_sale() {
+    const N: usize = 10_000;
+    let env = crate::support::Env::new(timeoutd::db::Backend::MySql).await;
+    env.stock_up(&[("sku-a", 10 * N as i64), ("sku-b", 10 * N as i64)])
+        .await;
+    let provider = Provider::start().await;
+    let config = env.config(
+        SHOPS,
+        &format!(
+            "{}\n[sweep]\nenabled = false\n",
+            provider_config(&provider, "")
+        ),
+    );
+    let deadline = env.db.now_ms().await.unwrap() + 30_000;
+    for i in 0..N {
+        env.create(&order(&format!("fs-{i:05}"), "acme", deadline))
+            .await;
+    }
+    let daemon = timeoutd::daemon::Daemon::start(&config, Clock::Database)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    crate::support::eventually(
+        std::time::Duration::from_secs(600),
+        "the burst closes",
+        || async {
+            env.int(
+                "SELECT COUNT(*) FROM orders WHERE status = 'PENDING' AND id <> ?",
+                "",
+            )
+            .await
+                == 0
+        },
+    )
+    .await;
+    let closed_in = started.elapsed();
+    daemon.stop().await;
+    let books = provider.books.lock().unwrap();
+    let times = &books.query_times;
+    let busiest = times
+        .iter()
+        .map(|t| {
+            times
+                .iter()
+                .filter(|u| **u >= *t && u.duration_since(*t).as_secs_f64() < 1.0)
+                .count()
+        })
+        .max()
+        .unwrap_or(0);
+    let span = match (times.first(), times.last()) {
+        (Some(a), Some(b)) => b.duration_since(*a).as_secs_f64(),
+        _ => 0.0,
+    };
+    let lateness = env
+        .int("SELECT MAX(closed_at_ms) FROM orders WHERE id <> ?", "")
+        .await
+        - deadline;
+    let closes = books.calls.iter().filter(|(a, _, _)| a == "close").count();
+    eprintln!(
+        "provider load: {N} orders lapsing at once; {} status queries over {span:.1} s, the \
+         busiest second {busiest} (cap 50/s); the burst closed {:.1} s after the daemon started, \
+         the last close {lateness} ms after the deadline; {closes} close-payment requests",
+        times.len(),
+        closed_in.as_secs_f64(),
+    );
+    drop(books);
+    env.cleanup().await;
+}
