@@ -341,34 +341,35 @@ async fn measure_the_provider_load_of_a_10000_order_flash_sale() {
     .await;
     let closed_in = started.elapsed();
     daemon.stop().await;
-    let books = provider.books.lock().unwrap();
-    let times = &books.query_times;
-    let busiest = times
-        .iter()
-        .map(|t| {
-            times
-                .iter()
-                .filter(|u| **u >= *t && u.duration_since(*t).as_secs_f64() < 1.0)
-                .count()
-        })
-        .max()
-        .unwrap_or(0);
-    let span = match (times.first(), times.last()) {
-        (Some(a), Some(b)) => b.duration_since(*a).as_secs_f64(),
-        _ => 0.0,
-    };
     let lateness = env
         .int("SELECT MAX(closed_at_ms) FROM orders WHERE id <> ?", "")
         .await
         - deadline;
-    let closes = books.calls.iter().filter(|(a, _, _)| a == "close").count();
-    eprintln!(
-        "provider load: {N} orders lapsing at once; {} status queries over {span:.1} s, the \
-         busiest second {busiest} (cap 50/s); the burst closed {:.1} s after the daemon started, \
-         the last close {lateness} ms after the deadline; {closes} close-payment requests",
-        times.len(),
-        closed_in.as_secs_f64(),
-    );
-    drop(books);
+    {
+        let books = provider.books.lock().unwrap();
+        let times = &books.query_times;
+        let busiest = times
+            .iter()
+            .map(|t| {
+                times
+                    .iter()
+                    .filter(|u| **u >= *t && u.duration_since(*t).as_secs_f64() < 1.0)
+                    .count()
+            })
+            .max()
+            .unwrap_or(0);
+        let span = match (times.first(), times.last()) {
+            (Some(a), Some(b)) => b.duration_since(*a).as_secs_f64(),
+            _ => 0.0,
+        };
+        let closes = books.calls.iter().filter(|(a, _, _)| a == "close").count();
+        eprintln!(
+            "provider load: {N} orders lapsing at once; {} status queries over {span:.1} s, the \
+             busiest second {busiest} (cap 50/s); the burst closed {:.1} s after the daemon started, \
+             the last close {lateness} ms after the deadline; {closes} close-payment requests",
+            times.len(),
+            closed_in.as_secs_f64(),
+        );
+    }
     env.cleanup().await;
 }
