@@ -604,3 +604,71 @@ async fn a_read_only_replica_leaves_flash_effects_pending_and_is_reported_not_wr
     );
     env.cleanup().await;
 }
+
+/// Start-up warns when Redis may evict the idempotency markers: a server with `maxmemory` and
+/// an evicting policy gets the warning naming both; the shared test Redis (no `maxmemory`)
+/// none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_may_evict_the_markers_is_warned_about() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let _lru = tokio::process::Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--maxmemory",
+            "100mb",
+        ])
+        .args([
+            "--maxmemory-policy",
+            "allkeys-lru",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+        ])
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("redis-server on PATH");
+    let config = |url: String| timeoutd::config::RedisConfig {
+        url: Some(url),
+        cluster: Vec::new(),
+        marker_ttl: Duration::from_secs(7 * 24 * 3600),
+    };
+    let url = format!("redis://127.0.0.1:{port}");
+    let mut flash = None;
+    for _ in 0..50 {
+        if let Ok(f) = timeoutd::effects::FlashSale::connect(&config(url.clone())).await {
+            flash = Some(f);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let warning = flash
+        .expect("the LRU Redis answers")
+        .eviction_warning()
+        .await;
+    let warning = warning.expect("a warning for allkeys-lru with maxmemory");
+    assert!(
+        warning
+            .starts_with("redis: maxmemory-policy is allkeys-lru with maxmemory 104857600 bytes"),
+        "{warning}"
+    );
+    let shared = timeoutd::effects::FlashSale::connect(&config(REDIS.to_string()))
+        .await
+        .unwrap();
+    assert_eq!(
+        shared.eviction_warning().await,
+        None,
+        "the test Redis has no maxmemory"
+    );
+}

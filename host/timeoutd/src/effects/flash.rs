@@ -80,6 +80,37 @@ impl FlashSale {
         })
     }
 
+    /// A warning when Redis may evict the idempotency markers (they carry a TTL, so every
+    /// policy but `noeviction` can drop them once `maxmemory` is reached, and a replayed effect
+    /// would then apply twice): e.g. `redis: maxmemory-policy is allkeys-lru with maxmemory
+    /// 104857600 bytes …`. `None` when it cannot (no `maxmemory`, or `noeviction`) or when
+    /// `CONFIG GET` is refused (managed Redis).
+    pub async fn eviction_warning(&self) -> Option<String> {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("GET").arg("maxmemory*");
+        let answer: Result<Vec<String>, _> = match &self.conn {
+            Connection::Single(c) => cmd.query_async(&mut c.clone()).await,
+            Connection::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+        };
+        let pairs = answer.ok()?;
+        let get = |name: &str| {
+            pairs
+                .chunks(2)
+                .find(|kv| kv.len() == 2 && kv[0] == name)
+                .map(|kv| kv[1].clone())
+        };
+        let policy = get("maxmemory-policy")?;
+        let limit: u64 = get("maxmemory")?.parse().ok()?;
+        (limit > 0 && policy != "noeviction").then(|| {
+            format!(
+                "redis: maxmemory-policy is {policy} with maxmemory {limit} bytes: once Redis is \
+                 full it may evict timeoutd's idempotency markers (timeoutd:effect:*, which carry a \
+                 TTL), and a replayed flash-sale effect would then apply twice; use noeviction, or \
+                 a Redis of its own for the markers"
+            )
+        })
+    }
+
     /// Whether Redis (or the cluster) takes a write: `SET timeoutd:readyz 1 PX 60000`. A PING
     /// is not enough — a replica left behind by a failover answers it, and refuses every
     /// effect with READONLY.
@@ -187,8 +218,12 @@ impl FlashEffects {
                 (id.clone(), keys)
             })
             .collect();
+        let sale = FlashSale::connect(redis).await?;
+        if let Some(warning) = sale.eviction_warning().await {
+            tracing::warn!("{warning}");
+        }
         Ok(Some(FlashEffects {
-            sale: FlashSale::connect(redis).await?,
+            sale,
             keys: Arc::new(keys),
         }))
     }
