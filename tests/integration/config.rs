@@ -79,6 +79,22 @@ fn unknown_keys_and_unitless_durations_are_refused() {
     .unwrap_err()
     .to_string();
     assert!(unitless.contains("`30` is not a duration"), "{unitless}");
+    assert!(
+        unitless.contains("sweep.interval (line 4)"),
+        "the key is named, not only the line: {unitless}"
+    );
+    let merchant = Config::from_toml(
+        "[database]\nurl = \"sqlite://x\"\n[merchants.shop]\nplugin = \"builtin:single-phase\"\npayment_window = \"900\"\n",
+        std::path::Path::new("."),
+        &|_| None,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        merchant.contains("merchants.shop.payment_window (line 5)")
+            && merchant.contains("`900` is not a duration"),
+        "{merchant}"
+    );
 }
 
 #[test]

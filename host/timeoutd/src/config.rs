@@ -499,6 +499,30 @@ pub struct MerchantConfig {
     pub plugin_max_memory_mib: Option<u32>,
 }
 
+/// The dotted key of the `key = value` line holding byte `offset` of `text`, under its
+/// nearest `[table]` header (`sweep.interval`, `merchants.shop.payment_window`), so a value
+/// the parser refuses is named by its key; `None` when the line is not such a line.
+fn key_at(text: &str, offset: usize) -> Option<String> {
+    let offset = offset.min(text.len());
+    let line_start = text[..offset].rfind('\n').map_or(0, |i| i + 1);
+    let line_end = text[offset..].find('\n').map_or(text.len(), |i| offset + i);
+    let (key, _) = text[line_start..line_end].split_once('=')?;
+    let key = key.trim().trim_matches('"');
+    if key.is_empty() || key.starts_with('[') || key.starts_with('#') {
+        return None;
+    }
+    let table = text[..line_start]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('['))
+        .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim().to_string());
+    Some(match table {
+        Some(t) if !t.is_empty() => format!("{t}.{key}"),
+        _ => key.to_string(),
+    })
+}
+
 impl Config {
     /// Reads, interpolates, parses and validates the file at `path`.
     ///
@@ -524,14 +548,17 @@ impl Config {
     ) -> Result<Config, ConfigProblems> {
         let text = interpolate::interpolate(raw, env)?;
         let mut config: Config = toml::from_str(&text).map_err(|e| {
-            let span = e
+            let at = e
                 .span()
                 .map(|s| {
                     let line = text[..s.start].matches('\n').count() + 1;
-                    format!("line {line}")
+                    match key_at(&text, s.start) {
+                        Some(key) => format!("{key} (line {line})"),
+                        None => format!("line {line}"),
+                    }
                 })
                 .unwrap_or_default();
-            ConfigProblems::one(span, e.message().to_string())
+            ConfigProblems::one(at, e.message().to_string())
         })?;
         config.base_dir = base_dir.to_path_buf();
         validate::validate(&config)?;
