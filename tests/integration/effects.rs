@@ -526,41 +526,9 @@ async fn redis_cluster_routes_effect_and_marker_to_one_slot() {
 /// `/readyz`'s Redis check says it is not writable, which a PING alone would not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_read_only_replica_leaves_flash_effects_pending_and_is_reported_not_writable() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let dir = tempfile::tempdir().unwrap();
     // A replica of a master that does not exist: it refuses every write with READONLY.
-    let _replica = tokio::process::Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--replicaof",
-            "127.0.0.1",
-            "1",
-        ])
-        .args(["--save", "", "--appendonly", "no", "--dir"])
-        .arg(dir.path())
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("redis-server (Debian's redis package) on PATH");
-    let url = format!("redis://127.0.0.1:{port}");
-    let client = redis::Client::open(url.as_str()).unwrap();
-    crate::support::eventually(Duration::from_secs(10), "the replica answers", || async {
-        match client.get_multiplexed_async_connection().await {
-            Ok(mut c) => redis::cmd("PING")
-                .query_async::<String>(&mut c)
-                .await
-                .is_ok(),
-            Err(_) => false,
-        }
-    })
-    .await;
+    let replica = ScratchRedis::start(&["--replicaof", "127.0.0.1", "1"]).await;
+    let url = replica.url.clone();
     let env = Env::new(timeoutd::db::Backend::Sqlite).await;
     env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
     flash_order(&env, "failover", "flashy").await;
@@ -610,49 +578,16 @@ async fn a_read_only_replica_leaves_flash_effects_pending_and_is_reported_not_wr
 /// none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_that_may_evict_the_markers_is_warned_about() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let dir = tempfile::tempdir().unwrap();
-    let _lru = tokio::process::Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--maxmemory",
-            "100mb",
-        ])
-        .args([
-            "--maxmemory-policy",
-            "allkeys-lru",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-        ])
-        .arg(dir.path())
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("redis-server on PATH");
+    let lru =
+        ScratchRedis::start(&["--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru"]).await;
     let config = |url: String| timeoutd::config::RedisConfig {
         url: Some(url),
         cluster: Vec::new(),
         marker_ttl: Duration::from_secs(7 * 24 * 3600),
     };
-    let url = format!("redis://127.0.0.1:{port}");
-    let mut flash = None;
-    for _ in 0..50 {
-        if let Ok(f) = timeoutd::effects::FlashSale::connect(&config(url.clone())).await {
-            flash = Some(f);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let flash = timeoutd::effects::FlashSale::connect(&config(lru.url.clone()))
+        .await
+        .ok();
     let warning = flash
         .expect("the LRU Redis answers")
         .eviction_warning()
@@ -671,4 +606,53 @@ async fn a_redis_that_may_evict_the_markers_is_warned_about() {
         None,
         "the test Redis has no maxmemory"
     );
+}
+
+/// A `redis-server` of one test's own on a free port, started with `args` (no persistence),
+/// answering PING before `start` returns; killed on drop.
+struct ScratchRedis {
+    url: String,
+    _server: tokio::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl ScratchRedis {
+    async fn start(args: &[&str]) -> ScratchRedis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = tempfile::tempdir().unwrap();
+        let server = tokio::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(args)
+            .args(["--save", "", "--appendonly", "no", "--dir"])
+            .arg(dir.path())
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("redis-server (Debian's redis package) on PATH");
+        let url = format!("redis://127.0.0.1:{port}");
+        let client = redis::Client::open(url.as_str()).unwrap();
+        crate::support::eventually(
+            Duration::from_secs(10),
+            "the scratch Redis answers",
+            || async {
+                match client.get_multiplexed_async_connection().await {
+                    Ok(mut c) => redis::cmd("PING")
+                        .query_async::<String>(&mut c)
+                        .await
+                        .is_ok(),
+                    Err(_) => false,
+                }
+            },
+        )
+        .await;
+        ScratchRedis {
+            url,
+            _server: server,
+            _dir: dir,
+        }
+    }
 }

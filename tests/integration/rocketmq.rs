@@ -64,8 +64,13 @@ fn section(topic: &str, group: &str, extra: &str) -> String {
 
 /// A producer-only transport for the test to send raw messages with.
 async fn sender(config: &Config) -> Arc<Transport> {
+    sender_as(config, "TEST").await
+}
+
+/// [`sender`] in a producer group of its own (`<producer_group>_<suffix>`): a second process.
+async fn sender_as(config: &Config, suffix: &str) -> Arc<Transport> {
     let mut c = config.rocketmq.clone().unwrap();
-    c.producer_group = format!("{}_TEST", c.producer_group);
+    c.producer_group = format!("{}_{suffix}", c.producer_group);
     Transport::start(&c).await.unwrap()
 }
 
@@ -1403,11 +1408,7 @@ with_broker!(
     }
     without_rows(env).await;
     let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
-    let (timeouts, paid) = (sender(&config).await, {
-        let mut c = config.rocketmq.clone().unwrap();
-        c.producer_group = format!("{}_PAYER", c.producer_group);
-        Transport::start(&c).await.unwrap()
-    });
+    let (timeouts, paid) = (sender(&config).await, sender_as(&config, "PAYER").await);
     let send_all = |t: Arc<Transport>, topic: String, ids: Vec<String>| async move {
         for id in ids {
             send(&t, raw(&topic, &id, id.as_bytes())).await;

@@ -396,17 +396,18 @@ impl Dispatcher {
             ));
         }
         let early = trigger.kind != TriggerKind::Manual && now_ms < order.deadline_ms;
-        let asks_early = self
-            .policies
-            .get(&order.merchant)
-            .is_some_and(|p| p.plugin.asks_before_deadline());
-        if early && !asks_early {
+        let policy = self.policies.get(&order.merchant);
+        if early
+            && !policy
+                .as_ref()
+                .is_some_and(|p| p.plugin.asks_before_deadline())
+        {
             // A 0.1.0 plugin is asked at the deadline, not before.
             return Ok(Step::Done(
                 self.hold(trigger, &order, now_ms, "trigger").await?,
             ));
         }
-        let Some(policy) = self.policies.get(&order.merchant) else {
+        let Some(policy) = policy else {
             let reason = format!(
                 "merchant `{}` of order `{}` has no plugin configured",
                 order.merchant, order.id

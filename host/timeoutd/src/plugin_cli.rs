@@ -148,6 +148,16 @@ fn engine(limits: &RuntimeLimits) -> Result<PolicyEngine, ExitCode> {
     })
 }
 
+/// Loads the plugin `file` under `limits` into an engine of its own ([`engine`]); the error is
+/// printed and becomes the exit status (1).
+fn load(file: &Path, limits: &RuntimeLimits) -> Result<timeoutd_runtime::Plugin, ExitCode> {
+    let engine = engine(limits)?;
+    engine.load_file(plugin_name(file), file).map_err(|e| {
+        eprintln!("{e}");
+        ExitCode::FAILURE
+    })
+}
+
 /// The name a plugin file is loaded under: its file stem.
 fn plugin_name(file: &Path) -> &str {
     file.file_stem()

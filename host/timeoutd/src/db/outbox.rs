@@ -399,24 +399,8 @@ pub async fn schedule_phase(
     poll: bool,
 ) -> Result<(), DbError> {
     let source = if poll { SOURCE_POLL } else { SOURCE_WAIT };
-    if state.is_empty() {
-        return insert_row(conn, backend, order_id, phase, due_ms, source).await;
-    }
-    backend
-        .query_owned(format!(
-            "{insert} INTO order_timeout_msg (order_id, due_ms, phase, status, source, state) \
-         VALUES (?, ?, ?, 'PENDING', ?, ?){on_conflict}",
-            insert = backend.insert_ignore().0,
-            on_conflict = backend.insert_ignore().1,
-        ))
-        .bind(order_id)
-        .bind(due_ms)
-        .bind(i64::from(phase))
-        .bind(source)
-        .bind(hex::encode(state))
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
+    let state = (!state.is_empty()).then(|| hex::encode(state));
+    insert(conn, backend, order_id, phase, due_ms, source, state).await
 }
 
 /// Inserts the PENDING row for `(order_id, phase)` due at `due_ms` with `source`, unless one
@@ -432,10 +416,24 @@ pub async fn insert_row(
     due_ms: i64,
     source: &str,
 ) -> Result<(), DbError> {
+    insert(conn, backend, order_id, phase, due_ms, source, None).await
+}
+
+/// The one statement of [`insert_row`] and [`schedule_phase`]: the row with its `state` (hex,
+/// NULL for none), unless `(order_id, phase)` exists.
+async fn insert(
+    conn: &mut AnyConnection,
+    backend: Backend,
+    order_id: &str,
+    phase: u32,
+    due_ms: i64,
+    source: &str,
+    state: Option<String>,
+) -> Result<(), DbError> {
     backend
         .query_owned(format!(
-            "{insert} INTO order_timeout_msg (order_id, due_ms, phase, status, source) \
-         VALUES (?, ?, ?, 'PENDING', ?){on_conflict}",
+            "{insert} INTO order_timeout_msg (order_id, due_ms, phase, status, source, state) \
+         VALUES (?, ?, ?, 'PENDING', ?, ?){on_conflict}",
             insert = backend.insert_ignore().0,
             on_conflict = backend.insert_ignore().1,
         ))
@@ -443,6 +441,7 @@ pub async fn insert_row(
         .bind(due_ms)
         .bind(i64::from(phase))
         .bind(source)
+        .bind(state)
         .execute(&mut *conn)
         .await?;
     Ok(())

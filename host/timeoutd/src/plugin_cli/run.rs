@@ -45,16 +45,9 @@ pub(super) fn run(file: &Path, args: &RunArgs) -> ExitCode {
             return bad_input();
         }
     };
-    let engine = match super::engine(&args.limits.limits()) {
-        Ok(e) => e,
-        Err(code) => return code,
-    };
-    let plugin = match engine.load_file(super::plugin_name(file), file) {
+    let plugin = match super::load(file, &args.limits.limits()) {
         Ok(p) => p,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     if let Some(manifest) = plugin.manifest()
         && let Err(problems) = manifest.check_config(None, &settings)

@@ -16,16 +16,9 @@ pub(super) fn run(file: &Path, cases: &Path, limits: &RuntimeLimits) -> ExitCode
             return ExitCode::from(super::EXIT_BAD_INPUT);
         }
     };
-    let engine = match super::engine(limits) {
-        Ok(e) => e,
-        Err(code) => return code,
-    };
-    let plugin = match engine.load_file(super::plugin_name(file), file) {
+    let plugin = match super::load(file, limits) {
         Ok(p) => p,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let report = cases.run(&plugin);
     println!("{report}");
