@@ -7,6 +7,7 @@ mod effects;
 mod fakes;
 mod group;
 mod input;
+mod leases;
 mod payments;
 mod pipeline;
 mod plugin_cli;

@@ -298,6 +298,104 @@ each_backend! {
     }
 }
 
+each_backend! {
+    /// The provider's load from close-payment is capped per merchant too: twelve orders lapse
+    /// at once under `max_calls_per_second = 5`; five closes go out at once, the other seven
+    /// are deferred to the slots they booked (200 ms apart, no attempt counted, the reason on
+    /// the row), and each is made exactly once when its slot comes.
+    async fn close_payment_requests_keep_to_the_merchants_call_cap(env) {
+        env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
+        let ids: Vec<String> = (0..12).map(|i| format!("cap-{i:02}")).collect();
+        for id in &ids {
+            env.create(&order(id, "acme", T0)).await;
+        }
+        let provider = Provider::start().await;
+        let config = env.config(SHOPS, &provider_config(&provider, "query_before_close = false\nmax_calls_per_second = 5"));
+        let (clock, now) = Clock::manual(T0);
+        let runner = env.runner(&config, clock.clone()).await;
+        let d = timeoutd::dispatch::Dispatcher::new(
+            timeoutd::db::Db::connect(&env.url, 8).await.unwrap(),
+            clock,
+            timeoutd::policies::load(&config).unwrap(),
+            config.dispatch.clone(),
+            std::sync::Arc::new(runner.clone()),
+        );
+        let outcomes = env.process(&d, T0).await;
+        assert!(outcomes.iter().all(|o| matches!(o, Outcome::Closed { .. })), "{outcomes:?}");
+        let closes = || provider.books.lock().unwrap().calls.iter().filter(|(a, _, _)| a == "close").count();
+        assert_eq!(closes(), 5, "a burst of the cap at once");
+        let waiting = "SELECT COUNT(*) FROM effect_ledger WHERE kind = 'close-payment' AND status = 'PENDING' \
+                       AND attempts = 0 AND last_error LIKE '%max_calls_per_second%' AND merchant_id = ?";
+        assert_eq!(env.int(waiting, "acme").await, 7, "the rest deferred, not failed, no attempt counted");
+        let slots = env.ints("SELECT next_attempt_ms FROM effect_ledger WHERE kind = 'close-payment' AND status = 'PENDING' AND merchant_id = ? ORDER BY next_attempt_ms", "acme").await;
+        assert_eq!(slots, (1..=7).map(|k| T0 + 200 * k).collect::<Vec<_>>(), "booked 200 ms apart (5 a second)");
+        // Half-way: the slots due by then, and no more.
+        now.store(T0 + 700, Ordering::SeqCst);
+        runner.run_fresh().await.unwrap();
+        assert_eq!(closes(), 8, "slots at +200, +400 and +600 ms");
+        now.store(T0 + 1_400, Ordering::SeqCst);
+        runner.run_fresh().await.unwrap();
+        assert_eq!(closes(), 12);
+        let books = provider.books.lock().unwrap();
+        for id in &ids {
+            assert_eq!(books.calls_for("close", &format!("pay-{id}")), 1, "{id} closed at the provider once");
+        }
+        drop(books);
+        assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE kind = 'close-payment' AND status = 'DONE' AND attempts = 1 AND merchant_id = ?", "acme").await, 12);
+    }
+}
+
+each_backend! {
+    /// A paid callback whose client gives up mid-request (here: the order row is locked by the
+    /// order service, and the client times out after 300 ms) still runs its database work to
+    /// the end once the lock is released: the order ends PAID, and no pooled connection is left
+    /// inside a transaction (the next callbacks answer; PostgreSQL shows no session idle in
+    /// one).
+    async fn a_callback_whose_client_disconnects_still_runs_to_its_end(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&order("locked", "acme", T0)).await;
+        env.create(&order("after", "acme", T0)).await;
+        let config = env.config(SHOPS, "[http]\nlisten = \"127.0.0.1:0\"\n");
+        let (clock, _) = Clock::manual(T0 - 10_000);
+        let runner = env.runner(&config, clock).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let pool = timeoutd::db::Db::connect(&env.url, 2).await.unwrap();
+        let state = timeoutd::http::HttpState::new(pool.clone(), runner, &config);
+        let server = tokio::spawn(timeoutd::http::serve(listener, state, stopped));
+        // The order service holds the order's row (SQLite: the database's write lock).
+        let holder = timeoutd::db::Db::connect(&env.url, 1).await.unwrap();
+        let mut lock = holder.begin().await.unwrap();
+        holder.backend().query("UPDATE orders SET user_id = user_id WHERE id = ?").bind("locked").execute(&mut *lock).await.unwrap();
+        let client = reqwest::Client::new();
+        let gave_up = client.post(format!("http://{addr}/v1/payments/locked/paid"))
+            .timeout(std::time::Duration::from_millis(300)).send().await;
+        assert!(gave_up.is_err(), "the client gave up before the answer: {gave_up:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+        assert_eq!(env.status("locked").await, "PENDING");
+        lock.commit().await.unwrap();
+        holder.pool().close().await;
+        crate::support::eventually(std::time::Duration::from_secs(10), "the abandoned callback's work completes", || async {
+            env.status("locked").await == "PAID"
+        }).await;
+        assert_eq!(env.coupon("cpn-locked").await, "USED");
+        // Both pooled connections still work outside any transaction.
+        for _ in 0..3 {
+            let ok = client.post(format!("http://{addr}/v1/payments/after/paid")).send().await.unwrap();
+            assert_eq!(ok.status(), 200);
+        }
+        assert_eq!(env.status("after").await, "PAID");
+        if env.db.backend() == timeoutd::db::Backend::Postgres {
+            let idle = env.int("SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND state LIKE 'idle in transaction%' AND query <> ?", "").await;
+            assert_eq!(idle, 0, "no session left inside a transaction");
+        }
+        stop.send(true).unwrap();
+        server.await.unwrap();
+        pool.pool().close().await;
+    }
+}
+
 /// A measurement, not a check (run by hand: `integration payments::measure --ignored
 /// --nocapture`): the provider's load when 10,000 orders with payment references lapse at one
 /// instant on MariaDB, with the default cap of 50 queries a second per merchant. Prints the

@@ -259,6 +259,19 @@ impl Env {
         row.try_get::<Option<i64>, _>(0).unwrap().unwrap_or(0)
     }
 
+    /// Every row's first column, as integers, from `sql` (with `?` bound to `arg`).
+    pub async fn ints(&self, sql: &'static str, arg: &str) -> Vec<i64> {
+        let rows = self
+            .db
+            .backend()
+            .query(sql)
+            .bind(arg)
+            .fetch_all(self.db.pool())
+            .await
+            .unwrap();
+        rows.iter().map(|r| r.try_get::<i64, _>(0).unwrap()).collect()
+    }
+
     /// One text from `sql` (with `?` bound to `arg`).
     pub async fn text(&self, sql: &'static str, arg: &str) -> String {
         let row = self

@@ -80,6 +80,19 @@ impl Default for RuntimeLimits {
     }
 }
 
+/// The instance allocator the engine ended up with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Allocator {
+    /// The pooling allocator: slots reserved at start, instantiation in microseconds.
+    Pooling,
+    /// The on-demand allocator, because the pool could not reserve its virtual memory
+    /// (`ulimit -v`, a small host): each instance maps its own memory.
+    OnDemand {
+        /// Why the pooling allocator could not be built (wasmtime's message).
+        pooling_error: String,
+    },
+}
+
 /// The shared engine: cheap to clone, one per process.
 #[derive(Clone)]
 pub struct PolicyEngine {
@@ -88,6 +101,7 @@ pub struct PolicyEngine {
 
 struct Inner {
     engine: Engine,
+    allocator: Allocator,
     limits: RuntimeLimits,
     cache_dir: Option<PathBuf>,
     ticker_stop: Arc<AtomicBool>,
@@ -130,7 +144,30 @@ impl PolicyEngine {
             .wasm_component_model(true)
             .epoch_interruption(true)
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-        let engine = Engine::new(&config).map_err(|e| e.to_string())?;
+        let (engine, allocator) = match Engine::new(&config) {
+            Ok(engine) => (engine, Allocator::Pooling),
+            Err(pooling) => {
+                // The pool reserves its slots' address space up front (gigabytes per slot);
+                // under `ulimit -v` or on a small host that fails. Instances are then
+                // allocated on demand, each reserving only its memory cap (bounds-checked
+                // accesses instead of guard pages: slower, but it runs).
+                let ceiling = limits.max_memory_bytes.max(limits.max_plugin_memory_bytes) as u64;
+                config
+                    .allocation_strategy(InstanceAllocationStrategy::OnDemand)
+                    .memory_reservation(ceiling)
+                    .memory_reservation_for_growth(0)
+                    .memory_guard_size(64 << 10);
+                let engine = Engine::new(&config).map_err(|e| {
+                    format!("pooling allocator: {pooling}; on-demand allocator: {e}")
+                })?;
+                tracing::warn!(
+                    error = %format!("{pooling:#}"),
+                    "the pooling allocator could not reserve its address space (ulimit -v, a small host?); \
+                     plugin instances are allocated on demand instead, slower to instantiate"
+                );
+                (engine, Allocator::OnDemand { pooling_error: format!("{pooling:#}") })
+            }
+        };
         if let Some(dir) = cache_dir {
             std::fs::create_dir_all(dir)
                 .map_err(|e| format!("cannot create plugin cache {}: {e}", dir.display()))?;
@@ -140,12 +177,19 @@ impl PolicyEngine {
         Ok(PolicyEngine {
             inner: Arc::new(Inner {
                 engine,
+                allocator,
                 cache_dir: cache_dir.map(Path::to_path_buf),
                 ticker_stop,
                 warm: WarmPool::new(limits.max_warm_instances),
                 limits,
             }),
         })
+    }
+
+    /// How instances get their memory: the pooling allocator, or the on-demand one when the
+    /// pool's address space could not be reserved (the caller warns with the reason).
+    pub fn allocator(&self) -> &Allocator {
+        &self.inner.allocator
     }
 
     /// The wasmtime engine.

@@ -36,7 +36,7 @@ pub mod retry;
 mod state;
 mod warm;
 
-pub use engine::{InstanceMode, PluginLimits, PolicyEngine, RuntimeLimits};
+pub use engine::{Allocator, InstanceMode, PluginLimits, PolicyEngine, RuntimeLimits};
 pub use error::{DecideError, LoadError, TrapKind};
 pub use inspect::{API_VERSION_SECTION, Inspection, inspect};
 pub use plugin::Plugin;

@@ -281,6 +281,15 @@ pub struct PaymentConfig {
     /// close-payment, F13) and `timeoutd_payment_unknown_total{outcome="capped"}` counts it.
     #[serde(default = "defaults::max_queries_per_second")]
     pub max_queries_per_second: u32,
+    /// Close-payment and refund requests per second per merchant at most (default 50, bursts
+    /// of as many): a flash sale's 10,000 closes reach the provider at this rate, in ledger
+    /// order. A request over the cap is not failed: its ledger row is deferred, without
+    /// counting an attempt, to the slot it booked (`last_error` says so,
+    /// `timeoutd_effects_total{outcome="deferred"}` counts it). The provider sees at most
+    /// `max_queries_per_second + max_calls_per_second` requests a second per merchant from
+    /// each daemon.
+    #[serde(default = "defaults::max_calls_per_second")]
+    pub max_calls_per_second: u32,
 }
 
 /// `payment.on_unknown`: when the provider cannot say whether an order was paid.
@@ -656,6 +665,9 @@ mod defaults {
         3
     }
     pub fn max_queries_per_second() -> u32 {
+        50
+    }
+    pub fn max_calls_per_second() -> u32 {
         50
     }
     pub fn max_window() -> Duration {

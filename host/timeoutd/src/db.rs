@@ -122,6 +122,16 @@ pub enum DbError {
     /// A migration failed.
     #[error("database migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A completion under a claim token found the row no longer held by it: the lease lapsed
+    /// and another holder took the row. The completion is refused (its transaction rolls back);
+    /// the new holder's work stands.
+    #[error("stale claim on {table} row {id}: its lease lapsed and another holder has it")]
+    StaleClaim {
+        /// Table.
+        table: &'static str,
+        /// Row id.
+        id: i64,
+    },
     /// A row holds something timeoutd cannot read (e.g. an unknown status).
     #[error("bad row in {table}: {detail}")]
     BadRow {

@@ -55,6 +55,10 @@ pub struct Trigger {
     pub due_ms: Option<i64>,
     /// The `order_timeout_msg` row it came from, if any.
     pub row_id: Option<i64>,
+    /// The claim token that row is held under: its completion is fenced by it
+    /// ([`outbox::RowRef`]). `None` for a row handled without a claim.
+    #[serde(skip)]
+    pub claim: Option<String>,
     /// The state the previous phase's `wait` handed to this one (API 0.2.0 on); empty for none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub state: Vec<u8>,
@@ -65,6 +69,14 @@ pub struct Trigger {
 }
 
 impl Trigger {
+    /// Its row, as completions name it (id and claim token), if it came from one.
+    pub fn row(&self) -> Option<outbox::RowRef<'_>> {
+        self.row_id.map(|id| outbox::RowRef {
+            id,
+            claim: self.claim.as_deref(),
+        })
+    }
+
     /// The trigger a claimed `order_timeout_msg` row stands for, fired by `kind` (the outbox
     /// timer, a sweep's or an operator's row, a broker message). A row whose phase is outside
     /// `0..=u32::MAX`, or whose state is not hex, cannot be one: `Err` carries the trigger
@@ -77,6 +89,7 @@ impl Trigger {
             attempt: row.attempts,
             due_ms: Some(row.due_ms),
             row_id: Some(row.id),
+            claim: row.claim_token.clone(),
             state,
             poll: row.source == outbox::SOURCE_POLL,
         };
@@ -335,7 +348,7 @@ impl Dispatcher {
         async {
             let outcome = match self.try_handle(trigger).await {
                 Ok(outcome) => outcome,
-                Err(e) => self.failed(trigger, None, e.to_string(), true).await,
+                Err(e) => self.failed_on(trigger, e).await,
             };
             tracing::debug!(?outcome, "trigger handled");
             outcome
@@ -417,8 +430,8 @@ impl Dispatcher {
             ));
         };
         if let Some(until_ms) = policy.breaker.open_until(now_ms) {
-            if let Some(id) = trigger.row_id {
-                outbox::defer(&self.db, id, until_ms).await?;
+            if let Some(row) = trigger.row() {
+                outbox::defer(&self.db, row, until_ms).await?;
             }
             tracing::debug!(merchant = %order.merchant, until_ms, "plugin tripped; trigger waits");
             return Ok(Step::Done(Outcome::Tripped { until_ms }));
@@ -528,19 +541,19 @@ impl Dispatcher {
         what: &str,
     ) -> Result<Outcome, DbError> {
         let early_ms = order.deadline_ms - now_ms;
-        match (trigger.row_id, trigger.due_ms) {
+        match (trigger.row(), trigger.due_ms) {
             // The outbox timer's early look at a row due at or after the deadline: it keeps
             // its time and status (a relayed row stays SENT, its message still to come) — the
             // usual case for a 0.1.0 merchant's row, so not worth an info line. A broker
             // message that came early is deferred like any other early trigger.
-            (Some(id), Some(due_ms))
+            (Some(row), Some(due_ms))
                 if due_ms >= order.deadline_ms && trigger.kind == TriggerKind::Outbox =>
             {
-                outbox::release(&self.db, id).await?;
+                outbox::release(&self.db, row).await?;
                 tracing::debug!(order = %order.id, early_ms, held = what, "early look; asked at the deadline");
             }
-            (Some(id), _) => {
-                outbox::defer(&self.db, id, order.deadline_ms).await?;
+            (Some(row), _) => {
+                outbox::defer(&self.db, row, order.deadline_ms).await?;
                 tracing::info!(order = %order.id, early_ms, held = what, "before the deadline; held until it");
             }
             (None, _) => {}
@@ -567,9 +580,9 @@ impl Dispatcher {
                 tx.commit().await?;
                 // The order stays open: ask again later, backing off up to `retry_max`, so an
                 // ignored order neither vanishes nor is re-swept (and re-logged) every interval.
-                if let Some(id) = trigger.row_id {
+                if let Some(row) = trigger.row() {
                     let due_ms = now_ms + self.backoff().delay_ms(trigger.attempt + 1);
-                    outbox::retry_later(&self.db, id, due_ms, &format!("ignored: {reason}"))
+                    outbox::retry_later(&self.db, row, due_ms, &format!("ignored: {reason}"))
                         .await?;
                 }
                 Ok(Outcome::Ignored)
@@ -592,9 +605,9 @@ impl Dispatcher {
     }
 
     async fn finish_row(&self, trigger: &Trigger, now_ms: i64, note: &str) -> Result<(), DbError> {
-        if let Some(id) = trigger.row_id {
+        if let Some(row) = trigger.row() {
             let mut tx = self.db.begin().await?;
-            outbox::finish(&mut tx, id, now_ms, Some(note)).await?;
+            outbox::finish(&mut tx, row, now_ms, Some(note)).await?;
             tx.commit().await?;
         }
         Ok(())

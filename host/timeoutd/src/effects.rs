@@ -21,7 +21,8 @@ mod notify;
 mod payment;
 pub mod worker;
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 
 pub use executor::{Done, EffectError, Executor, Job};
@@ -99,6 +100,8 @@ pub struct EffectRunner {
     payments: Option<PaymentEffects>,
     resolutions: Arc<HashMap<String, PaidAfterClose>>,
     config: EffectsConfig,
+    /// When the rows deferred to a booked slot fall due, soonest first, for the worker's wakes.
+    deferred: Arc<std::sync::Mutex<BinaryHeap<Reverse<std::time::Instant>>>>,
 }
 
 impl std::fmt::Debug for EffectRunner {
@@ -134,6 +137,7 @@ impl EffectRunner {
             payments: None,
             resolutions: Arc::default(),
             config: EffectsConfig::default(),
+            deferred: Arc::default(),
         }
     }
 
@@ -165,6 +169,7 @@ impl EffectRunner {
                 db.clone(),
                 clock.clone(),
                 resolutions.clone(),
+                p.max_calls_per_second,
             )),
             None => None,
         };
@@ -174,6 +179,7 @@ impl EffectRunner {
             payments,
             resolutions,
             config: config.effects.clone(),
+            deferred: Arc::default(),
             db,
             clock,
         })
@@ -187,15 +193,36 @@ impl EffectRunner {
         }
     }
 
-    /// Uses `gateway` for `close-payment` and refunds.
-    pub fn with_payments(mut self, gateway: Arc<dyn PaymentGateway>) -> Self {
+    /// Uses `gateway` for `close-payment` and refunds, at most `calls_per_second` of them a
+    /// second per merchant (`payment.max_calls_per_second`).
+    pub fn with_payments(mut self, gateway: Arc<dyn PaymentGateway>, calls_per_second: u32) -> Self {
         self.payments = Some(PaymentEffects::new(
             gateway,
             self.db.clone(),
             self.clock.clone(),
             self.resolutions.clone(),
+            calls_per_second,
         ));
         self
+    }
+
+    /// The instant the next row deferred to a booked slot falls due (the worker sleeps no
+    /// longer than that); slots that fell due before `ran_at`, the start of the last run, were
+    /// run by it and are forgotten.
+    pub fn next_deferred(&self, ran_at: std::time::Instant) -> Option<std::time::Instant> {
+        let mut deferred = self.deferred.lock().expect("deferred lock poisoned");
+        while deferred.peek().is_some_and(|Reverse(at)| *at <= ran_at) {
+            deferred.pop();
+        }
+        deferred.peek().map(|Reverse(at)| *at)
+    }
+
+    /// Notes that a deferred row falls due `delay_ms` from now.
+    fn wake_by(&self, delay_ms: i64) {
+        let at = std::time::Instant::now()
+            + std::time::Duration::from_millis(u64::try_from(delay_ms).unwrap_or(0) + 5);
+        let mut deferred = self.deferred.lock().expect("deferred lock poisoned");
+        deferred.push(Reverse(at));
     }
 
     /// The executor of `section`, when this runner has one. Exhaustive: a new section is a
@@ -281,11 +308,8 @@ impl EffectRunner {
         let lease_ms = self.config.lease.as_millis() as i64;
         let now = self.clock.now_ms(&self.db).await?;
         let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-        let claimed: std::collections::HashSet<i64> =
-            ledger::claim_many(&self.db, &ids, now, now + lease_ms)
-                .await?
-                .into_iter()
-                .collect();
+        let (token, claimed) = ledger::claim_many(&self.db, &ids, now, now + lease_ms).await?;
+        let claimed: std::collections::HashSet<i64> = claimed.into_iter().collect();
         let mut by_order: Vec<Vec<&ledger::PendingEffect>> = Vec::new();
         for row in rows.iter().filter(|r| claimed.contains(&r.id)) {
             match by_order.iter_mut().find(|g| g[0].order_id == row.order_id) {
@@ -298,16 +322,27 @@ impl EffectRunner {
         }
         let order_ids: Vec<&str> = by_order.iter().map(|g| g[0].order_id.as_str()).collect();
         let facts = orders::status_and_user(&self.db, &order_ids).await?;
-        let done = futures_util::future::join_all(by_order.into_iter().map(|group| {
+        let work = futures_util::future::join_all(by_order.into_iter().map(|group| {
             let facts = &facts;
             async move {
                 let mut out = Vec::with_capacity(group.len());
                 for row in group {
-                    out.push((row, self.execute(row, facts.get(&row.order_id)).await));
+                    out.push((row, self.execute(row, facts.get(&row.order_id), now).await));
                 }
                 out
             }
         }))
+        ;
+        // A slow endpoint must not let the lease lapse under the chunk: renewed while it runs.
+        let done = crate::lease::renewing(work, self.config.lease, || async {
+            let renewed = async {
+                let now = self.clock.now_ms(&self.db).await?;
+                ledger::renew(&self.db, &token, now + lease_ms).await
+            };
+            if let Err(e) = renewed.await {
+                tracing::warn!(error = %e, "ledger lease renewal failed; the lease may lapse");
+            }
+        })
         .await;
         let now = self.clock.now_ms(&self.db).await?;
         let mut plain = Vec::new();
@@ -326,11 +361,11 @@ impl EffectRunner {
                     if matches!(&result, Ok(done) if done.raised) {
                         raised.push(row.order_id.clone());
                     }
-                    settled += usize::from(self.settle(row, result, now).await?);
+                    settled += usize::from(self.settle(&token, row, result, now).await?);
                 }
             }
         }
-        settled += ledger::settle_many(&self.db, &plain, ledger::DONE, now).await? as usize;
+        settled += ledger::settle_many(&self.db, &token, &plain, ledger::DONE, now).await? as usize;
         for order_id in raised {
             // What the execution raised (a refund) runs now rather than at the next wake.
             self.run_for_order_boxed(order_id).await;
@@ -353,6 +388,7 @@ impl EffectRunner {
 
     async fn settle(
         &self,
+        token: &str,
         row: &ledger::PendingEffect,
         result: Result<Done, EffectError>,
         now: i64,
@@ -360,6 +396,7 @@ impl EffectRunner {
         let attempts = row.attempts + 1;
         let outcome = match &result {
             Ok(_) => "done",
+            Err(EffectError::Deferred { .. }) => "deferred",
             Err(EffectError::Transient(_)) if attempts < self.config.max_attempts => "retry",
             Err(_) => "failed",
         };
@@ -369,7 +406,13 @@ impl EffectRunner {
         });
         match result {
             Ok(done) => {
-                ledger::settle(&self.db, row.id, ledger::DONE, done.note.as_deref(), now).await
+                ledger::settle(&self.db, token, row.id, ledger::DONE, done.note.as_deref(), now).await
+            }
+            Err(EffectError::Deferred { until_ms, reason }) => {
+                tracing::debug!(key = %row.key, kind = %row.kind, until_ms, %reason, "effect deferred");
+                ledger::defer(&self.db, token, row.id, &reason, now, until_ms).await?;
+                self.wake_by(until_ms - now);
+                Ok(false)
             }
             Err(EffectError::Transient(e)) if attempts < self.config.max_attempts => {
                 let backoff = Backoff {
@@ -378,16 +421,17 @@ impl EffectRunner {
                 };
                 let next = now + backoff.delay_ms(attempts);
                 tracing::warn!(key = %row.key, kind = %row.kind, attempts, error = %e, next_attempt_ms = next, "effect failed; will retry");
-                ledger::reschedule(&self.db, row.id, &e, now, next).await?;
+                ledger::reschedule(&self.db, token, row.id, &e, now, next).await?;
                 Ok(false)
             }
             Err(e) => {
                 let reason = match e {
                     EffectError::Transient(e) => format!("gave up after {attempts} attempts: {e}"),
                     EffectError::Permanent(e) => e,
+                    EffectError::Deferred { .. } => unreachable!("deferred rows are settled above"),
                 };
                 tracing::error!(key = %row.key, kind = %row.kind, order = %row.order_id, %reason, "effect FAILED; needs an operator");
-                ledger::settle(&self.db, row.id, ledger::FAILED, Some(&reason), now).await
+                ledger::settle(&self.db, token, row.id, ledger::FAILED, Some(&reason), now).await
             }
         }
     }
@@ -399,6 +443,7 @@ impl EffectRunner {
         &self,
         row: &ledger::PendingEffect,
         order: Option<&(String, String)>,
+        now_ms: i64,
     ) -> Result<Done, EffectError> {
         let kind = LedgerKind::parse(&row.kind)
             .ok_or_else(|| EffectError::Permanent(format!("unknown effect kind `{}`", row.kind)))?;
@@ -415,6 +460,7 @@ impl EffectRunner {
             kind,
             order_status: order.map(|(status, _)| status.as_str()),
             user: order.map(|(_, user)| user.as_str()).unwrap_or_default(),
+            now_ms,
         };
         executor.execute(job).await
     }

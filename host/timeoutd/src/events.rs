@@ -83,6 +83,12 @@ pub enum Event<'a> {
         /// The send error, if any.
         error: Option<&'a str>,
     },
+    /// A completion under a claim token was refused: the row's lease had lapsed and another
+    /// holder had taken it (`timeoutd_stale_completions_total{table}`).
+    StaleClaim {
+        /// `order_timeout_msg` or `effect_ledger`.
+        table: &'static str,
+    },
     /// An order the provider said was paid was aligned to PAID instead of closed
     /// (`timeoutd_payments_aligned_total`).
     Aligned,
@@ -190,6 +196,9 @@ pub fn emit(event: Event<'_>) {
                 None => tracing::debug!("outbox row relayed to the broker"),
             }
             counter!("timeoutd_relay_total", "outcome" => outcome.to_string()).increment(1);
+        }
+        Event::StaleClaim { table } => {
+            counter!("timeoutd_stale_completions_total", "table" => table).increment(1);
         }
         Event::Aligned => {
             counter!("timeoutd_payments_aligned_total").increment(1);

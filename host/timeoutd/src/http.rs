@@ -73,13 +73,15 @@ pub async fn serve(
 }
 
 /// Serves `app` on `listener` until `shutdown` turns true, letting requests in flight finish;
-/// a failure is logged naming `what` (the daemon's HTTP listeners all stop this way).
+/// a failure is logged naming `what` (the daemon's HTTP listeners all stop this way). Every
+/// request runs to completion ([`run_to_completion`]), whatever its client does.
 pub async fn serve_until(
     listener: tokio::net::TcpListener,
     app: Router,
     mut shutdown: watch::Receiver<bool>,
     what: &str,
 ) {
+    let app = app.layer(axum::middleware::from_fn(run_to_completion));
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             crate::shutdown::stopping(&mut shutdown).await;
@@ -87,6 +89,26 @@ pub async fn serve_until(
         .await;
     if let Err(e) = served {
         tracing::error!(error = %e, "{what} failed");
+    }
+}
+
+/// Runs each request's handler in a task of its own. A client that disconnects mid-request
+/// drops the connection's future, and with it any handler polled inside it; a handler in its
+/// own task is not cancelled, so its database work runs to its end — commit, or rollback on
+/// error — and is never stopped half-way, nor inside `BEGIN`: sqlx 0.9.0 (the newest release,
+/// checked 2026-12-01) returns a PostgreSQL connection to the pool still inside a transaction
+/// when a `begin()` is cancelled (transact-rs/sqlx#4393, fixed after the release by #4394).
+async fn run_to_completion(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match tokio::spawn(next.run(request)).await {
+        Ok(response) => response,
+        Err(e) => {
+            tracing::error!(error = %e, "HTTP handler panicked");
+            (StatusCode::INTERNAL_SERVER_ERROR, "handler failed").into_response()
+        }
     }
 }
 

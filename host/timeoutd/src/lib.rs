@@ -30,9 +30,11 @@ pub mod gauges;
 pub mod http;
 pub mod kinds;
 pub mod lateness;
+pub mod lease;
 pub mod paid;
 pub mod plugin_cli;
 pub mod policies;
+pub mod ratecap;
 /// The backoff rule and the default retry settings (shared with the plugin harness).
 pub use timeoutd_runtime::retry;
 pub mod rocketmq;

@@ -104,6 +104,7 @@ pub async fn close(State(s): State<AdminState>, Path(id): Path<String>) -> ApiRe
         attempt: 0,
         due_ms: None,
         row_id: None,
+        claim: None,
         state: Vec::new(),
         poll: false,
     };

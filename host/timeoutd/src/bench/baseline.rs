@@ -155,7 +155,7 @@ async fn close_one(
     )
     .await?;
     if let Some(row) = rows.get(&id) {
-        outbox::finish(&mut tx, *row, now_ms, None).await?;
+        outbox::finish(&mut tx, outbox::RowRef::unclaimed(*row), now_ms, None).await?;
     }
     tx.commit().await?;
     Ok(())

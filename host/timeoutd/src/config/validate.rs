@@ -129,6 +129,16 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
             format!("`{}` is not an http(s) URL", pay.base_url),
         );
     }
+    if let Some(pay) = &c.payment {
+        for (key, rate) in [
+            ("payment.max_queries_per_second", pay.max_queries_per_second),
+            ("payment.max_calls_per_second", pay.max_calls_per_second),
+        ] {
+            if rate == 0 {
+                p.push(key, "must be at least 1 (requests a second per merchant)");
+            }
+        }
+    }
     for (name, channel) in &c.notify.channels {
         if let super::ChannelConfig::Webhook { url, .. } = channel
             && !(url.starts_with("http://") || url.starts_with("https://"))

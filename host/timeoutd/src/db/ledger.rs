@@ -225,7 +225,9 @@ pub async fn claim(db: &Db, id: i64, now_ms: i64, until_ms: i64) -> Result<bool,
 }
 
 /// Takes the PENDING effects among `ids` that no other executor holds, for `until_ms`, in one
-/// statement, and returns the ids taken (read back by a fresh claim token).
+/// statement, and returns the claim token and the ids taken (read back by that token). Every
+/// completion of a taken row names the token ([`settle`], [`settle_many`], [`reschedule`],
+/// [`defer`]) and changes nothing once another executor holds the row.
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
@@ -234,11 +236,11 @@ pub async fn claim_many(
     ids: &[i64],
     now_ms: i64,
     until_ms: i64,
-) -> Result<Vec<i64>, DbError> {
-    if ids.is_empty() {
-        return Ok(Vec::new());
-    }
+) -> Result<(String, Vec<i64>), DbError> {
     let token = super::claim_token("e");
+    if ids.is_empty() {
+        return Ok((token, Vec::new()));
+    }
     {
         let _gate = db.write_gate().await;
         let mut q = db.backend().query_owned(format!(
@@ -255,10 +257,42 @@ pub async fn claim_many(
     let rows = db
         .backend()
         .query("SELECT id FROM effect_ledger WHERE claim_token = ? AND status = 'PENDING'")
-        .bind(token)
+        .bind(token.clone())
         .fetch_all(db.pool())
         .await?;
-    rows.iter().map(|r| Ok(r.try_get::<i64, _>(0)?)).collect()
+    let ids = rows
+        .iter()
+        .map(|r| Ok(r.try_get::<i64, _>(0)?))
+        .collect::<Result<_, DbError>>()?;
+    Ok((token, ids))
+}
+
+/// Extends the lease of the PENDING effects held under `token` to `until_ms` (their executor
+/// is still at work). Returns how many it still holds.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn renew(db: &Db, token: &str, until_ms: i64) -> Result<u64, DbError> {
+    let _gate = db.write_gate().await;
+    let done = db
+        .backend()
+        .query(
+            "UPDATE effect_ledger SET claim_until_ms = ? WHERE claim_token = ? AND status = 'PENDING'",
+        )
+        .bind(until_ms)
+        .bind(token.to_string())
+        .execute(db.pool())
+        .await?;
+    Ok(done.rows_affected())
+}
+
+/// Counts completions a stale holder attempted (`refused` of them changed nothing).
+fn count_stale(refused: u64) {
+    for _ in 0..refused {
+        crate::events::emit(crate::events::Event::StaleClaim {
+            table: "effect_ledger",
+        });
+    }
 }
 
 /// [`settle`] for many effects with the same `status` and no note, in one statement. Returns
@@ -266,21 +300,30 @@ pub async fn claim_many(
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
-pub async fn settle_many(db: &Db, ids: &[i64], status: &str, now_ms: i64) -> Result<u64, DbError> {
+pub async fn settle_many(
+    db: &Db,
+    token: &str,
+    ids: &[i64],
+    status: &str,
+    now_ms: i64,
+) -> Result<u64, DbError> {
     if ids.is_empty() {
         return Ok(0);
     }
     let _gate = db.write_gate().await;
     let mut q = db.backend().query_owned(format!(
         "UPDATE effect_ledger SET status = ?, last_error = NULL, attempts = attempts + 1, \
-         updated_at_ms = ?, claim_until_ms = NULL WHERE id IN ({}) AND status = 'PENDING'",
+         updated_at_ms = ?, claim_until_ms = NULL WHERE id IN ({}) AND status = 'PENDING' \
+         AND claim_token = ?",
         super::orders::marks(ids.len())
     ));
     q = q.bind(status.to_string()).bind(now_ms);
     for id in ids {
         q = q.bind(*id);
     }
-    Ok(q.execute(db.pool()).await?.rows_affected())
+    let settled = q.bind(token.to_string()).execute(db.pool()).await?.rows_affected();
+    count_stale(ids.len() as u64 - settled.min(ids.len() as u64));
+    Ok(settled)
 }
 
 /// Counts a failed attempt of a PENDING effect, records why, releases it and makes it due again
@@ -290,33 +333,71 @@ pub async fn settle_many(db: &Db, ids: &[i64], status: &str, now_ms: i64) -> Res
 /// [`DbError::Sql`] on query failure.
 pub async fn reschedule(
     db: &Db,
+    token: &str,
     id: i64,
     error: &str,
     now_ms: i64,
     next_attempt_ms: i64,
 ) -> Result<(), DbError> {
     let _gate = db.write_gate().await;
-    db.backend()
+    let done = db
+        .backend()
         .query(
             "UPDATE effect_ledger SET attempts = attempts + 1, last_error = ?, next_attempt_ms = ?, \
-             claim_until_ms = NULL, updated_at_ms = ? WHERE id = ? AND status = 'PENDING'",
+             claim_until_ms = NULL, updated_at_ms = ? WHERE id = ? AND status = 'PENDING' \
+             AND claim_token = ?",
         )
         .bind(error)
         .bind(next_attempt_ms)
         .bind(now_ms)
         .bind(id)
+        .bind(token.to_string())
         .execute(db.pool())
         .await?;
+    count_stale(1 - done.rows_affected().min(1));
     Ok(())
 }
 
-/// Moves a PENDING effect to `status` (DONE or FAILED), counting the attempt. Returns false when
-/// it was no longer PENDING (another executor finished it).
+/// Puts PENDING effect `id` off until `until_ms` without counting an attempt (the provider's
+/// request cap was spent: nothing failed), unclaimed, with `reason` as its `last_error`.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn defer(
+    db: &Db,
+    token: &str,
+    id: i64,
+    reason: &str,
+    now_ms: i64,
+    until_ms: i64,
+) -> Result<(), DbError> {
+    let _gate = db.write_gate().await;
+    let done = db
+        .backend()
+        .query(
+            "UPDATE effect_ledger SET last_error = ?, next_attempt_ms = ?, claim_until_ms = NULL, \
+             updated_at_ms = ? WHERE id = ? AND status = 'PENDING' AND claim_token = ?",
+        )
+        .bind(reason)
+        .bind(until_ms)
+        .bind(now_ms)
+        .bind(id)
+        .bind(token.to_string())
+        .execute(db.pool())
+        .await?;
+    count_stale(1 - done.rows_affected().min(1));
+    Ok(())
+}
+
+/// Moves a PENDING effect held under `token` to `status` (DONE or FAILED), counting the
+/// attempt. Returns false, and counts a stale completion, when it was no longer PENDING or no
+/// longer held by `token` (its lease lapsed; another executor has it).
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
 pub async fn settle(
     db: &Db,
+    token: &str,
     id: i64,
     status: &str,
     note: Option<&str>,
@@ -325,14 +406,16 @@ pub async fn settle(
     let _gate = db.write_gate().await;
     let done = db.backend().query(
         "UPDATE effect_ledger SET status = ?, last_error = ?, attempts = attempts + 1, updated_at_ms = ?, \
-         claim_until_ms = NULL WHERE id = ? AND status = 'PENDING'",
+         claim_until_ms = NULL WHERE id = ? AND status = 'PENDING' AND claim_token = ?",
     )
     .bind(status)
     .bind(note)
     .bind(now_ms)
     .bind(id)
+    .bind(token.to_string())
     .execute(db.pool())
     .await?;
+    count_stale(1 - done.rows_affected().min(1));
     Ok(done.rows_affected() == 1)
 }
 

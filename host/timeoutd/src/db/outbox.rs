@@ -32,6 +32,63 @@ pub struct DueRow {
     pub source: String,
     /// The state its phase was scheduled with (hex, as stored), `None` for none.
     pub state: Option<String>,
+    /// The claim token it is held under.
+    pub claim_token: Option<String>,
+}
+
+/// A claimed row as its completion names it: the id, and the claim token it was taken under
+/// (`None` for a row handled without a claim). A completion under a token is fenced: it
+/// changes the row only while that token still holds it, else it fails with
+/// [`DbError::StaleClaim`] (and the caller's transaction, if any, rolls back): a holder whose
+/// lease lapsed while it worked cannot finish, defer or retry what another holder now has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowRef<'a> {
+    /// Row id.
+    pub id: i64,
+    /// Claim token, when the row was claimed.
+    pub claim: Option<&'a str>,
+}
+
+impl<'a> RowRef<'a> {
+    /// A row named by id alone (no fence).
+    pub fn unclaimed(id: i64) -> Self {
+        RowRef { id, claim: None }
+    }
+
+    /// `WHERE` text fencing by the claim (`AND claim_token = ?`), or nothing.
+    fn fence(&self) -> &'static str {
+        if self.claim.is_some() {
+            " AND claim_token = ?"
+        } else {
+            ""
+        }
+    }
+
+    /// Binds the row's id and then, when fenced, its claim token.
+    fn bind<'q>(
+        &self,
+        q: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
+    ) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
+        let q = q.bind(self.id);
+        match self.claim {
+            Some(token) => q.bind(token.to_string()),
+            None => q,
+        }
+    }
+
+    /// `Err(StaleClaim)` when a fenced statement changed nothing.
+    fn held(&self, affected: u64) -> Result<(), DbError> {
+        if self.claim.is_some() && affected == 0 {
+            crate::events::emit(crate::events::Event::StaleClaim {
+                table: "order_timeout_msg",
+            });
+            return Err(DbError::StaleClaim {
+                table: "order_timeout_msg",
+                id: self.id,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Claims up to `batch` PENDING rows due at `now_ms` that nobody holds, for `lease_ms`.
@@ -123,17 +180,35 @@ pub async fn claim_unseen(
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
-pub async fn release(db: &Db, id: i64) -> Result<(), DbError> {
+pub async fn release(db: &Db, row: RowRef<'_>) -> Result<(), DbError> {
     let _gate = db.write_gate().await;
-    db.backend()
+    let q = db.backend().query_owned(format!(
+        "UPDATE order_timeout_msg SET claim_token = NULL, claim_until_ms = NULL \
+         WHERE id = ?{} AND status <> 'PROCESSED'",
+        row.fence()
+    ));
+    let done = row.bind(q).execute(db.pool()).await?;
+    row.held(done.rows_affected())
+}
+
+/// Extends the lease of every unfinished row held under `token` to `until_ms` (the holder is
+/// still working on them). Returns how many it still holds.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn renew(db: &Db, token: &str, until_ms: i64) -> Result<u64, DbError> {
+    let _gate = db.write_gate().await;
+    let done = db
+        .backend()
         .query(
-            "UPDATE order_timeout_msg SET claim_token = NULL, claim_until_ms = NULL \
-             WHERE id = ? AND status <> 'PROCESSED'",
+            "UPDATE order_timeout_msg SET claim_until_ms = ? \
+             WHERE claim_token = ? AND status IN ('PENDING', 'SENT')",
         )
-        .bind(id)
+        .bind(until_ms)
+        .bind(token.to_string())
         .execute(db.pool())
         .await?;
-    Ok(())
+    Ok(done.rows_affected())
 }
 
 /// Claims the rows `candidates` selects (a `SELECT id … LIMIT ?` over `order_timeout_msg`, its
@@ -208,8 +283,8 @@ pub(crate) async fn held_by(db: &Db, token: &str) -> Result<Vec<DueRow>, DbError
     let rows = db
         .backend()
         .query(
-            "SELECT id, order_id, phase, attempts, due_ms, source, state FROM order_timeout_msg \
-         WHERE claim_token = ? ORDER BY due_ms",
+            "SELECT id, order_id, phase, attempts, due_ms, source, state, claim_token \
+         FROM order_timeout_msg WHERE claim_token = ? ORDER BY due_ms",
         )
         .bind(token.to_string())
         .fetch_all(db.pool())
@@ -224,6 +299,7 @@ pub(crate) async fn held_by(db: &Db, token: &str) -> Result<Vec<DueRow>, DbError
                 due_ms: r.try_get("due_ms")?,
                 source: r.try_get("source")?,
                 state: r.try_get("state")?,
+                claim_token: r.try_get("claim_token")?,
             })
         })
         .collect()
@@ -282,20 +358,20 @@ pub async fn next_due_ms_with_sent(
 /// [`DbError::Sql`] on query failure.
 pub async fn finish(
     conn: &mut AnyConnection,
-    id: i64,
+    row: RowRef<'_>,
     now_ms: i64,
     note: Option<&str>,
 ) -> Result<(), DbError> {
-    Backend::of(conn).query(
-        "UPDATE order_timeout_msg SET status = 'PROCESSED', processed_at_ms = ?, last_error = ?, \
-         claim_token = NULL, claim_until_ms = NULL WHERE id = ?",
-    )
-    .bind(now_ms)
-    .bind(note)
-    .bind(id)
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
+    let q = Backend::of(conn)
+        .query_owned(format!(
+            "UPDATE order_timeout_msg SET status = 'PROCESSED', processed_at_ms = ?, last_error = ?, \
+             claim_token = NULL, claim_until_ms = NULL WHERE id = ?{}",
+            row.fence()
+        ))
+        .bind(now_ms)
+        .bind(note.map(str::to_string));
+    let done = row.bind(q).execute(&mut *conn).await?;
+    row.held(done.rows_affected())
 }
 
 /// [`finish`] for a group's rows, all with the same `note`, in one statement.
@@ -304,23 +380,40 @@ pub async fn finish(
 /// [`DbError::Sql`] on query failure.
 pub async fn finish_many(
     conn: &mut AnyConnection,
-    ids: &[i64],
+    rows: &[RowRef<'_>],
     now_ms: i64,
     note: Option<&str>,
 ) -> Result<(), DbError> {
-    if ids.is_empty() {
-        return Ok(());
+    // One statement per claim token (a group's rows share the one they were claimed under).
+    let mut by_claim: Vec<(Option<&str>, Vec<i64>)> = Vec::new();
+    for row in rows {
+        match by_claim.iter_mut().find(|(c, _)| *c == row.claim) {
+            Some((_, ids)) => ids.push(row.id),
+            None => by_claim.push((row.claim, vec![row.id])),
+        }
     }
-    let mut q = Backend::of(conn).query_owned(format!(
-        "UPDATE order_timeout_msg SET status = 'PROCESSED', processed_at_ms = ?, last_error = ?, \
-         claim_token = NULL, claim_until_ms = NULL WHERE id IN ({})",
-        super::orders::marks(ids.len())
-    ));
-    q = q.bind(now_ms).bind(note.map(str::to_string));
-    for id in ids {
-        q = q.bind(*id);
+    for (claim, ids) in by_claim {
+        let fence = if claim.is_some() { " AND claim_token = ?" } else { "" };
+        let mut q = Backend::of(conn).query_owned(format!(
+            "UPDATE order_timeout_msg SET status = 'PROCESSED', processed_at_ms = ?, last_error = ?, \
+             claim_token = NULL, claim_until_ms = NULL WHERE id IN ({}){fence}",
+            super::orders::marks(ids.len())
+        ));
+        q = q.bind(now_ms).bind(note.map(str::to_string));
+        for id in &ids {
+            q = q.bind(*id);
+        }
+        if let Some(token) = claim {
+            q = q.bind(token.to_string());
+        }
+        let done = q.execute(&mut *conn).await?;
+        if claim.is_some() && done.rows_affected() < ids.len() as u64 {
+            // Which one went stale is not known from the count; the group is split and each
+            // row finds out alone.
+            let first = RowRef { id: ids[0], claim };
+            first.held(0)?;
+        }
     }
-    q.execute(&mut *conn).await?;
     Ok(())
 }
 
@@ -330,35 +423,36 @@ pub async fn finish_many(
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
-pub async fn defer(db: &Db, id: i64, due_ms: i64) -> Result<(), DbError> {
+pub async fn defer(db: &Db, row: RowRef<'_>, due_ms: i64) -> Result<(), DbError> {
     let _gate = db.write_gate().await;
-    db.backend()
-        .query(
-            "UPDATE order_timeout_msg SET due_ms = ?, status = 'PENDING', claim_token = NULL, \
-         claim_until_ms = NULL WHERE id = ? AND status <> 'PROCESSED'",
-        )
-        .bind(due_ms)
-        .bind(id)
-        .execute(db.pool())
-        .await?;
-    Ok(())
+    let q = db
+        .backend()
+        .query_owned(defer_sql(row))
+        .bind(due_ms);
+    let done = row.bind(q).execute(db.pool()).await?;
+    row.held(done.rows_affected())
+}
+
+fn defer_sql(row: RowRef<'_>) -> String {
+    format!(
+        "UPDATE order_timeout_msg SET due_ms = ?, status = 'PENDING', claim_token = NULL, \
+         claim_until_ms = NULL WHERE id = ?{} AND status <> 'PROCESSED'",
+        row.fence()
+    )
 }
 
 /// [`defer`] inside the caller's transaction `conn`.
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
-pub async fn defer_in(conn: &mut AnyConnection, id: i64, due_ms: i64) -> Result<(), DbError> {
-    Backend::of(conn)
-        .query(
-            "UPDATE order_timeout_msg SET due_ms = ?, status = 'PENDING', claim_token = NULL, \
-         claim_until_ms = NULL WHERE id = ? AND status <> 'PROCESSED'",
-        )
-        .bind(due_ms)
-        .bind(id)
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
+pub async fn defer_in(
+    conn: &mut AnyConnection,
+    row: RowRef<'_>,
+    due_ms: i64,
+) -> Result<(), DbError> {
+    let q = Backend::of(conn).query_owned(defer_sql(row)).bind(due_ms);
+    let done = row.bind(q).execute(&mut *conn).await?;
+    row.held(done.rows_affected())
 }
 
 /// Counts a failed attempt, records why, and makes the row due again at `due_ms` (PENDING: a
@@ -366,20 +460,25 @@ pub async fn defer_in(conn: &mut AnyConnection, id: i64, due_ms: i64) -> Result<
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
-pub async fn retry_later(db: &Db, id: i64, due_ms: i64, error: &str) -> Result<(), DbError> {
+pub async fn retry_later(
+    db: &Db,
+    row: RowRef<'_>,
+    due_ms: i64,
+    error: &str,
+) -> Result<(), DbError> {
     let _gate = db.write_gate().await;
-    db.backend()
-        .query(
+    let q = db
+        .backend()
+        .query_owned(format!(
             "UPDATE order_timeout_msg SET attempts = attempts + 1, due_ms = ?, last_error = ?, \
-         status = 'PENDING', claim_token = NULL, claim_until_ms = NULL \
-         WHERE id = ? AND status <> 'PROCESSED'",
-        )
+             status = 'PENDING', claim_token = NULL, claim_until_ms = NULL \
+             WHERE id = ?{} AND status <> 'PROCESSED'",
+            row.fence()
+        ))
         .bind(due_ms)
-        .bind(error)
-        .bind(id)
-        .execute(db.pool())
-        .await?;
-    Ok(())
+        .bind(error.to_string());
+    let done = row.bind(q).execute(db.pool()).await?;
+    row.held(done.rows_affected())
 }
 
 /// Schedules `phase` of `order_id` at `due_ms` (a `wait` decision), with the `state` the wait

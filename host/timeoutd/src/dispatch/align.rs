@@ -6,7 +6,6 @@
 //! its context (API 0.2.0). Unreachable, the merchant-wide `payment.on_unknown` rule applies,
 //! bounded by `payment.unknown_max_wait`.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
@@ -14,6 +13,7 @@ use timeoutd_runtime::model::{Effect, Notice, Order, Payment, PaymentStatus};
 
 use super::{Dispatcher, Outcome, Trigger};
 use crate::config::{OnPaymentUnknown, PaymentConfig};
+use crate::ratecap::RateCap;
 use crate::db::{DbError, journal, ledger, orders, outbox};
 use crate::kinds::LedgerKind;
 
@@ -38,7 +38,7 @@ pub(super) struct Provider {
     on_unknown: OnPaymentUnknown,
     unknown_max_wait_ms: i64,
     paid_channel: String,
-    cap: Arc<QueryCap>,
+    cap: Arc<RateCap>,
 }
 
 impl Provider {
@@ -48,40 +48,7 @@ impl Provider {
             on_unknown: config.on_unknown,
             unknown_max_wait_ms: config.unknown_max_wait.as_millis() as i64,
             paid_channel: config.paid_channel.clone(),
-            cap: Arc::new(QueryCap::new(config.max_queries_per_second)),
-        }
-    }
-}
-
-/// A token bucket per merchant: `rate` queries a second, bursts of up to `rate`, timed by the
-/// dispatcher's clock (the database's; a manual one in tests).
-pub(super) struct QueryCap {
-    rate: f64,
-    buckets: std::sync::Mutex<HashMap<String, (f64, i64)>>,
-}
-
-impl QueryCap {
-    fn new(rate: u32) -> Self {
-        QueryCap {
-            rate: f64::from(rate.max(1)),
-            buckets: std::sync::Mutex::default(),
-        }
-    }
-
-    /// Takes one query of `merchant`'s budget at `now_ms`; false when the budget is spent.
-    fn take(&self, merchant: &str, now_ms: i64) -> bool {
-        let mut buckets = self.buckets.lock().expect("query cap lock poisoned");
-        let (tokens, last) = buckets
-            .entry(merchant.to_string())
-            .or_insert((self.rate, now_ms));
-        let elapsed_s = (now_ms - *last).max(0) as f64 / 1000.0;
-        *tokens = (*tokens + elapsed_s * self.rate).min(self.rate);
-        *last = (*last).max(now_ms);
-        if *tokens >= 1.0 {
-            *tokens -= 1.0;
-            true
-        } else {
-            false
+            cap: Arc::new(RateCap::new(config.max_queries_per_second)),
         }
     }
 }
@@ -142,11 +109,11 @@ impl Dispatcher {
                     };
                     return Ok(Consulted::Decide(Some(unknown)));
                 }
-                let id = trigger.row_id.expect("checked above");
+                let row = trigger.row().expect("checked above");
                 let until = order.deadline_ms + provider.unknown_max_wait_ms;
                 let due_ms = (now_ms + self.backoff().delay_ms(trigger.attempt + 1)).min(until);
                 let error = format!("payment provider: {error}");
-                outbox::retry_later(&self.db, id, due_ms, &error).await?;
+                outbox::retry_later(&self.db, row, due_ms, &error).await?;
                 Ok(Consulted::Done(Outcome::Retry { due_ms, error }))
             }
         }
@@ -168,9 +135,9 @@ impl Dispatcher {
         if !orders::pay(&mut tx, &order.id, paid_at_ms).await? {
             tx.rollback().await?;
             let reason = "order left PENDING before it could be aligned".to_string();
-            if let Some(id) = trigger.row_id {
+            if let Some(row) = trigger.row() {
                 let mut tx = self.db.begin().await?;
-                outbox::finish(&mut tx, id, now_ms, Some(&reason)).await?;
+                outbox::finish(&mut tx, row, now_ms, Some(&reason)).await?;
                 tx.commit().await?;
             }
             return Ok(Outcome::NoOp { reason });
@@ -221,8 +188,8 @@ impl Dispatcher {
             },
         )
         .await?;
-        if let Some(id) = trigger.row_id {
-            outbox::finish(&mut tx, id, now_ms, Some(ALIGNED)).await?;
+        if let Some(row) = trigger.row() {
+            outbox::finish(&mut tx, row, now_ms, Some(ALIGNED)).await?;
         }
         tx.commit().await?;
         tracing::info!(order = %order.id, paid_at_ms, "paid at the provider; aligned to PAID, not closed");

@@ -123,8 +123,8 @@ impl Dispatcher {
                     &d.record("cancel", "deferred", held_detail(until_ms)),
                 )
                 .await?;
-                if let Some(id) = d.trigger.row_id {
-                    outbox::defer_in(&mut tx, id, until_ms).await?;
+                if let Some(row) = d.trigger.row() {
+                    outbox::defer_in(&mut tx, row, until_ms).await?;
                 }
                 tx.commit().await?;
                 tracing::info!(
@@ -134,8 +134,8 @@ impl Dispatcher {
                 return Ok(Outcome::Deferred { until_ms });
             }
             journal::log_decision(&mut tx, &d.record("cancel", "noop", noop_detail())).await?;
-            if let Some(id) = d.trigger.row_id {
-                outbox::finish(&mut tx, id, d.now_ms, Some(CAS_LOST)).await?;
+            if let Some(row) = d.trigger.row() {
+                outbox::finish(&mut tx, row, d.now_ms, Some(CAS_LOST)).await?;
             }
             tx.commit().await?;
             tracing::info!("close lost the compare-and-set; no effect applied");
@@ -163,8 +163,8 @@ impl Dispatcher {
             &d.record("cancel", "closed", closed_detail(reason, effects)),
         )
         .await?;
-        if let Some(id) = d.trigger.row_id {
-            outbox::finish(&mut tx, id, d.now_ms, None).await?;
+        if let Some(row) = d.trigger.row() {
+            outbox::finish(&mut tx, row, d.now_ms, None).await?;
         }
         tx.commit().await?;
         let lateness_ms = d.now_ms - stamp.due_ms;

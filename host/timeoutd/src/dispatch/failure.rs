@@ -15,6 +15,19 @@ impl Dispatcher {
         }
     }
 
+    /// A database error ending a trigger: a stale claim (the row's lease lapsed and another
+    /// holder took it) ends it with nothing written — the new holder's work stands; anything
+    /// else is a transient [`Self::failed`].
+    pub(super) async fn failed_on(&self, trigger: &Trigger, e: DbError) -> Outcome {
+        if let DbError::StaleClaim { .. } = e {
+            tracing::warn!(order = %trigger.order_id, error = %e, "completion refused: the row's lease lapsed and another holder has it");
+            return Outcome::NoOp {
+                reason: e.to_string(),
+            };
+        }
+        self.failed(trigger, None, e.to_string(), true).await
+    }
+
     /// A failure: retried with backoff while attempts remain (and it may pass), else
     /// dead-lettered. Never fails itself: if even that cannot be written, the row's lease
     /// lapses and the trigger comes back.
@@ -40,10 +53,10 @@ impl Dispatcher {
                     .await?;
                 tx.commit().await?;
             }
-            match (exhausted, trigger.row_id) {
-                (false, Some(id)) => {
+            match (exhausted, trigger.row()) {
+                (false, Some(row)) => {
                     let due_ms = now_ms + self.backoff().delay_ms(attempts);
-                    outbox::retry_later(&self.db, id, due_ms, &error).await?;
+                    outbox::retry_later(&self.db, row, due_ms, &error).await?;
                     tracing::warn!(%error, attempts, due_ms, "trigger failed; will retry");
                     Ok::<_, DbError>(Outcome::Retry {
                         due_ms,
@@ -57,12 +70,18 @@ impl Dispatcher {
             }
         }
         .await;
-        result.unwrap_or_else(|e| {
-            tracing::error!(%error, db_error = %e, "trigger failed and the failure could not be recorded; its lease will lapse");
-            Outcome::Unrecorded {
-                error: format!("{error}; recording the failure: {e}"),
+        match result {
+            Ok(outcome) => outcome,
+            Err(e @ DbError::StaleClaim { .. }) => Outcome::NoOp {
+                reason: e.to_string(),
+            },
+            Err(e) => {
+                tracing::error!(%error, db_error = %e, "trigger failed and the failure could not be recorded; its lease will lapse");
+                Outcome::Unrecorded {
+                    error: format!("{error}; recording the failure: {e}"),
+                }
             }
-        })
+        }
     }
 
     /// A plugin failure under `on_plugin_error = "dead_letter"`: the call is logged and the
@@ -113,10 +132,10 @@ impl Dispatcher {
             now_ms,
         )
         .await?;
-        if let Some(id) = trigger.row_id {
+        if let Some(row) = trigger.row() {
             outbox::finish(
                 &mut tx,
-                id,
+                row,
                 now_ms,
                 Some(&format!("dead-lettered: {reason}")),
             )
@@ -162,8 +181,8 @@ impl Dispatcher {
             d.now_ms,
         )
         .await?;
-        if let Some(id) = d.trigger.row_id {
-            outbox::finish(&mut tx, id, d.now_ms, Some("decision refused")).await?;
+        if let Some(row) = d.trigger.row() {
+            outbox::finish(&mut tx, row, d.now_ms, Some("decision refused")).await?;
         }
         tx.commit().await?;
         crate::events::emit(crate::events::Event::DeadLettered {

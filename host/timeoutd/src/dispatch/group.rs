@@ -108,9 +108,7 @@ impl Dispatcher {
                     }
                     _ => decided.push((i, ready)),
                 },
-                Some(Err(e)) => {
-                    outcomes[i] = Some(self.failed(&triggers[i], None, e.to_string(), true).await)
-                }
+                Some(Err(e)) => outcomes[i] = Some(self.failed_on(&triggers[i], e).await),
             }
         }
         let alone_done = join_all(alone.iter().map(|&i| self.handle(&triggers[i]))).await;
@@ -127,8 +125,10 @@ impl Dispatcher {
                 }
             }
             Err(e) => {
+                // One row's claim went stale, or the statement failed: each alone finds out.
+                tracing::debug!(error = %e, "finishing the group's settled rows failed; each alone");
                 for (i, _) in not_pending {
-                    outcomes[i] = Some(self.failed(&triggers[i], None, e.to_string(), true).await);
+                    outcomes[i] = Some(self.handle(&triggers[i]).await);
                 }
             }
         }
@@ -186,7 +186,7 @@ impl Dispatcher {
     async fn carry_out_or_fail(&self, trigger: &Trigger, ready: &Ready) -> Outcome {
         match self.carry_out(ready).await {
             Ok(outcome) => outcome,
-            Err(e) => self.failed(trigger, None, e.to_string(), true).await,
+            Err(e) => self.failed_on(trigger, e).await,
         }
     }
 
@@ -198,10 +198,10 @@ impl Dispatcher {
         not_pending: &[(usize, String)],
         now_ms: i64,
     ) -> Result<(), DbError> {
-        let mut by_reason: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
+        let mut by_reason: BTreeMap<&str, Vec<outbox::RowRef<'_>>> = BTreeMap::new();
         for (i, reason) in not_pending {
-            if let Some(id) = triggers[*i].row_id {
-                by_reason.entry(reason).or_default().push(id);
+            if let Some(row) = triggers[*i].row() {
+                by_reason.entry(reason).or_default().push(row);
             }
         }
         if by_reason.is_empty() {
@@ -273,10 +273,10 @@ impl Dispatcher {
             .collect();
         journal::log_decisions(&mut tx, &records).await?;
         let open_set: HashSet<usize> = open.iter().copied().collect();
-        let rows_of = |waiting: bool| -> Vec<i64> {
+        let rows_of = |waiting: bool| -> Vec<outbox::RowRef<'_>> {
             (0..group.len())
                 .filter(|k| open_set.contains(k) == waiting)
-                .filter_map(|k| group[k].trigger.row_id)
+                .filter_map(|k| group[k].trigger.row())
                 .collect()
         };
         outbox::finish_many(&mut tx, &rows_of(true), now_ms, None).await?;
@@ -392,15 +392,15 @@ impl Dispatcher {
             })
             .collect();
         journal::log_decisions(&mut tx, &records).await?;
-        let rows = |closed: bool| -> Vec<i64> {
+        let rows = |closed: bool| -> Vec<outbox::RowRef<'_>> {
             (0..group.len())
                 .filter(|&k| won[k] == closed && (closed || held(k).is_none()))
-                .filter_map(|k| group[k].trigger.row_id)
+                .filter_map(|k| group[k].trigger.row())
                 .collect()
         };
         for k in (0..group.len()).filter(|&k| !won[k]) {
-            if let (Some(until_ms), Some(id)) = (held(k), group[k].trigger.row_id) {
-                outbox::defer_in(&mut tx, id, until_ms).await?;
+            if let (Some(until_ms), Some(row)) = (held(k), group[k].trigger.row()) {
+                outbox::defer_in(&mut tx, row, until_ms).await?;
             }
         }
         outbox::finish_many(&mut tx, &rows(true), now_ms, None).await?;

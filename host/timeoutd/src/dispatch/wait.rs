@@ -97,8 +97,8 @@ impl Dispatcher {
         }
         let detail = wait_detail(after_ms, next_phase, reminder, state);
         journal::log_decision(&mut tx, &d.record("wait", "waiting", detail)).await?;
-        if let Some(id) = d.trigger.row_id {
-            outbox::finish(&mut tx, id, d.now_ms, None).await?;
+        if let Some(row) = d.trigger.row() {
+            outbox::finish(&mut tx, row, d.now_ms, None).await?;
         }
         tx.commit().await?;
         if reminder.is_some() {

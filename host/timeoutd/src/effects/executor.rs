@@ -19,6 +19,16 @@ pub enum EffectError {
     /// Will not pass by retrying (4xx, bad payload).
     #[error("{0}")]
     Permanent(String),
+    /// Not now, through no fault of the effect: run it again at `until_ms` (epoch ms, the
+    /// runner's clock) without counting an attempt. The provider's request cap
+    /// (`payment.max_calls_per_second`) was spent, and this is the row's booked slot.
+    #[error("{reason}; booked for {until_ms}")]
+    Deferred {
+        /// When to run it (epoch ms).
+        until_ms: i64,
+        /// Why, for the row's `last_error`.
+        reason: String,
+    },
 }
 
 impl From<crate::db::DbError> for EffectError {
@@ -63,6 +73,8 @@ pub struct Job<'a> {
     pub order_status: Option<&'a str>,
     /// The order's buyer; empty when the order is gone.
     pub user: &'a str,
+    /// When the runner claimed the row (epoch ms, its clock: the database's in the daemon).
+    pub now_ms: i64,
 }
 
 impl Job<'_> {

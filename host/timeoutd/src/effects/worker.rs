@@ -1,6 +1,6 @@
 //! The ledger executor as a worker of its own: woken by the commits that record external
 //! effects, so a trigger's work ends at its commit and a slow webhook never holds an outbox
-//! permit or a broker acknowledgement; and every [`BACKLOG_INTERVAL`] for retries and rows a
+//! permit or a broker acknowledgement; and every [`BACKLOG_INTERVAL`] (or sooner, when a row was deferred to a booked slot) for retries and rows a
 //! dead daemon left behind.
 
 use std::sync::Arc;
@@ -24,12 +24,20 @@ pub async fn run(runner: EffectRunner, wake: Arc<Notify>, mut shutdown: watch::R
     {
         tracing::warn!(error = %e, "ledger backlog run failed");
     }
+    let mut ran_at = std::time::Instant::now();
     loop {
+        // Rows deferred to a booked slot (the provider's request cap) wake the worker at their
+        // slot, no sooner than every 50 ms so that a slow drain is taken in chunks.
+        let nap = runner.next_deferred(ran_at).map_or(BACKLOG_INTERVAL, |at| {
+            at.saturating_duration_since(std::time::Instant::now())
+                .clamp(Duration::from_millis(50), BACKLOG_INTERVAL)
+        });
         tokio::select! {
             _ = wake.notified() => {}
-            _ = tokio::time::sleep(BACKLOG_INTERVAL) => {}
+            _ = tokio::time::sleep(nap) => {}
             _ = crate::shutdown::stopping(&mut shutdown) => break,
         }
+        ran_at = std::time::Instant::now();
         if let Err(e) = runner.run_fresh().await {
             tracing::warn!(error = %e, "ledger executor run failed; retrying at the next wake");
         }

@@ -172,7 +172,14 @@ impl TimeoutConsumer {
                 }
             }
         }
-        let outcomes = self.dispatcher.handle_group(&triggers).await;
+        // The group's rows share one claim token (one claim per group; a re-adopted row has its
+        // own, and is fenced by it all the same).
+        let token = triggers.first().and_then(|t| t.claim.clone());
+        let lease = Duration::from_millis(self.lease_ms.max(0) as u64);
+        let outcomes = crate::lease::renewing(self.dispatcher.handle_group(&triggers), lease, || {
+            crate::sources::outbox::renew_rows(&self.dispatcher, token.as_deref(), lease)
+        })
+        .await;
         for (i, outcome) in owners.into_iter().zip(outcomes) {
             let ack = ack_of(&outcome);
             settle(

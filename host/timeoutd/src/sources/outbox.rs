@@ -65,7 +65,7 @@ pub async fn run(
             Ok(rows) if !rows.is_empty() => {
                 // Groups run while the next rows are claimed: the claim never waits for the
                 // slowest group, only for a free permit.
-                dispatch_groups(&dispatcher, rows, group, &permits, &mut in_flight).await;
+                dispatch_groups(&dispatcher, rows, config.lease, group, &permits, &mut in_flight).await;
                 continue;
             }
             Ok(_) => {}
@@ -76,7 +76,7 @@ pub async fn run(
         if dispatcher.asks_before_deadline() {
             match outbox::claim_unseen(&db, now_ms, config.batch, lease_ms).await {
                 Ok(rows) if !rows.is_empty() => {
-                    dispatch_groups(&dispatcher, rows, group, &permits, &mut in_flight).await;
+                    dispatch_groups(&dispatcher, rows, config.lease, group, &permits, &mut in_flight).await;
                     continue;
                 }
                 Ok(_) => {}
@@ -116,6 +116,7 @@ pub async fn run(
 async fn dispatch_groups(
     dispatcher: &Arc<Dispatcher>,
     rows: Vec<DueRow>,
+    lease: Duration,
     group: usize,
     permits: &Arc<Semaphore>,
     in_flight: &mut JoinSet<()>,
@@ -139,12 +140,32 @@ async fn dispatch_groups(
                     }
                 }
             }
-            for outcome in dispatcher.handle_group(&triggers).await {
+            let token = chunk.first().and_then(|row| row.claim_token.clone());
+            let outcomes = crate::lease::renewing(dispatcher.handle_group(&triggers), lease, || {
+                renew_rows(&dispatcher, token.as_deref(), lease)
+            })
+            .await;
+            for outcome in outcomes {
                 if let Outcome::DeadLettered { reason } = &outcome {
                     tracing::warn!(reason, "outbox row dead-lettered");
                 }
             }
             drop(permit);
         });
+    }
+}
+
+/// Extends the lease of the rows held under `token` while their group is being handled.
+pub(crate) async fn renew_rows(dispatcher: &Dispatcher, token: Option<&str>, lease: Duration) {
+    let Some(token) = token else { return };
+    let db = dispatcher.db();
+    let renewed = async {
+        let now_ms = dispatcher.clock().now_ms(db).await?;
+        outbox::renew(db, token, now_ms + lease.as_millis() as i64).await
+    }
+    .await;
+    match renewed {
+        Ok(held) => tracing::debug!(token, held, "outbox lease renewed while working"),
+        Err(e) => tracing::warn!(error = %e, "outbox lease renewal failed; the lease may lapse"),
     }
 }
