@@ -689,3 +689,33 @@ fn bench_runs_a_burst_against_its_baseline_and_audits_it() {
     assert_eq!(json["closed_by"], serde_json::json!([["outbox", 300]]));
     assert!(stdout.contains("audit               ok"), "{stdout}");
 }
+
+/// A small host (`ulimit -v` 4 GB, below the pooling allocator's reservation of about 2 TiB):
+/// the demo still runs, on the on-demand allocator, says so once at start, and closes every
+/// lapsed order exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_address_space_falls_back_to_the_on_demand_allocator() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("demo");
+    let out = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -v 4000000 && exec \"$0\" demo --orders 40 --json --data-dir \"$1\"")
+        .arg(timeoutd_bin())
+        .arg(&data)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(
+        stderr.matches("allocated on demand").count(),
+        1,
+        "one warning naming the fallback: {stderr}"
+    );
+    assert!(stderr.contains("Cannot allocate memory") || stderr.contains("mmap"), "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(report["open"], 0, "{report}");
+    assert_eq!(report["closed_before_deadline"], 0, "{report}");
+    assert!(report["closed"].as_i64().unwrap() > 0, "{report}");
+}
