@@ -195,6 +195,10 @@ async fn a_daemons_metric_values_agree_with_its_rows_and_sigint_stops_it() {
     }
     env.create(&crate::support::order("ghost", "nobody", now - 1_000))
         .await;
+    // An order service that wrote its deadline in seconds: quarantined, not closed.
+    let mut in_seconds = crate::support::order("in-seconds", "acme", now + 1_500);
+    in_seconds.deadline_ms = (now + 1_500) / 1_000;
+    env.create(&in_seconds).await;
     env.create(&crate::support::order("paid", "acme", now + 600_000))
         .await;
     assert!(env.pay("paid", now).await);
@@ -229,7 +233,7 @@ async fn a_daemons_metric_values_agree_with_its_rows_and_sigint_stops_it() {
         let page = response.text().await.unwrap();
         // A backlog sample taken after the last close's commit (its close-payment rows wait,
         // with no [payment]) and the dead letter.
-        if metric(&page, "timeoutd_dead_letters_open") == 1.0
+        if metric(&page, "timeoutd_dead_letters_open") == 2.0
             && metric(&page, "timeoutd_ledger_pending") == 4.0
         {
             break page;
@@ -258,10 +262,16 @@ async fn a_daemons_metric_values_agree_with_its_rows_and_sigint_stops_it() {
             "timeoutd_decisions_total{merchant=\"acme\",decision=\"cancel\"}",
             4.0,
         ),
-        ("timeoutd_triggers_total{source=\"outbox\"}", 5.0),
-        ("timeoutd_dead_letters_total{source=\"outbox\"}", 1.0),
-        ("timeoutd_dead_letters_open", 1.0),
-        ("timeoutd_overdue_open_orders{merchant=\"acme\"}", 0.0),
+        ("timeoutd_triggers_total{source=\"outbox\"}", 6.0),
+        ("timeoutd_dead_letters_total{source=\"outbox\"}", 2.0),
+        ("timeoutd_dead_letters_open", 2.0),
+        (
+            "timeoutd_quarantined_total{field=\"orders.deadline_ms\"}",
+            1.0,
+        ),
+        // The quarantined order is open past its (implausible) deadline: the overdue alert
+        // sees it too.
+        ("timeoutd_overdue_open_orders{merchant=\"acme\"}", 1.0),
     ];
     let wrong: Vec<String> = expect
         .iter()
@@ -303,6 +313,8 @@ async fn a_daemons_metric_values_agree_with_its_rows_and_sigint_stops_it() {
         pending, 4,
         "one close-payment per closed order, as the gauge said"
     );
+    assert_eq!(env.status("in-seconds").await, "PENDING", "quarantined, not closed");
+    assert_eq!(env.coupon("cpn-in-seconds").await, "LOCKED");
     let pid = daemon.id().unwrap();
     let _ = Command::new("kill")
         .args(["-INT", &pid.to_string()])

@@ -401,9 +401,11 @@ impl Dispatcher {
             let reason = format!("order is {}", order.status.as_str());
             return Ok(Step::NotPending { reason });
         }
-        if let Some(reason) = implausible(&order, trigger, self.retry.max_window.as_millis() as i64)
+        if let Some((field, reason)) =
+            implausible(&order, trigger, self.retry.max_window.as_millis() as i64)
         {
-            tracing::error!(order = %order.id, %reason, "quarantined: implausible times; nothing closed");
+            tracing::error!(order = %order.id, field, %reason, "quarantined: implausible times; nothing closed");
+            emit(Event::Quarantined { field });
             return Ok(Step::Done(
                 self.dead_letter(trigger, now_ms, &reason).await?,
             ));
@@ -618,7 +620,13 @@ impl Dispatcher {
 /// creation or more than `max_window_ms` after it, or a trigger due before the order was
 /// created — typically seconds written where milliseconds belong. Such an order is never
 /// closed on those times; it is quarantined (dead-lettered) with the field and value named.
-fn implausible(order: &Order, trigger: &Trigger, max_window_ms: i64) -> Option<String> {
+/// Returns the field (`orders.deadline_ms`, `orders.created_at_ms`, `order_timeout_msg.due_ms`)
+/// and the reason.
+fn implausible(
+    order: &Order,
+    trigger: &Trigger,
+    max_window_ms: i64,
+) -> Option<(&'static str, String)> {
     let hint = |value: i64| {
         if (1_000_000_000..100_000_000_000).contains(&value) {
             " (it looks like seconds, not milliseconds)"
@@ -628,26 +636,34 @@ fn implausible(order: &Order, trigger: &Trigger, max_window_ms: i64) -> Option<S
     };
     let (created, deadline) = (order.created_at_ms, order.deadline_ms);
     if deadline < created {
-        return Some(format!(
+        return Some(("orders.deadline_ms", format!(
             "orders.deadline_ms = {deadline} of order `{}` is before its created_at_ms = {created}{}",
             order.id,
             hint(deadline)
-        ));
+        )));
     }
     if deadline - created > max_window_ms {
-        return Some(format!(
+        let field = if hint(created).is_empty() {
+            "orders.deadline_ms"
+        } else {
+            "orders.created_at_ms"
+        };
+        return Some((field, format!(
             "orders.deadline_ms = {deadline} of order `{}` is {} ms after its created_at_ms = {created}, more than dispatch.max_window ({max_window_ms} ms){}",
             order.id,
             deadline - created,
             hint(created)
-        ));
+        )));
     }
     match trigger.due_ms {
-        Some(due) if due < created && trigger.row_id.is_some() => Some(format!(
-            "order_timeout_msg.due_ms = {due} (row {}) is before order `{}`'s created_at_ms = {created}{}",
-            trigger.row_id.unwrap_or_default(),
-            order.id,
-            hint(due)
+        Some(due) if due < created && trigger.row_id.is_some() => Some((
+            "order_timeout_msg.due_ms",
+            format!(
+                "order_timeout_msg.due_ms = {due} (row {}) is before order `{}`'s created_at_ms = {created}{}",
+                trigger.row_id.unwrap_or_default(),
+                order.id,
+                hint(due)
+            ),
         )),
         _ => None,
     }

@@ -83,6 +83,13 @@ pub enum Event<'a> {
         /// The send error, if any.
         error: Option<&'a str>,
     },
+    /// An order's times could not be believed (a deadline before creation, a window past
+    /// `dispatch.max_window`, a row due before creation): quarantined, dead-lettered, nothing
+    /// closed (`timeoutd_quarantined_total{field}`; the dead letter raises the usual alert).
+    Quarantined {
+        /// The field whose value was implausible, e.g. `orders.deadline_ms`.
+        field: &'static str,
+    },
     /// A completion under a claim token was refused: the row's lease had lapsed and another
     /// holder had taken it (`timeoutd_stale_completions_total{table}`).
     StaleClaim {
@@ -196,6 +203,9 @@ pub fn emit(event: Event<'_>) {
                 None => tracing::debug!("outbox row relayed to the broker"),
             }
             counter!("timeoutd_relay_total", "outcome" => outcome.to_string()).increment(1);
+        }
+        Event::Quarantined { field } => {
+            counter!("timeoutd_quarantined_total", "field" => field).increment(1);
         }
         Event::StaleClaim { table } => {
             counter!("timeoutd_stale_completions_total", "table" => table).increment(1);
