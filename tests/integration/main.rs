@@ -12,6 +12,7 @@ mod payments;
 mod pipeline;
 mod plugin_cli;
 mod policy_api;
+mod retention;
 mod polyglot;
 mod rocketmq;
 mod runtime;

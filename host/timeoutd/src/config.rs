@@ -40,6 +40,9 @@ pub struct Config {
     /// The sweep of overdue pending orders, the backstop for lost triggers.
     #[serde(default)]
     pub sweep: SweepConfig,
+    /// `[retention]`: how long settled rows are kept (on by default).
+    #[serde(default)]
+    pub retention: RetentionConfig,
     /// How triggers are dispatched to plugins.
     #[serde(default)]
     pub dispatch: DispatchConfig,
@@ -140,6 +143,43 @@ pub struct SweepConfig {
     /// Orders re-armed per sweep.
     #[serde(default = "defaults::sweep_batch")]
     pub batch: u32,
+}
+
+/// `[retention]`: settled rows older than their table's age are deleted, in batches of `batch`
+/// rows with `pause` between them, by one daemon at a time (a lease in `maintenance_lease`),
+/// every `interval`. Never touched: anything unsettled (PENDING or SENT outbox rows, PENDING or
+/// FAILED ledger rows, OPEN dead letters) and any row of an order still PENDING.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetentionConfig {
+    /// Run retention (default true).
+    #[serde(default = "defaults::yes")]
+    pub enabled: bool,
+    /// Time between passes (default 10m); the first pass runs a minute after start.
+    #[serde(default = "defaults::retention_interval", with = "duration")]
+    pub interval: Duration,
+    /// Rows deleted per statement (default 1000).
+    #[serde(default = "defaults::retention_batch")]
+    pub batch: u32,
+    /// Pause between two batches (default 20ms), so live work keeps the database.
+    #[serde(default = "defaults::retention_pause", with = "duration")]
+    pub pause: Duration,
+    /// PROCESSED `order_timeout_msg` rows, by `processed_at_ms` (default 7d).
+    #[serde(default = "defaults::seven_days", with = "duration")]
+    pub outbox: Duration,
+    /// `decision_log` rows, by `decided_at_ms` (default 30d).
+    #[serde(default = "defaults::thirty_days", with = "duration")]
+    pub decision_log: Duration,
+    /// DONE `effect_ledger` rows, by `updated_at_ms` (default 7d, and never less than
+    /// `redis.marker_ttl`: within the marker window a replay must still find its row).
+    #[serde(default = "defaults::seven_days", with = "duration")]
+    pub ledger: Duration,
+    /// `admin_audit` rows, by `at_ms` (default 90d).
+    #[serde(default = "defaults::ninety_days", with = "duration")]
+    pub audit: Duration,
+    /// REDRIVEN or DISMISSED `dead_letter` rows, by `created_at_ms` (default 30d).
+    #[serde(default = "defaults::thirty_days", with = "duration")]
+    pub dead_letters: Duration,
 }
 
 /// `[dispatch]`.
@@ -616,6 +656,24 @@ mod defaults {
     pub fn group_commit() -> u32 {
         512
     }
+    pub fn retention_interval() -> Duration {
+        Duration::from_secs(600)
+    }
+    pub fn retention_batch() -> u32 {
+        1000
+    }
+    pub fn retention_pause() -> Duration {
+        Duration::from_millis(20)
+    }
+    pub fn seven_days() -> Duration {
+        Duration::from_secs(7 * 86_400)
+    }
+    pub fn thirty_days() -> Duration {
+        Duration::from_secs(30 * 86_400)
+    }
+    pub fn ninety_days() -> Duration {
+        Duration::from_secs(90 * 86_400)
+    }
     pub fn sweep_interval() -> Duration {
         Duration::from_secs(30)
     }
@@ -720,6 +778,7 @@ macro_rules! default_from_serde {
 default_from_serde!(
     OutboxConfig,
     SweepConfig,
+    RetentionConfig,
     DispatchConfig,
     RuntimeConfig,
     EffectsConfig

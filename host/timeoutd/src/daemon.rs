@@ -128,6 +128,14 @@ impl Daemon {
                 rx.clone(),
             ));
         }
+        if config.retention.enabled {
+            tasks.spawn(crate::retention::run(
+                db.clone(),
+                clock.clone(),
+                config.retention.clone(),
+                rx.clone(),
+            ));
+        }
         let mut http_addr = None;
         if let Some(http) = &config.http {
             let listener = tokio::net::TcpListener::bind(http.listen)

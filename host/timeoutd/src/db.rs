@@ -19,6 +19,7 @@ pub mod outbox;
 pub mod payments;
 pub mod relay;
 pub mod replay;
+pub mod retention;
 pub mod views;
 
 use std::ops::{Deref, DerefMut};

@@ -83,6 +83,16 @@ pub enum Event<'a> {
         /// The send error, if any.
         error: Option<&'a str>,
     },
+    /// A retention pass finished a table (`timeoutd_retention_deleted_total{table}`, gauge
+    /// `timeoutd_table_rows{table}`).
+    Retained {
+        /// Table.
+        table: &'static str,
+        /// Rows deleted in this pass.
+        deleted: u64,
+        /// Rows left.
+        rows: i64,
+    },
     /// An order's times could not be believed (a deadline before creation, a window past
     /// `dispatch.max_window`, a row due before creation): quarantined, dead-lettered, nothing
     /// closed (`timeoutd_quarantined_total{field}`; the dead letter raises the usual alert).
@@ -203,6 +213,14 @@ pub fn emit(event: Event<'_>) {
                 None => tracing::debug!("outbox row relayed to the broker"),
             }
             counter!("timeoutd_relay_total", "outcome" => outcome.to_string()).increment(1);
+        }
+        Event::Retained {
+            table,
+            deleted,
+            rows,
+        } => {
+            counter!("timeoutd_retention_deleted_total", "table" => table).increment(deleted);
+            gauge!("timeoutd_table_rows", "table" => table).set(rows as f64);
         }
         Event::Quarantined { field } => {
             counter!("timeoutd_quarantined_total", "field" => field).increment(1);

@@ -35,6 +35,7 @@ pub mod paid;
 pub mod plugin_cli;
 pub mod policies;
 pub mod ratecap;
+pub mod retention;
 /// The backoff rule and the default retry settings (shared with the plugin harness).
 pub use timeoutd_runtime::retry;
 pub mod rocketmq;

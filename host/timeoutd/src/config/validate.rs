@@ -129,6 +129,22 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
             format!("`{}` is not an http(s) URL", pay.base_url),
         );
     }
+    if let Some(r) = &c.redis
+        && c.retention.enabled
+        && c.retention.ledger < r.marker_ttl
+    {
+        p.push(
+            "retention.ledger",
+            format!(
+                "{} is shorter than redis.marker_ttl ({}): a replay within the marker window must still find its ledger row",
+                humantime::format_duration(c.retention.ledger),
+                humantime::format_duration(r.marker_ttl)
+            ),
+        );
+    }
+    if c.retention.batch == 0 {
+        p.push("retention.batch", "must be at least 1 (rows per statement)");
+    }
     if let Some(pay) = &c.payment {
         for (key, rate) in [
             ("payment.max_queries_per_second", pay.max_queries_per_second),

@@ -49,6 +49,11 @@ const SQLITE: &[(i64, &str, &str)] = &[
         "payment lease",
         include_str!("../../migrations/sqlite/0008_payment_lease.sql"),
     ),
+    (
+        10,
+        "retention",
+        include_str!("../../migrations/sqlite/0010_retention.sql"),
+    ),
 ];
 const MYSQL: &[(i64, &str, &str)] = &[
     (
@@ -96,6 +101,11 @@ const MYSQL: &[(i64, &str, &str)] = &[
         "utf8mb4",
         include_str!("../../migrations/mysql/0009_utf8mb4.sql"),
     ),
+    (
+        10,
+        "retention",
+        include_str!("../../migrations/mysql/0010_retention.sql"),
+    ),
 ];
 const POSTGRES: &[(i64, &str, &str)] = &[
     (
@@ -137,6 +147,11 @@ const POSTGRES: &[(i64, &str, &str)] = &[
         8,
         "payment lease",
         include_str!("../../migrations/postgres/0008_payment_lease.sql"),
+    ),
+    (
+        10,
+        "retention",
+        include_str!("../../migrations/postgres/0010_retention.sql"),
     ),
 ];
 
