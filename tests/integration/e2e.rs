@@ -195,6 +195,30 @@ async fn a_daemons_metric_values_agree_with_its_rows_and_sigint_stops_it() {
     }
     env.create(&crate::support::order("ghost", "nobody", now - 1_000))
         .await;
+    // An order service that wrote its outbox row 40 s after the deadline, due when written:
+    // its close is 40 s late against the deadline however promptly the row is handled.
+    env.create(&crate::support::order("late-row", "acme", now - 40_000))
+        .await;
+    env.db
+        .backend()
+        .query("UPDATE order_timeout_msg SET due_ms = ? WHERE order_id = ?")
+        .bind(now)
+        .bind("late-row")
+        .execute(env.db.pool())
+        .await
+        .unwrap();
+    // An order past its deadline (by more than the overdue margin, 1 min) whose trigger row
+    // says "later": the overdue gauge counts it by its deadline, whatever the row says.
+    env.create(&crate::support::order("row-later", "acme", now - 120_000))
+        .await;
+    env.db
+        .backend()
+        .query("UPDATE order_timeout_msg SET due_ms = ? WHERE order_id = ?")
+        .bind(now + 600_000)
+        .bind("row-later")
+        .execute(env.db.pool())
+        .await
+        .unwrap();
     // An order service that wrote its deadline in seconds: quarantined, not closed.
     let mut in_seconds = crate::support::order("in-seconds", "acme", now + 1_500);
     in_seconds.deadline_ms = (now + 1_500) / 1_000;
@@ -224,7 +248,7 @@ async fn a_daemons_metric_values_agree_with_its_rows_and_sigint_stops_it() {
         let closed = env
             .int("SELECT COUNT(*) FROM orders WHERE status = ?", "CLOSED")
             .await;
-        if closed < 4 {
+        if closed < 5 {
             continue;
         }
         let Ok(response) = reqwest::get(&url).await else {
@@ -234,44 +258,48 @@ async fn a_daemons_metric_values_agree_with_its_rows_and_sigint_stops_it() {
         // A backlog sample taken after the last close's commit (its close-payment rows wait,
         // with no [payment]) and the dead letter.
         if metric(&page, "timeoutd_dead_letters_open") == 2.0
-            && metric(&page, "timeoutd_ledger_pending") == 4.0
+            && metric(&page, "timeoutd_ledger_pending") == 5.0
         {
             break page;
         }
     };
     let lateness_ms: i64 = {
         let mut sum = 0;
-        for i in 0..4 {
-            let id = format!("m{i}");
+        for id in ["m0", "m1", "m2", "m3", "late-row"] {
             sum += env
                 .int(
                     "SELECT closed_at_ms - deadline_ms FROM orders WHERE id = ?",
-                    &id,
+                    id,
                 )
                 .await;
         }
         sum
     };
+    assert!(lateness_ms >= 40_000, "late-row alone was 40 s late: {lateness_ms} ms");
     let expect = [
-        ("timeoutd_closes_total{source=\"outbox\"}", 4.0),
+        ("timeoutd_closes_total{source=\"outbox\"}", 5.0),
         (
             "timeoutd_close_lateness_seconds_count{source=\"outbox\"}",
-            4.0,
+            5.0,
+        ),
+        (
+            "timeoutd_trigger_lateness_seconds_count{source=\"outbox\"}",
+            5.0,
         ),
         (
             "timeoutd_decisions_total{merchant=\"acme\",decision=\"cancel\"}",
-            4.0,
+            5.0,
         ),
-        ("timeoutd_triggers_total{source=\"outbox\"}", 6.0),
+        ("timeoutd_triggers_total{source=\"outbox\"}", 7.0),
         ("timeoutd_dead_letters_total{source=\"outbox\"}", 2.0),
         ("timeoutd_dead_letters_open", 2.0),
         (
             "timeoutd_quarantined_total{field=\"orders.deadline_ms\"}",
             1.0,
         ),
-        // The quarantined order is open past its (implausible) deadline: the overdue alert
-        // sees it too.
-        ("timeoutd_overdue_open_orders{merchant=\"acme\"}", 1.0),
+        // Open past their deadlines: row-later (its row due in 10 min) and the quarantined
+        // order (an implausible deadline).
+        ("timeoutd_overdue_open_orders{merchant=\"acme\"}", 2.0),
     ];
     let wrong: Vec<String> = expect
         .iter()
@@ -287,6 +315,15 @@ async fn a_daemons_metric_values_agree_with_its_rows_and_sigint_stops_it() {
         (sum - lateness_ms as f64 / 1e3).abs() < 0.005,
         "lateness sum {sum} s, rows say {lateness_ms} ms"
     );
+    // How late the triggers themselves were handled: late-row's row was handled promptly.
+    let trigger_sum = metric(
+        &page,
+        "timeoutd_trigger_lateness_seconds_sum{source=\"outbox\"}",
+    );
+    assert!(
+        trigger_sum < sum - 39.0,
+        "trigger lateness {trigger_sum} s against {sum} s against the deadlines"
+    );
     // Notices (channel `log`) are carried out; close-payment, with no [payment], waits.
     let notified = env
         .int(
@@ -294,13 +331,13 @@ async fn a_daemons_metric_values_agree_with_its_rows_and_sigint_stops_it() {
             "notify",
         )
         .await;
-    assert_eq!(notified, 4);
+    assert_eq!(notified, 5);
     assert_eq!(
         metric(
             &page,
             "timeoutd_effects_total{kind=\"notify\",outcome=\"done\"}"
         ),
-        4.0,
+        5.0,
         "{page}"
     );
     let pending = env
@@ -310,7 +347,7 @@ async fn a_daemons_metric_values_agree_with_its_rows_and_sigint_stops_it() {
         )
         .await;
     assert_eq!(
-        pending, 4,
+        pending, 5,
         "one close-payment per closed order, as the gauge said"
     );
     assert_eq!(env.status("in-seconds").await, "PENDING", "quarantined, not closed");
@@ -451,11 +488,18 @@ async fn idle(file: std::path::PathBuf) -> Idle {
     };
     let env = Env::new(backend).await;
     let log = env.dir.path().join("timeoutd.log");
+    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let started = std::time::Instant::now();
     let mut daemon = tokio::process::Command::new(timeoutd_bin())
         .args(["run", "--config"])
         .arg(&file)
         .current_dir(env.dir.path())
+        .env("TIMEOUTD_ADMIN_LISTEN", format!("127.0.0.1:{admin_port}"))
+        .env_remove("TIMEOUTD_ADMIN_TOKEN")
         .env("TIMEOUTD_MYSQL_URL", &env.url)
         .env("TIMEOUTD_POSTGRES_URL", &env.url)
         .env("TIMEOUTD_DATA_DIR", env.dir.path())
@@ -481,6 +525,28 @@ async fn idle(file: std::path::PathBuf) -> Idle {
             );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    if text.contains("[admin]") && !ready_s.is_nan() {
+        // A config with [admin] shows itself: probes and metrics on loopback, and the console
+        // behind the token of the generated file whose path the log names.
+        let base = format!("http://127.0.0.1:{admin_port}");
+        for path in ["/healthz", "/readyz", "/metrics", "/console"] {
+            let status = reqwest::get(format!("{base}{path}")).await.unwrap().status();
+            assert_eq!(status, 200, "{}: GET {path}", file.display());
+        }
+        if text.contains("token_file") {
+            let token_file = env.dir.path().join("admin-token");
+            let token = std::fs::read_to_string(&token_file).unwrap();
+            assert!(read().contains(&token_file.display().to_string()), "the log names the token file:\n{}", read());
+            let client = reqwest::Client::new();
+            let with = client.get(format!("{base}/v1/backlog")).bearer_auth(token.trim()).send().await.unwrap();
+            assert_eq!(with.status(), 200, "the generated token opens the API");
+            let without = client.get(format!("{base}/v1/backlog")).send().await.unwrap();
+            assert_eq!(without.status(), 401);
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&token_file).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "only its owner reads the token file");
+        }
     }
     let cpu_at_ready = cpu_seconds(pid);
     tokio::time::sleep(Duration::from_secs(10)).await;

@@ -77,7 +77,7 @@ pub struct AdminState {
 }
 
 impl AdminState {
-    /// State over the daemon's parts; `tokens` maps names to bearer tokens (as in the config).
+    /// State over the daemon's parts; `tokens` maps names to bearer tokens ([`tokens`]).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         db: Db,
@@ -89,6 +89,7 @@ impl AdminState {
         sweep: watch::Sender<SweepTuning>,
         sample: watch::Receiver<Sample>,
         config: &crate::config::AdminConfig,
+        tokens: &BTreeMap<String, String>,
     ) -> Self {
         AdminState {
             db,
@@ -101,14 +102,78 @@ impl AdminState {
             sample,
             overdue_margin_ms: config.overdue_margin.as_millis() as i64,
             tokens: Arc::new(
-                config
-                    .tokens
+                tokens
                     .iter()
                     .map(|(name, token)| (token.clone(), name.clone()))
                     .collect(),
             ),
         }
     }
+}
+
+/// The API's bearer tokens by name: the configured ones that are not empty; when there are
+/// none, the console's (`console`) from `admin.token_file`, generated there first if the file
+/// is missing (32 hex characters from the OS's random source, mode 0600). Returns the tokens
+/// and, when the file was used, its path.
+///
+/// # Errors
+/// The token file cannot be read or written, or holds fewer than 16 characters.
+pub fn tokens(
+    config: &crate::config::AdminConfig,
+) -> Result<(BTreeMap<String, String>, Option<std::path::PathBuf>), String> {
+    let given: BTreeMap<String, String> = config
+        .tokens
+        .iter()
+        .filter(|(_, token)| !token.is_empty())
+        .map(|(name, token)| (name.clone(), token.clone()))
+        .collect();
+    let Some(file) = config.token_file.as_ref().filter(|_| given.is_empty()) else {
+        return Ok((given, None));
+    };
+    let shown = file.display();
+    let token = match std::fs::read_to_string(file) {
+        Ok(text) => text.trim().to_string(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let mut bytes = [0u8; 16];
+            getrandom::fill(&mut bytes).map_err(|e| format!("admin.token_file {shown}: {e}"))?;
+            let token = hex::encode(bytes);
+            if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| format!("admin.token_file {shown}: {e}"))?;
+            }
+            match write_private(file, &token) {
+                Ok(()) => token,
+                // Another daemon on the same data directory made it first.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    std::fs::read_to_string(file)
+                        .map_err(|e| format!("admin.token_file {shown}: {e}"))?
+                        .trim()
+                        .to_string()
+                }
+                Err(e) => return Err(format!("admin.token_file {shown}: {e}")),
+            }
+        }
+        Err(e) => return Err(format!("admin.token_file {shown}: {e}")),
+    };
+    if token.len() < 16 {
+        return Err(format!(
+            "admin.token_file {shown}: holds a token shorter than 16 characters"
+        ));
+    }
+    Ok((BTreeMap::from([("console".to_string(), token)]), Some(file.clone())))
+}
+
+/// Writes `text` to a new file only its owner can read.
+fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(text.as_bytes())?;
+    f.write_all(b"\n")
 }
 
 /// An API error: a status and a message naming what was wrong.

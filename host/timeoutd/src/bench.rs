@@ -92,6 +92,9 @@ pub struct BenchArgs {
     pub spread_ms: i64,
     /// PAID/CLOSED orders with PROCESSED outbox rows seeded first ([`seed::history`]).
     pub history: u32,
+    /// Run a retention pass ([`crate::retention::pass`]) over the history while the burst
+    /// drains.
+    pub clean_history: bool,
     /// Where to draw the run as an SVG ([`plot`]), if anywhere.
     pub plot: Option<std::path::PathBuf>,
 }
@@ -212,6 +215,23 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
             args.spread_ms
         ));
     }
+    let cleaning = args.clean_history.then(|| {
+        let (url, retention) = (url.clone(), config.retention.clone());
+        tokio::spawn(async move {
+            let db = Db::connect(&url, 2).await?;
+            // Into the burst: the pass starts a second before the deadline.
+            tokio::time::sleep(Duration::from_millis(lead_ms.saturating_sub(1_000).max(0) as u64)).await;
+            let started = std::time::Instant::now();
+            let deleted = crate::retention::pass(&db, &Clock::Database, &retention, "bench", None).await?;
+            let total: u64 = deleted.iter().flatten().map(|(_, n)| n).sum();
+            progress(format_args!(
+                "retention: {total} rows deleted in {:.1} s, from a second before the deadline",
+                started.elapsed().as_secs_f64()
+            ));
+            db.close().await;
+            anyhow::Ok(total)
+        })
+    });
     let last_due_ms = deadline_ms + args.spread_ms * i64::from(n.saturating_sub(1));
     let before = counters::Counters::read(&db).await;
     let cpu_before = counters::cpu_seconds();
@@ -238,6 +258,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         );
     }
     let cpu_s = counters::cpu_seconds() - cpu_before;
+    if let Some(cleaning) = cleaning {
+        cleaning.await.context("the retention pass")??;
+    }
     for daemon in daemons {
         daemon.stop().await;
     }

@@ -14,7 +14,7 @@ use crate::daemon::{self, Daemon};
 /// timeoutd closes unpaid orders when their payment window lapses, exactly once, under each
 /// merchant's WebAssembly policy plugin.
 #[derive(Debug, Parser)]
-#[command(name = "timeoutd", version, about)]
+#[command(name = "timeoutd", version = version(), about)]
 pub struct Cli {
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
@@ -22,6 +22,20 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// `timeoutd --version`: the version, the git commit it was built from and the policy API
+/// (WIT) versions it serves, e.g. `0.1.0 (commit 3f2a9c1d0b7e; policy API 0.1.0, 0.2.0)`.
+pub fn version() -> &'static str {
+    static LINE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    LINE.get_or_init(|| {
+        format!(
+            "{} (commit {}; policy API {})",
+            env!("CARGO_PKG_VERSION"),
+            env!("TIMEOUTD_GIT_COMMIT"),
+            timeoutd_runtime::SUPPORTED_API_VERSIONS.join(", ")
+        )
+    })
 }
 
 /// Log line format.
@@ -106,6 +120,10 @@ pub enum Command {
         /// as months of trade leave them: the report times the sweep's query over them.
         #[arg(long, default_value_t = 0)]
         history: u32,
+        /// Runs a retention pass over that history while the burst drains (its rows are 90
+        /// days old): the report's lateness is then measured under the cleaning.
+        #[arg(long)]
+        clean_history: bool,
         /// Also draws the run as an SVG: closes per 100 ms against time from the deadline, and
         /// the lateness distribution.
         #[arg(long)]
@@ -152,6 +170,7 @@ pub fn main() -> ExitCode {
                 daemons,
                 spread,
                 history,
+                clean_history,
                 plot,
             } => match load(&config) {
                 Ok(config) => {
@@ -164,6 +183,7 @@ pub fn main() -> ExitCode {
                         daemons,
                         spread_ms: spread.as_millis() as i64,
                         history,
+                        clean_history,
                         plot,
                     })
                     .await

@@ -397,8 +397,16 @@ pub struct HttpConfig {
 pub struct AdminConfig {
     /// Address to listen on, e.g. `127.0.0.1:9090` (port 0 picks a free one).
     pub listen: std::net::SocketAddr,
-    /// Bearer tokens by the name audited for them, e.g. `ops = "${TIMEOUTD_ADMIN_TOKEN}"`.
+    /// Bearer tokens by the name audited for them, e.g. `ops = "${TIMEOUTD_ADMIN_TOKEN:-}"`
+    /// (at least 16 characters). A token left empty — an unset variable with an empty
+    /// fallback — is ignored.
+    #[serde(default)]
     pub tokens: BTreeMap<String, String>,
+    /// Where the console's token lives when no token is given: read from this file, or
+    /// generated into it (32 hex characters, mode 0600) when it is missing; the daemon logs the
+    /// path at start. The token is audited as `console`.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
     /// An open order counts as overdue (gauge, list) once this far past its deadline.
     #[serde(default = "defaults::overdue_margin", with = "duration")]
     pub overdue_margin: Duration,

@@ -27,6 +27,9 @@ pub enum StartError {
     /// The RocketMQ transport could not start.
     #[error(transparent)]
     Broker(#[from] crate::rocketmq::TransportError),
+    /// The admin API's token could not be read or made (`admin.token_file`).
+    #[error("{0}")]
+    Admin(String),
     /// The HTTP endpoint could not listen.
     #[error("http.listen {0}: {1}")]
     Listen(std::net::SocketAddr, std::io::Error),
@@ -180,6 +183,10 @@ impl Daemon {
                 .await
                 .map_err(|e| StartError::Listen(admin.listen, e))?;
             admin_addr = listener.local_addr().ok();
+            let (tokens, file) = crate::admin::tokens(admin).map_err(StartError::Admin)?;
+            if let Some(file) = file {
+                tracing::info!(path = %file.display(), "admin console token (name `console`) is in this file");
+            }
             let state = crate::admin::AdminState::new(
                 db.clone(),
                 clock.clone(),
@@ -190,6 +197,7 @@ impl Daemon {
                 sweep_tuning.clone(),
                 sample_rx,
                 admin,
+                &tokens,
             );
             tasks.spawn(crate::admin::serve(listener, state, rx.clone()));
         }

@@ -119,9 +119,11 @@ impl Trigger {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "outcome", rename_all = "kebab-case")]
 pub enum Outcome {
-    /// This trigger closed the order, `lateness_ms` after it was due.
+    /// This trigger closed the order, `lateness_ms` after the trigger was due (or after the
+    /// deadline, if that is later). The lateness against the order's own deadline is
+    /// `closed_at_ms − deadline_ms` in the table and `timeoutd_close_lateness_seconds`.
     Closed {
-        /// Close time − due time, ms.
+        /// Close time − the trigger's due time, ms.
         lateness_ms: i64,
     },
     /// The plugin asked to wait; `next_phase` is scheduled at `due_ms`.

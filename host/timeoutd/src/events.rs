@@ -38,12 +38,17 @@ pub enum Event<'a> {
         /// Plugin name.
         plugin: &'a str,
     },
-    /// An order was closed.
+    /// An order was closed (`timeoutd_close_lateness_seconds{source}`: close time − the
+    /// order's own deadline, both by the database clock, however late its trigger was written;
+    /// `timeoutd_trigger_lateness_seconds{source}`: close time − the closing trigger's due
+    /// time, i.e. how late the trigger itself was handled).
     Closed {
         /// Trigger kind that closed it.
         source: &'a str,
-        /// Close time − due time, ms.
+        /// Close time − the order's deadline, ms.
         lateness_ms: i64,
+        /// Close time − the closing trigger's due time (or the deadline, if later), ms.
+        trigger_lateness_ms: i64,
         /// Effects recorded.
         effects: usize,
     },
@@ -167,12 +172,21 @@ pub fn emit(event: Event<'_>) {
         Event::Closed {
             source,
             lateness_ms,
+            trigger_lateness_ms,
             effects,
         } => {
-            tracing::info!(source, lateness_ms, effects, "order closed");
+            tracing::info!(
+                source,
+                lateness_ms,
+                trigger_lateness_ms,
+                effects,
+                "order closed"
+            );
             counter!("timeoutd_closes_total", "source" => source.to_string()).increment(1);
             histogram!("timeoutd_close_lateness_seconds", "source" => source.to_string())
                 .record(lateness_ms.max(0) as f64 / 1e3);
+            histogram!("timeoutd_trigger_lateness_seconds", "source" => source.to_string())
+                .record(trigger_lateness_ms.max(0) as f64 / 1e3);
         }
         Event::DeadLettered { source, reason } => {
             tracing::error!(source, reason, "trigger dead-lettered");

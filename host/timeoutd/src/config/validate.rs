@@ -202,14 +202,14 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
         }
     }
     if let Some(admin) = &c.admin {
-        if admin.tokens.is_empty() {
+        if admin.tokens.values().all(String::is_empty) && admin.token_file.is_none() {
             p.push(
                 "admin.tokens",
-                "no token: give at least one, e.g. ops = \"${TIMEOUTD_ADMIN_TOKEN}\"",
+                "no token: give at least one, e.g. ops = \"${TIMEOUTD_ADMIN_TOKEN}\", or admin.token_file",
             );
         }
         for (name, token) in &admin.tokens {
-            if token.len() < 16 {
+            if !token.is_empty() && token.len() < 16 {
                 p.push(format!("admin.tokens.{name}"), "shorter than 16 characters");
             }
         }

@@ -170,7 +170,8 @@ impl Dispatcher {
         let lateness_ms = d.now_ms - stamp.due_ms;
         crate::events::emit(crate::events::Event::Closed {
             source: d.trigger.kind.as_str(),
-            lateness_ms,
+            lateness_ms: d.now_ms - order.deadline_ms,
+            trigger_lateness_ms: lateness_ms,
             effects: effects.len(),
         });
         if effects.iter().any(is_external) {

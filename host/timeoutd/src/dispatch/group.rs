@@ -412,7 +412,8 @@ impl Dispatcher {
                     let lateness_ms = group[k].now_ms - decided[k].close_due_ms();
                     emit(Event::Closed {
                         source: group[k].trigger.kind.as_str(),
-                        lateness_ms,
+                        lateness_ms: group[k].now_ms - group[k].order.deadline_ms,
+                        trigger_lateness_ms: lateness_ms,
                         effects: cancels[k].1.len(),
                     });
                     Outcome::Closed { lateness_ms }
