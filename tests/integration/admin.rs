@@ -82,13 +82,34 @@ each_backend! {
         assert_eq!(reqwest::get(format!("{}/healthz", api.base)).await.unwrap().status(), 200);
         let ready: Value = reqwest::get(format!("{}/readyz", api.base)).await.unwrap().json().await.unwrap();
         assert_eq!((ready["ready"].as_bool(), ready["database"].as_str(), ready["redis"].as_str()), (Some(true), Some("ok"), Some("ok")), "{ready}");
-        // Every documented route is served (a missing one answers 404 without a JSON error, or 405).
+        // Every documented route is served (a missing one answers 404 "no route for …", or 405).
         for (method, path) in timeoutd::admin::ROUTES {
             let path = path.replace("{id}", "1");
             let body = (*method == "put").then(|| serde_json::json!({ "interval_ms": 1000, "batch": 10 }));
             let (status, answer) = api.call(&method.to_uppercase(), &path, body).await;
             assert_ne!(status, 405, "{method} {path}");
-            assert!(status != 404 || answer.get("error").is_some(), "{method} {path} is not routed");
+            let unrouted = answer["error"].as_str().is_some_and(|e| e.starts_with("no route"));
+            assert!(status != 404 || !unrouted, "{method} {path} is not routed");
+        }
+        // Every error is JSON, axum's own rejections included.
+        let client = reqwest::Client::new();
+        for (method, path, want) in [
+            ("GET", "/v1/dead-letters/not-a-number", 400),
+            ("GET", "/v1/no-such-thing", 404),
+            ("POST", "/healthz", 405),
+            ("PUT", "/v1/sweep", 400),
+        ] {
+            let answer = client
+                .request(method.parse().unwrap(), format!("{}{path}", api.base))
+                .bearer_auth(TOKEN)
+                .header("content-type", "application/json")
+                .body("{not json")
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(answer.status(), want, "{method} {path}");
+            let body: Value = answer.json().await.unwrap_or_else(|e| panic!("{method} {path}: not JSON: {e}"));
+            assert!(body["error"].as_str().is_some_and(|e| !e.is_empty()), "{method} {path}: {body}");
         }
         daemon.stop().await;
         assert_eq!(env.int("SELECT COUNT(*) FROM admin_audit WHERE actor <> ?", "ops").await, 0, "refused calls are logged, not written");

@@ -797,3 +797,69 @@ async fn a_small_address_space_falls_back_to_the_on_demand_allocator() {
     assert_eq!(report["closed_before_deadline"], 0, "{report}");
     assert!(report["closed"].as_i64().unwrap() > 0, "{report}");
 }
+
+/// `timeoutd doctor` on a migrated MariaDB database: what is right says ok, and each thing an
+/// operator got wrong — Redis on a port where nothing listens, a payment provider that cannot
+/// be reached — is an error with how to fix it, and the exit status is 1. Fixed, it exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_names_what_is_wrong_and_how_to_fix_it() {
+    let env = Env::new(Backend::MySql).await;
+    let receiver = crate::fakes::Receiver::start().await;
+    let closed_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let write = |name: &str, extra: &str| {
+        let file = env.dir.path().join(name);
+        std::fs::write(
+            &file,
+            format!(
+                "[database]\nurl = \"{}\"\n{extra}\n[notify.channels.sms]\nkind = \"webhook\"\nurl = \"{}\"\n\
+                 [merchants.acme]\nplugin = \"builtin:single-phase\"\n",
+                env.url, receiver.url
+            ),
+        )
+        .unwrap();
+        file
+    };
+    let broken = write(
+        "broken.toml",
+        &format!(
+            "[redis]\nurl = \"redis://127.0.0.1:{closed_port}\"\n[payment]\nbase_url = \"http://127.0.0.1:{closed_port}\"\n"
+        ),
+    );
+    let run = |file: std::path::PathBuf| async move {
+        let out = tokio::process::Command::new(timeoutd_bin())
+            .args(["doctor", "--config"])
+            .arg(&file)
+            .output()
+            .await
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let (code, report) = run(broken).await;
+    assert_eq!(code, Some(1), "{report}");
+    for line in [
+        "ok    database: mysql://root@127.0.0.1:3306/",
+        "(SKIP LOCKED: yes)",
+        &format!("ok    database.schema: version {}", timeoutd::db::latest_schema_version(Backend::MySql)),
+        "ok    database.privileges",
+        "ok    database.charset: utf8mb4",
+        "ok    clock",
+        "ok    merchants.acme: plugin builtin:single-phase loads, timeout:policy@0.1.0 accepted",
+        "ok    notify.channels.sms.url",
+        "error redis",
+        "error payment.base_url",
+        "2 error(s)",
+    ] {
+        assert!(report.contains(line), "missing `{line}` in:\n{report}");
+    }
+    assert_eq!(report.matches("fix: ").count(), 2, "each error says how to fix it:\n{report}");
+    let fixed = write("fixed.toml", "[redis]\nurl = \"redis://127.0.0.1:6379\"\n");
+    let (code, report) = run(fixed).await;
+    assert_eq!(code, Some(0), "{report}");
+    assert!(report.contains("ok    redis: writable"), "{report}");
+    assert!(report.contains("0 error(s)"), "{report}");
+    env.cleanup().await;
+}

@@ -235,6 +235,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/readyz", get(ops::ready))
         .route("/metrics", get(ops::metrics))
         .merge(v1)
+        .fallback(crate::http::no_route)
         .with_state(state)
 }
 

@@ -63,6 +63,15 @@ pub enum Command {
         #[arg(long, default_value = "config/timeoutd.toml")]
         config: PathBuf,
     },
+    /// Check what operators get wrong — the database (reachable, version, schema, privileges,
+    /// character sets, clock), Redis, the broker, the plugins, the payment and webhook
+    /// endpoints — each finding with how to fix it. Exits 1 when any is an error, 64 when the
+    /// configuration itself does not load.
+    Doctor {
+        /// Configuration file.
+        #[arg(long, default_value = "config/timeoutd.toml")]
+        config: PathBuf,
+    },
     /// Arm orders through RocketMQ transactional messages (`[rocketmq]` required): for each
     /// order, a half message, the local transaction (its phase-0 outbox row), then commit or
     /// rollback. Prints one line per order; exits 1 if any could not be armed.
@@ -144,7 +153,10 @@ pub fn main() -> ExitCode {
     // Without RUST_LOG: our own crates at info, every library at warn (the RocketMQ client logs
     // hundreds of info lines a minute about routes and rebalancing).
     let default_level = match cli.command {
-        Command::Demo { .. } | Command::Plugin { .. } | Command::Bench { .. } => "warn",
+        Command::Demo { .. }
+        | Command::Plugin { .. }
+        | Command::Bench { .. }
+        | Command::Doctor { .. } => "warn",
         _ => "warn,timeoutd=info,timeoutd_runtime=info",
     };
     init_logging(cli.log_format, default_level);
@@ -155,6 +167,10 @@ pub fn main() -> ExitCode {
     runtime.block_on(async move {
         match cli.command {
             Command::Validate { config } => validate(&config),
+            Command::Doctor { config } => match load(&config) {
+                Ok(loaded) => doctor(&config, &loaded).await,
+                Err(code) => code,
+            },
             Command::Run { config } => run(&config).await,
             Command::Arm { config, orders } => match load(&config) {
                 Ok(config) => arm(&config, &orders).await,
@@ -228,6 +244,25 @@ fn load(path: &std::path::Path) -> Result<Config, ExitCode> {
         eprintln!("{}: {problems}", path.display());
         ExitCode::from(EXIT_BAD_CONFIG)
     })
+}
+
+async fn doctor(path: &std::path::Path, config: &Config) -> ExitCode {
+    println!("timeoutd {} — doctor for {}", version(), path.display());
+    let findings = crate::doctor::examine(config).await;
+    for finding in &findings {
+        println!("{finding}");
+    }
+    let count = |level| findings.iter().filter(|f| f.level == level).count();
+    let (errors, warnings) = (
+        count(crate::doctor::Level::Error),
+        count(crate::doctor::Level::Warn),
+    );
+    println!("{errors} error(s), {warnings} warning(s)");
+    if errors > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
 }
 
 fn validate(path: &std::path::Path) -> ExitCode {

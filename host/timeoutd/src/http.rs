@@ -60,6 +60,7 @@ pub fn router(state: HttpState) -> Router {
     Router::new()
         .route("/v1/payments/{order}/paid", post(paid_callback))
         .route("/v1/orders/{order}/payment-attempts", post(payment_attempt))
+        .fallback(no_route)
         .with_state(state)
 }
 
@@ -103,13 +104,56 @@ async fn run_to_completion(
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
-    match tokio::spawn(next.run(request)).await {
+    let response = match tokio::spawn(next.run(request)).await {
         Ok(response) => response,
         Err(e) => {
             tracing::error!(error = %e, "HTTP handler panicked");
             (StatusCode::INTERNAL_SERVER_ERROR, "handler failed").into_response()
         }
+    };
+    json_errors(response).await
+}
+
+/// `404 {"error": "no route for GET /v1/nope"}`: the fallback of every router.
+pub async fn no_route(method: axum::http::Method, uri: axum::http::Uri) -> (StatusCode, Json<Value>) {
+    (
+        StatusCode::NOT_FOUND,
+        Json(json!({ "error": format!("no route for {method} {}", uri.path()) })),
+    )
+}
+
+/// Every 4xx and 5xx answer has a JSON body `{"error": "…"}`: one whose body is not JSON —
+/// axum's own rejections (a path segment that is not a number, a malformed JSON body, an
+/// unknown route, a wrong method) — gets its text wrapped, or the status's reason when it
+/// had none.
+async fn json_errors(response: axum::response::Response) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
     }
+    let (parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let error = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_lowercase()
+    } else {
+        text
+    };
+    let mut wrapped = (status, Json(json!({ "error": error }))).into_response();
+    for (name, value) in &parts.headers {
+        if name != axum::http::header::CONTENT_TYPE && name != axum::http::header::CONTENT_LENGTH {
+            wrapped.headers_mut().append(name.clone(), value.clone());
+        }
+    }
+    wrapped
 }
 
 /// `401` unless the request carries `http.callback_token` (when one is set).

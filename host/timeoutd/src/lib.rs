@@ -24,6 +24,7 @@ pub mod daemon;
 pub mod db;
 pub mod demo;
 pub mod dispatch;
+pub mod doctor;
 pub mod effects;
 pub mod events;
 pub mod gauges;

@@ -155,6 +155,16 @@ const POSTGRES: &[(i64, &str, &str)] = &[
     ),
 ];
 
+/// The schema version this build migrates `backend` to (its newest migration).
+pub fn latest(backend: Backend) -> i64 {
+    let set = match backend {
+        Backend::Sqlite => SQLITE,
+        Backend::MySql => MYSQL,
+        Backend::Postgres => POSTGRES,
+    };
+    set.last().map_or(0, |&(version, _, _)| version)
+}
+
 pub(super) async fn run(db: &Db) -> Result<(), DbError> {
     let set = match db.backend() {
         Backend::Sqlite => SQLITE,

@@ -1,0 +1,89 @@
+//! The doctor's reads of the database: server version, applied schema version, character
+//! sets, and a write probe (rolled back).
+
+use sqlx::Row;
+
+use super::{Backend, Db, DbError};
+
+/// The server's version string (`10.11.19-MariaDB-…`, `15.19 (Debian …)`, `3.46.0`).
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn server_version(db: &Db) -> Result<String, DbError> {
+    let sql = match db.backend() {
+        Backend::Sqlite => "SELECT sqlite_version()",
+        Backend::MySql => "SELECT VERSION()",
+        Backend::Postgres => "SELECT current_setting('server_version')",
+    };
+    let row = db.backend().query(sql).fetch_one(db.pool()).await?;
+    Ok(row.try_get::<String, _>(0)?)
+}
+
+/// The highest schema migration applied, `None` on a database never migrated.
+///
+/// # Errors
+/// [`DbError::Sql`] on a query failure other than a missing migrations table.
+pub async fn schema_version(db: &Db) -> Result<Option<i64>, DbError> {
+    let row = db
+        .backend()
+        .query("SELECT MAX(version) FROM _sqlx_migrations WHERE success = TRUE")
+        .fetch_one(db.pool())
+        .await;
+    match row {
+        Ok(row) => Ok(row.try_get::<Option<i64>, _>(0)?),
+        Err(sqlx::Error::Database(e)) if e.message().contains("_sqlx_migrations") => Ok(None),
+        Err(sqlx::Error::Database(e)) if e.message().contains("exist") => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// MySQL/MariaDB: the database's default character set and the tables not in utf8mb4, as
+/// (table, collation). Empty on the other backends.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn charsets(db: &Db) -> Result<(String, Vec<(String, String)>), DbError> {
+    if db.backend() != Backend::MySql {
+        return Ok(("UTF8".to_string(), Vec::new()));
+    }
+    let default = db
+        .backend()
+        .query(
+            "SELECT DEFAULT_CHARACTER_SET_NAME FROM information_schema.SCHEMATA \
+             WHERE SCHEMA_NAME = DATABASE()",
+        )
+        .fetch_one(db.pool())
+        .await?
+        .try_get::<String, _>(0)?;
+    let tables = db
+        .backend()
+        .query(
+            "SELECT TABLE_NAME, TABLE_COLLATION FROM information_schema.TABLES \
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_TYPE = 'BASE TABLE' \
+             AND TABLE_COLLATION NOT LIKE 'utf8mb4%' ORDER BY TABLE_NAME",
+        )
+        .fetch_all(db.pool())
+        .await?
+        .iter()
+        .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<String, _>(1)?)))
+        .collect::<Result<_, DbError>>()?;
+    Ok((default, tables))
+}
+
+/// Whether this connection may write what the daemon writes: an insert, update and delete on
+/// `maintenance_lease` inside a transaction that is rolled back (nothing is left behind).
+///
+/// # Errors
+/// The server's refusal (a missing privilege names itself there).
+pub async fn probe_write(db: &Db) -> Result<(), DbError> {
+    let mut tx = db.begin().await?;
+    for sql in [
+        "INSERT INTO maintenance_lease (name, holder, until_ms) VALUES ('doctor-probe', 'doctor', 0)",
+        "UPDATE maintenance_lease SET until_ms = 1 WHERE name = 'doctor-probe'",
+        "DELETE FROM maintenance_lease WHERE name = 'doctor-probe'",
+    ] {
+        db.backend().query(sql).execute(&mut *tx).await?;
+    }
+    tx.rollback().await?;
+    Ok(())
+}

@@ -1,0 +1,356 @@
+//! `timeoutd doctor --config F`: checks what operators get wrong, each finding with how to fix
+//! it. It reads and probes (a write rolled back, a Redis `SET` with a TTL, TCP and HTTP
+//! connects); it changes nothing. Exit status 1 when any finding is an error.
+//!
+//! Checked: the database (reachable, server version and `SKIP LOCKED`, schema version, write
+//! privileges, character sets, the host clock against the database clock); Redis (writable,
+//! an eviction policy that could drop idempotency markers); the broker's name servers
+//! (reachable); every merchant's plugin (loads, its WIT stamp accepted); the payment provider
+//! and every webhook (reachable).
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::db::{Backend, Db, doctor as probe};
+
+/// How bad a finding is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    /// As it should be.
+    Ok,
+    /// Works, but is likely to bite.
+    Warn,
+    /// Will not work.
+    Error,
+}
+
+/// One finding: what was checked, what was found, and (unless it is fine) how to fix it.
+#[derive(Debug, Clone)]
+pub struct Finding {
+    /// How bad.
+    pub level: Level,
+    /// What was checked, e.g. `database`, `redis`, `merchants.acme`.
+    pub what: String,
+    /// What was found.
+    pub found: String,
+    /// How to fix it, for a warning or an error.
+    pub fix: Option<String>,
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let level = match self.level {
+            Level::Ok => "ok   ",
+            Level::Warn => "warn ",
+            Level::Error => "error",
+        };
+        write!(f, "{level} {}: {}", self.what, self.found)?;
+        if let Some(fix) = &self.fix {
+            write!(f, "\n      fix: {fix}")?;
+        }
+        Ok(())
+    }
+}
+
+fn ok(what: &str, found: impl Into<String>) -> Finding {
+    Finding {
+        level: Level::Ok,
+        what: what.to_string(),
+        found: found.into(),
+        fix: None,
+    }
+}
+
+fn bad(level: Level, what: &str, found: impl Into<String>, fix: impl Into<String>) -> Finding {
+    Finding {
+        level,
+        what: what.to_string(),
+        found: found.into(),
+        fix: Some(fix.into()),
+    }
+}
+
+/// Largest disagreement between the host clock and the database clock left unreported, ms.
+const CLOCK_SKEW_MS: i64 = 1_000;
+/// Timeout of each reachability probe.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Runs every check for `config`, in the order of the module's list.
+pub async fn examine(config: &Config) -> Vec<Finding> {
+    let mut findings = database(config).await;
+    findings.extend(redis(config).await);
+    findings.extend(broker(config).await);
+    findings.extend(plugins(config));
+    findings.extend(endpoints(config).await);
+    findings
+}
+
+async fn database(config: &Config) -> Vec<Finding> {
+    let url = redact(&config.database.url);
+    // A server that refuses or drops the connection says so at once over plain TCP (the
+    // driver's pool would retry until its timeout and report only that).
+    if let Some(addr) = server_addr(&config.database.url) {
+        let reached = tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(&addr)).await;
+        let problem = match reached {
+            Ok(Ok(_)) => None,
+            Ok(Err(e)) => Some(format!("{url}: {addr}: {e}")),
+            Err(_) => Some(format!("{url}: {addr}: no answer within {PROBE_TIMEOUT:?}")),
+        };
+        if let Some(problem) = problem {
+            return vec![bad(
+                Level::Error,
+                "database",
+                problem,
+                "check database.url, and that the server runs and listens there",
+            )];
+        }
+    }
+    let db = match tokio::time::timeout(PROBE_TIMEOUT * 2, Db::connect(&config.database.url, 2))
+        .await
+    {
+        Ok(Ok(db)) => db,
+        Ok(Err(e)) => {
+            return vec![bad(
+                Level::Error,
+                "database",
+                format!("{url}: {e}"),
+                "check database.url, that the server runs and listens there, and the credentials",
+            )];
+        }
+        Err(_) => {
+            return vec![bad(
+                Level::Error,
+                "database",
+                format!("{url}: no answer within {:?}", PROBE_TIMEOUT * 2),
+                "check database.url and that nothing (a firewall) drops the connection",
+            )];
+        }
+    };
+    let mut out = vec![ok("database", format!("{url} reachable"))];
+    match probe::server_version(&db).await {
+        Ok(version) => out.push(server(db.backend(), &version)),
+        Err(e) => out.push(bad(Level::Warn, "database.version", e.to_string(), "grant the daemon's user access to the server's version")),
+    }
+    let latest = crate::db::latest_schema_version(db.backend());
+    match probe::schema_version(&db).await {
+        Ok(Some(v)) if v == latest => out.push(ok("database.schema", format!("version {v}, as this build expects"))),
+        Ok(Some(v)) if v > latest => out.push(bad(Level::Error, "database.schema", format!("version {v}, newer than this build's {latest}"), "run the timeoutd that migrated it, or a newer one")),
+        Ok(found) => out.push(bad(
+            if config.database.migrate { Level::Warn } else { Level::Error },
+            "database.schema",
+            format!("version {}, this build migrates to {latest}", found.map_or("none".to_string(), |v| v.to_string())),
+            if config.database.migrate { "the daemon migrates it at start (database.migrate = true)" } else { "set database.migrate = true, or apply host/timeoutd/migrations by hand" },
+        )),
+        Err(e) => out.push(bad(Level::Error, "database.schema", e.to_string(), "grant the daemon's user read access to _sqlx_migrations")),
+    }
+    if probe::schema_version(&db).await.ok().flatten() == Some(latest) {
+        match probe::probe_write(&db).await {
+            Ok(()) => out.push(ok("database.privileges", "insert, update and delete allowed (probed, rolled back)")),
+            Err(e) => out.push(bad(Level::Error, "database.privileges", e.to_string(), "grant the daemon's user SELECT, INSERT, UPDATE, DELETE on the database")),
+        }
+    }
+    match probe::charsets(&db).await {
+        Ok(_) if db.backend() != Backend::MySql => {
+            out.push(ok("database.charset", "UTF-8 (the only encoding this backend stores text in)"));
+        }
+        Ok((default, tables)) if tables.is_empty() && default.starts_with("utf8mb4") => {
+            out.push(ok("database.charset", format!("{default}, every table utf8mb4")));
+        }
+        Ok((default, tables)) => {
+            let list: Vec<String> = tables.iter().map(|(t, c)| format!("{t} ({c})")).collect();
+            out.push(bad(
+                Level::Error,
+                "database.charset",
+                format!("database default {default}; not utf8mb4: {}", if list.is_empty() { "none".into() } else { list.join(", ") }),
+                "let the daemon migrate (migration 9 converts every table to utf8mb4_bin), or ALTER DATABASE … CHARACTER SET utf8mb4",
+            ));
+        }
+        Err(e) => out.push(bad(Level::Warn, "database.charset", e.to_string(), "grant read access to information_schema")),
+    }
+    match db.now_ms().await {
+        Ok(db_now) => {
+            let skew = host_now_ms() - db_now;
+            if skew.abs() <= CLOCK_SKEW_MS {
+                out.push(ok("clock", format!("host and database agree within {} ms", skew.abs())));
+            } else {
+                out.push(bad(
+                    Level::Warn,
+                    "clock",
+                    format!("the host clock is {skew} ms off the database clock"),
+                    "run NTP (chrony, systemd-timesyncd) on both; timeoutd times closes by the database clock, but logs and the broker's timers use the host's",
+                ));
+            }
+        }
+        Err(e) => out.push(bad(Level::Warn, "clock", e.to_string(), "the database clock could not be read")),
+    }
+    db.close().await;
+    out
+}
+
+/// The server version and whether it has `SELECT … FOR UPDATE SKIP LOCKED` (MariaDB 10.6,
+/// MySQL 8.0.1, PostgreSQL 9.5; SQLite has one writer and needs none).
+fn server(backend: Backend, version: &str) -> Finding {
+    let numbers: Vec<u32> = version
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .take(3)
+        .filter_map(|s| s.parse().ok())
+        .collect();
+    let at_least = |want: &[u32]| numbers.as_slice() >= want;
+    let (has, needs) = match backend {
+        Backend::Sqlite => (true, "none needed"),
+        Backend::MySql if version.contains("MariaDB") => (at_least(&[10, 6]), "MariaDB 10.6"),
+        Backend::MySql => (at_least(&[8, 0, 1]), "MySQL 8.0.1"),
+        Backend::Postgres => (at_least(&[9, 5]), "PostgreSQL 9.5"),
+    };
+    if has {
+        ok("database.version", format!("{version} (SKIP LOCKED: {})", if backend == Backend::Sqlite { "not needed" } else { "yes" }))
+    } else {
+        bad(
+            Level::Error,
+            "database.version",
+            format!("{version}: no SELECT … FOR UPDATE SKIP LOCKED"),
+            format!("upgrade to {needs} or newer: several daemons claim rows with SKIP LOCKED"),
+        )
+    }
+}
+
+async fn redis(config: &Config) -> Vec<Finding> {
+    let Some(r) = &config.redis else {
+        return Vec::new();
+    };
+    let sale = match crate::effects::FlashSale::connect(r).await {
+        Ok(sale) => sale,
+        Err(e) => return vec![bad(Level::Error, "redis", e, "check redis.url and that Redis runs there")],
+    };
+    let mut out = Vec::new();
+    match tokio::time::timeout(PROBE_TIMEOUT, sale.ping()).await {
+        Ok(Ok(())) => out.push(ok("redis", "writable (SET with a TTL)")),
+        Ok(Err(e)) => out.push(bad(Level::Error, "redis", e, "point redis.url at the primary (a replica answers READONLY), or wait for the failover to finish")),
+        Err(_) => out.push(bad(Level::Error, "redis", format!("no answer within {PROBE_TIMEOUT:?}"), "check redis.url and the network")),
+    }
+    match sale.eviction_warning().await {
+        None => out.push(ok("redis.eviction", "the idempotency markers cannot be evicted (noeviction, or no maxmemory)")),
+        Some(warning) => out.push(bad(Level::Warn, "redis.eviction", warning, "CONFIG SET maxmemory-policy noeviction (and in redis.conf), or give Redis more memory")),
+    }
+    out
+}
+
+async fn broker(config: &Config) -> Vec<Finding> {
+    let Some(r) = &config.rocketmq else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for addr in r.namesrv.split(';').map(str::trim).filter(|a| !a.is_empty()) {
+        match tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(addr)).await {
+            Ok(Ok(_)) => out.push(ok("rocketmq.namesrv", format!("{addr} reachable"))),
+            Ok(Err(e)) => out.push(bad(Level::Error, "rocketmq.namesrv", format!("{addr}: {e}"), "start the name server (scripts/rocketmq start), or fix rocketmq.namesrv")),
+            Err(_) => out.push(bad(Level::Error, "rocketmq.namesrv", format!("{addr}: no answer within {PROBE_TIMEOUT:?}"), "check rocketmq.namesrv and the network")),
+        }
+    }
+    out
+}
+
+fn plugins(config: &Config) -> Vec<Finding> {
+    match crate::policies::load(config) {
+        Ok(policies) => policies
+            .all()
+            .iter()
+            .map(|p| {
+                ok(
+                    &format!("merchants.{}", p.merchant),
+                    format!("plugin {} loads, timeout:policy@{} accepted", p.plugin.name(), p.plugin.api_version()),
+                )
+            })
+            .collect(),
+        Err(e) => vec![bad(Level::Error, "plugins", e.to_string(), "fix or replace the plugin named (timeoutd plugin check FILE says more)")],
+    }
+}
+
+async fn endpoints(config: &Config) -> Vec<Finding> {
+    let mut targets: Vec<(String, String)> = Vec::new();
+    if let Some(p) = &config.payment {
+        targets.push(("payment.base_url".into(), p.base_url.clone()));
+    }
+    for (name, channel) in &config.notify.channels {
+        if let crate::config::ChannelConfig::Webhook { url, .. } = channel {
+            targets.push((format!("notify.channels.{name}.url"), url.clone()));
+        }
+    }
+    if let Some(a) = &config.alerts {
+        targets.push(("alerts.webhook".into(), a.webhook.clone()));
+    }
+    let client = match reqwest::Client::builder().timeout(PROBE_TIMEOUT).build() {
+        Ok(c) => c,
+        Err(e) => return vec![bad(Level::Error, "http", e.to_string(), "the HTTP client could not be built")],
+    };
+    let mut out = Vec::new();
+    for (key, url) in targets {
+        match client.get(&url).send().await {
+            Ok(answer) => out.push(ok(&key, format!("{url} reachable (HTTP {})", answer.status().as_u16()))),
+            Err(e) => out.push(bad(Level::Error, &key, format!("{url}: {e}"), "check the URL, DNS and that the service runs; effects to it wait in the ledger until it answers")),
+        }
+    }
+    out
+}
+
+/// The host's clock, epoch ms: the doctor compares it with the database's.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the doctor compares the host clock with the database clock; nothing is timed by it"
+)]
+fn host_now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// `HOST:PORT` of a MySQL or PostgreSQL URL (`mysql://user:pw@host:3306/db`), with the
+/// backend's default port when none is given; `None` for SQLite.
+fn server_addr(url: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    let default_port = match scheme {
+        "mysql" | "mariadb" => 3306,
+        "postgres" | "postgresql" => 5432,
+        _ => return None,
+    };
+    let authority = rest.split(['/', '?']).next()?;
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    if host.is_empty() {
+        return None;
+    }
+    Some(if host.contains(':') {
+        host.to_string()
+    } else {
+        format!("{host}:{default_port}")
+    })
+}
+
+/// `url` without its password.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{redact, server_addr};
+
+    #[test]
+    fn server_addresses_and_redaction() {
+        assert_eq!(server_addr("mysql://root@127.0.0.1:3306/test").as_deref(), Some("127.0.0.1:3306"));
+        assert_eq!(server_addr("postgres://u:p@db.example/x?sslmode=disable").as_deref(), Some("db.example:5432"));
+        assert_eq!(server_addr("sqlite://data/timeoutd.db"), None);
+        assert_eq!(redact("mysql://u:secret@h:3306/d"), "mysql://u:***@h:3306/d");
+        assert_eq!(redact("mysql://u@h/d"), "mysql://u@h/d");
+    }
+}
