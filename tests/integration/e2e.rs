@@ -275,7 +275,10 @@ async fn a_daemons_metric_values_agree_with_its_rows_and_sigint_stops_it() {
         }
         sum
     };
-    assert!(lateness_ms >= 40_000, "late-row alone was 40 s late: {lateness_ms} ms");
+    assert!(
+        lateness_ms >= 40_000,
+        "late-row alone was 40 s late: {lateness_ms} ms"
+    );
     let expect = [
         ("timeoutd_closes_total{source=\"outbox\"}", 5.0),
         (
@@ -350,7 +353,11 @@ async fn a_daemons_metric_values_agree_with_its_rows_and_sigint_stops_it() {
         pending, 5,
         "one close-payment per closed order, as the gauge said"
     );
-    assert_eq!(env.status("in-seconds").await, "PENDING", "quarantined, not closed");
+    assert_eq!(
+        env.status("in-seconds").await,
+        "PENDING",
+        "quarantined, not closed"
+    );
     assert_eq!(env.coupon("cpn-in-seconds").await, "LOCKED");
     let pid = daemon.id().unwrap();
     let _ = Command::new("kill")
@@ -531,17 +538,33 @@ async fn idle(file: std::path::PathBuf) -> Idle {
         // behind the token of the generated file whose path the log names.
         let base = format!("http://127.0.0.1:{admin_port}");
         for path in ["/healthz", "/readyz", "/metrics", "/console"] {
-            let status = reqwest::get(format!("{base}{path}")).await.unwrap().status();
+            let status = reqwest::get(format!("{base}{path}"))
+                .await
+                .unwrap()
+                .status();
             assert_eq!(status, 200, "{}: GET {path}", file.display());
         }
         if text.contains("token_file") {
             let token_file = env.dir.path().join("admin-token");
             let token = std::fs::read_to_string(&token_file).unwrap();
-            assert!(read().contains(&token_file.display().to_string()), "the log names the token file:\n{}", read());
+            assert!(
+                read().contains(&token_file.display().to_string()),
+                "the log names the token file:\n{}",
+                read()
+            );
             let client = reqwest::Client::new();
-            let with = client.get(format!("{base}/v1/backlog")).bearer_auth(token.trim()).send().await.unwrap();
+            let with = client
+                .get(format!("{base}/v1/backlog"))
+                .bearer_auth(token.trim())
+                .send()
+                .await
+                .unwrap();
             assert_eq!(with.status(), 200, "the generated token opens the API");
-            let without = client.get(format!("{base}/v1/backlog")).send().await.unwrap();
+            let without = client
+                .get(format!("{base}/v1/backlog"))
+                .send()
+                .await
+                .unwrap();
             assert_eq!(without.status(), 401);
             use std::os::unix::fs::PermissionsExt;
             let mode = std::fs::metadata(&token_file).unwrap().permissions().mode() & 0o777;
@@ -791,7 +814,10 @@ async fn a_small_address_space_falls_back_to_the_on_demand_allocator() {
         1,
         "one warning naming the fallback: {stderr}"
     );
-    assert!(stderr.contains("Cannot allocate memory") || stderr.contains("mmap"), "{stderr}");
+    assert!(
+        stderr.contains("Cannot allocate memory") || stderr.contains("mmap"),
+        "{stderr}"
+    );
     let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     assert_eq!(report["open"], 0, "{report}");
     assert_eq!(report["closed_before_deadline"], 0, "{report}");
@@ -836,14 +862,20 @@ async fn doctor_names_what_is_wrong_and_how_to_fix_it() {
             .output()
             .await
             .unwrap();
-        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
     };
     let (code, report) = run(broken).await;
     assert_eq!(code, Some(1), "{report}");
     for line in [
         "ok    database: mysql://root@127.0.0.1:3306/",
         "(SKIP LOCKED: yes)",
-        &format!("ok    database.schema: version {}", timeoutd::db::latest_schema_version(Backend::MySql)),
+        &format!(
+            "ok    database.schema: version {}",
+            timeoutd::db::latest_schema_version(Backend::MySql)
+        ),
         "ok    database.privileges",
         "ok    database.charset: utf8mb4",
         "ok    clock",
@@ -855,7 +887,11 @@ async fn doctor_names_what_is_wrong_and_how_to_fix_it() {
     ] {
         assert!(report.contains(line), "missing `{line}` in:\n{report}");
     }
-    assert_eq!(report.matches("fix: ").count(), 2, "each error says how to fix it:\n{report}");
+    assert_eq!(
+        report.matches("fix: ").count(),
+        2,
+        "each error says how to fix it:\n{report}"
+    );
     let fixed = write("fixed.toml", "[redis]\nurl = \"redis://127.0.0.1:6379\"\n");
     let (code, report) = run(fixed).await;
     assert_eq!(code, Some(0), "{report}");

@@ -106,9 +106,16 @@ async fn two_daemons_and_a_row_lock_longer_than_the_lease(backend: Backend) {
     env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
     let deadline = env.db.now_ms().await.unwrap() + 1_500;
     env.create(&order("locked", "acme", deadline)).await;
-    let config = env.config(SHOPS, "[outbox]\nlease = \"1s\"\n[sweep]\nenabled = false\n");
-    let one = timeoutd::daemon::Daemon::start(&config, Clock::Database).await.unwrap();
-    let two = timeoutd::daemon::Daemon::start(&config, Clock::Database).await.unwrap();
+    let config = env.config(
+        SHOPS,
+        "[outbox]\nlease = \"1s\"\n[sweep]\nenabled = false\n",
+    );
+    let one = timeoutd::daemon::Daemon::start(&config, Clock::Database)
+        .await
+        .unwrap();
+    let two = timeoutd::daemon::Daemon::start(&config, Clock::Database)
+        .await
+        .unwrap();
     let holder = timeoutd::db::Db::connect(&env.url, 1).await.unwrap();
     let mut lock = holder.begin().await.unwrap();
     holder
@@ -129,10 +136,40 @@ async fn two_daemons_and_a_row_lock_longer_than_the_lease(backend: Backend) {
     tokio::time::sleep(Duration::from_millis(500)).await;
     one.stop().await;
     two.stop().await;
-    assert_eq!(env.int("SELECT COUNT(*) FROM decision_log WHERE order_id = ?", "locked").await, 1, "one decision, by one holder");
-    assert_eq!(env.text("SELECT last_error FROM order_timeout_msg WHERE order_id = ?", "locked").await, "", "no second holder's note");
-    assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (10, 10));
-    assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE order_id = ?", "locked").await, env.int("SELECT COUNT(DISTINCT idempotency_key) FROM effect_ledger WHERE order_id = ?", "locked").await);
+    assert_eq!(
+        env.int(
+            "SELECT COUNT(*) FROM decision_log WHERE order_id = ?",
+            "locked"
+        )
+        .await,
+        1,
+        "one decision, by one holder"
+    );
+    assert_eq!(
+        env.text(
+            "SELECT last_error FROM order_timeout_msg WHERE order_id = ?",
+            "locked"
+        )
+        .await,
+        "",
+        "no second holder's note"
+    );
+    assert_eq!(
+        (env.stock("sku-a").await, env.stock("sku-b").await),
+        (10, 10)
+    );
+    assert_eq!(
+        env.int(
+            "SELECT COUNT(*) FROM effect_ledger WHERE order_id = ?",
+            "locked"
+        )
+        .await,
+        env.int(
+            "SELECT COUNT(DISTINCT idempotency_key) FROM effect_ledger WHERE order_id = ?",
+            "locked"
+        )
+        .await
+    );
     env.cleanup().await;
 }
 

@@ -336,12 +336,11 @@ each_backend! {
         now.store(T0 + 1_400, Ordering::SeqCst);
         runner.run_fresh().await.unwrap();
         assert_eq!(closes(), 12);
+        assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE kind = 'close-payment' AND status = 'DONE' AND attempts = 1 AND merchant_id = ?", "acme").await, 12);
         let books = provider.books.lock().unwrap();
         for id in &ids {
             assert_eq!(books.calls_for("close", &format!("pay-{id}")), 1, "{id} closed at the provider once");
         }
-        drop(books);
-        assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE kind = 'close-payment' AND status = 'DONE' AND attempts = 1 AND merchant_id = ?", "acme").await, 12);
     }
 }
 

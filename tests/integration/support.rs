@@ -269,7 +269,9 @@ impl Env {
             .fetch_all(self.db.pool())
             .await
             .unwrap();
-        rows.iter().map(|r| r.try_get::<i64, _>(0).unwrap()).collect()
+        rows.iter()
+            .map(|r| r.try_get::<i64, _>(0).unwrap())
+            .collect()
     }
 
     /// One text from `sql` (with `?` bound to `arg`).

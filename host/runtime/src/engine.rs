@@ -165,7 +165,12 @@ impl PolicyEngine {
                     "the pooling allocator could not reserve its address space (ulimit -v, a small host?); \
                      plugin instances are allocated on demand instead, slower to instantiate"
                 );
-                (engine, Allocator::OnDemand { pooling_error: format!("{pooling:#}") })
+                (
+                    engine,
+                    Allocator::OnDemand {
+                        pooling_error: format!("{pooling:#}"),
+                    },
+                )
             }
         };
         if let Some(dir) = cache_dir {

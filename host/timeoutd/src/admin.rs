@@ -160,7 +160,10 @@ pub fn tokens(
             "admin.token_file {shown}: holds a token shorter than 16 characters"
         ));
     }
-    Ok((BTreeMap::from([("console".to_string(), token)]), Some(file.clone())))
+    Ok((
+        BTreeMap::from([("console".to_string(), token)]),
+        Some(file.clone()),
+    ))
 }
 
 /// Writes `text` to a new file only its owner can read.

@@ -220,9 +220,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         tokio::spawn(async move {
             let db = Db::connect(&url, 2).await?;
             // Into the burst: the pass starts a second before the deadline.
-            tokio::time::sleep(Duration::from_millis(lead_ms.saturating_sub(1_000).max(0) as u64)).await;
+            tokio::time::sleep(Duration::from_millis(
+                lead_ms.saturating_sub(1_000).max(0) as u64
+            ))
+            .await;
             let started = std::time::Instant::now();
-            let deleted = crate::retention::pass(&db, &Clock::Database, &retention, "bench", None).await?;
+            let deleted =
+                crate::retention::pass(&db, &Clock::Database, &retention, "bench", None).await?;
             let total: u64 = deleted.iter().flatten().map(|(_, n)| n).sum();
             progress(format_args!(
                 "retention: {total} rows deleted in {:.1} s, from a second before the deadline",

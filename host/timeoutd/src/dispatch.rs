@@ -81,7 +81,7 @@ impl Trigger {
     /// timer, a sweep's or an operator's row, a broker message). A row whose phase is outside
     /// `0..=u32::MAX`, or whose state is not hex, cannot be one: `Err` carries the trigger
     /// (phase 0, no state), to dead-letter it with, and the reason naming the row and the value.
-    pub fn of_row(row: &outbox::DueRow, kind: TriggerKind) -> Result<Trigger, (Trigger, String)> {
+    pub fn of_row(row: &outbox::DueRow, kind: TriggerKind) -> Result<Trigger, Box<BadRow>> {
         let trigger = |phase, state| Trigger {
             order_id: row.order_id.clone(),
             kind,
@@ -100,7 +100,10 @@ impl Trigger {
                 row.phase,
                 u32::MAX
             );
-            return Err((trigger(0, Vec::new()), reason));
+            return Err(Box::new(BadRow {
+                trigger: trigger(0, Vec::new()),
+                reason,
+            }));
         };
         match row.state.as_deref().map(hex::decode).transpose() {
             Ok(state) => Ok(trigger(phase, state.unwrap_or_default())),
@@ -109,10 +112,23 @@ impl Trigger {
                     "order_timeout_msg row {} has a state that is not hex ({e})",
                     row.id
                 );
-                Err((trigger(phase, Vec::new()), reason))
+                Err(Box::new(BadRow {
+                    trigger: trigger(phase, Vec::new()),
+                    reason,
+                }))
             }
         }
     }
+}
+
+/// A row that cannot be a trigger ([`Trigger::of_row`]): the trigger to dead-letter it with,
+/// and why.
+#[derive(Debug, Clone)]
+pub struct BadRow {
+    /// Phase 0 (or the row's), no state.
+    pub trigger: Trigger,
+    /// Names the row and the value.
+    pub reason: String,
 }
 
 /// What handling a trigger came to.
@@ -638,11 +654,14 @@ fn implausible(
     };
     let (created, deadline) = (order.created_at_ms, order.deadline_ms);
     if deadline < created {
-        return Some(("orders.deadline_ms", format!(
-            "orders.deadline_ms = {deadline} of order `{}` is before its created_at_ms = {created}{}",
-            order.id,
-            hint(deadline)
-        )));
+        return Some((
+            "orders.deadline_ms",
+            format!(
+                "orders.deadline_ms = {deadline} of order `{}` is before its created_at_ms = {created}{}",
+                order.id,
+                hint(deadline)
+            ),
+        ));
     }
     if deadline - created > max_window_ms {
         let field = if hint(created).is_empty() {
@@ -650,12 +669,15 @@ fn implausible(
         } else {
             "orders.created_at_ms"
         };
-        return Some((field, format!(
-            "orders.deadline_ms = {deadline} of order `{}` is {} ms after its created_at_ms = {created}, more than dispatch.max_window ({max_window_ms} ms){}",
-            order.id,
-            deadline - created,
-            hint(created)
-        )));
+        return Some((
+            field,
+            format!(
+                "orders.deadline_ms = {deadline} of order `{}` is {} ms after its created_at_ms = {created}, more than dispatch.max_window ({max_window_ms} ms){}",
+                order.id,
+                deadline - created,
+                hint(created)
+            ),
+        ));
     }
     match trigger.due_ms {
         Some(due) if due < created && trigger.row_id.is_some() => Some((

@@ -91,7 +91,8 @@ async fn database(config: &Config) -> Vec<Finding> {
     // A server that refuses or drops the connection says so at once over plain TCP (the
     // driver's pool would retry until its timeout and report only that).
     if let Some(addr) = server_addr(&config.database.url) {
-        let reached = tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(&addr)).await;
+        let reached =
+            tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(&addr)).await;
         let problem = match reached {
             Ok(Ok(_)) => None,
             Ok(Err(e)) => Some(format!("{url}: {addr}: {e}")),
@@ -130,32 +131,75 @@ async fn database(config: &Config) -> Vec<Finding> {
     let mut out = vec![ok("database", format!("{url} reachable"))];
     match probe::server_version(&db).await {
         Ok(version) => out.push(server(db.backend(), &version)),
-        Err(e) => out.push(bad(Level::Warn, "database.version", e.to_string(), "grant the daemon's user access to the server's version")),
+        Err(e) => out.push(bad(
+            Level::Warn,
+            "database.version",
+            e.to_string(),
+            "grant the daemon's user access to the server's version",
+        )),
     }
     let latest = crate::db::latest_schema_version(db.backend());
     match probe::schema_version(&db).await {
-        Ok(Some(v)) if v == latest => out.push(ok("database.schema", format!("version {v}, as this build expects"))),
-        Ok(Some(v)) if v > latest => out.push(bad(Level::Error, "database.schema", format!("version {v}, newer than this build's {latest}"), "run the timeoutd that migrated it, or a newer one")),
-        Ok(found) => out.push(bad(
-            if config.database.migrate { Level::Warn } else { Level::Error },
+        Ok(Some(v)) if v == latest => out.push(ok(
             "database.schema",
-            format!("version {}, this build migrates to {latest}", found.map_or("none".to_string(), |v| v.to_string())),
-            if config.database.migrate { "the daemon migrates it at start (database.migrate = true)" } else { "set database.migrate = true, or apply host/timeoutd/migrations by hand" },
+            format!("version {v}, as this build expects"),
         )),
-        Err(e) => out.push(bad(Level::Error, "database.schema", e.to_string(), "grant the daemon's user read access to _sqlx_migrations")),
+        Ok(Some(v)) if v > latest => out.push(bad(
+            Level::Error,
+            "database.schema",
+            format!("version {v}, newer than this build's {latest}"),
+            "run the timeoutd that migrated it, or a newer one",
+        )),
+        Ok(found) => out.push(bad(
+            if config.database.migrate {
+                Level::Warn
+            } else {
+                Level::Error
+            },
+            "database.schema",
+            format!(
+                "version {}, this build migrates to {latest}",
+                found.map_or("none".to_string(), |v| v.to_string())
+            ),
+            if config.database.migrate {
+                "the daemon migrates it at start (database.migrate = true)"
+            } else {
+                "set database.migrate = true, or apply host/timeoutd/migrations by hand"
+            },
+        )),
+        Err(e) => out.push(bad(
+            Level::Error,
+            "database.schema",
+            e.to_string(),
+            "grant the daemon's user read access to _sqlx_migrations",
+        )),
     }
     if probe::schema_version(&db).await.ok().flatten() == Some(latest) {
         match probe::probe_write(&db).await {
-            Ok(()) => out.push(ok("database.privileges", "insert, update and delete allowed (probed, rolled back)")),
-            Err(e) => out.push(bad(Level::Error, "database.privileges", e.to_string(), "grant the daemon's user SELECT, INSERT, UPDATE, DELETE on the database")),
+            Ok(()) => out.push(ok(
+                "database.privileges",
+                "insert, update and delete allowed (probed, rolled back)",
+            )),
+            Err(e) => out.push(bad(
+                Level::Error,
+                "database.privileges",
+                e.to_string(),
+                "grant the daemon's user SELECT, INSERT, UPDATE, DELETE on the database",
+            )),
         }
     }
     match probe::charsets(&db).await {
         Ok(_) if db.backend() != Backend::MySql => {
-            out.push(ok("database.charset", "UTF-8 (the only encoding this backend stores text in)"));
+            out.push(ok(
+                "database.charset",
+                "UTF-8 (the only encoding this backend stores text in)",
+            ));
         }
         Ok((default, tables)) if tables.is_empty() && default.starts_with("utf8mb4") => {
-            out.push(ok("database.charset", format!("{default}, every table utf8mb4")));
+            out.push(ok(
+                "database.charset",
+                format!("{default}, every table utf8mb4"),
+            ));
         }
         Ok((default, tables)) => {
             let list: Vec<String> = tables.iter().map(|(t, c)| format!("{t} ({c})")).collect();
@@ -166,13 +210,21 @@ async fn database(config: &Config) -> Vec<Finding> {
                 "let the daemon migrate (migration 9 converts every table to utf8mb4_bin), or ALTER DATABASE … CHARACTER SET utf8mb4",
             ));
         }
-        Err(e) => out.push(bad(Level::Warn, "database.charset", e.to_string(), "grant read access to information_schema")),
+        Err(e) => out.push(bad(
+            Level::Warn,
+            "database.charset",
+            e.to_string(),
+            "grant read access to information_schema",
+        )),
     }
     match db.now_ms().await {
         Ok(db_now) => {
             let skew = host_now_ms() - db_now;
             if skew.abs() <= CLOCK_SKEW_MS {
-                out.push(ok("clock", format!("host and database agree within {} ms", skew.abs())));
+                out.push(ok(
+                    "clock",
+                    format!("host and database agree within {} ms", skew.abs()),
+                ));
             } else {
                 out.push(bad(
                     Level::Warn,
@@ -182,7 +234,12 @@ async fn database(config: &Config) -> Vec<Finding> {
                 ));
             }
         }
-        Err(e) => out.push(bad(Level::Warn, "clock", e.to_string(), "the database clock could not be read")),
+        Err(e) => out.push(bad(
+            Level::Warn,
+            "clock",
+            e.to_string(),
+            "the database clock could not be read",
+        )),
     }
     db.close().await;
     out
@@ -205,7 +262,17 @@ fn server(backend: Backend, version: &str) -> Finding {
         Backend::Postgres => (at_least(&[9, 5]), "PostgreSQL 9.5"),
     };
     if has {
-        ok("database.version", format!("{version} (SKIP LOCKED: {})", if backend == Backend::Sqlite { "not needed" } else { "yes" }))
+        ok(
+            "database.version",
+            format!(
+                "{version} (SKIP LOCKED: {})",
+                if backend == Backend::Sqlite {
+                    "not needed"
+                } else {
+                    "yes"
+                }
+            ),
+        )
     } else {
         bad(
             Level::Error,
@@ -222,7 +289,14 @@ async fn redis(config: &Config) -> Vec<Finding> {
     };
     let sale = match crate::effects::FlashSale::connect(r).await {
         Ok(sale) => sale,
-        Err(e) => return vec![bad(Level::Error, "redis", e, "check redis.url and that Redis runs there")],
+        Err(e) => {
+            return vec![bad(
+                Level::Error,
+                "redis",
+                e,
+                "check redis.url and that Redis runs there",
+            )];
+        }
     };
     let mut out = Vec::new();
     match tokio::time::timeout(PROBE_TIMEOUT, sale.ping()).await {
@@ -231,8 +305,16 @@ async fn redis(config: &Config) -> Vec<Finding> {
         Err(_) => out.push(bad(Level::Error, "redis", format!("no answer within {PROBE_TIMEOUT:?}"), "check redis.url and the network")),
     }
     match sale.eviction_warning().await {
-        None => out.push(ok("redis.eviction", "the idempotency markers cannot be evicted (noeviction, or no maxmemory)")),
-        Some(warning) => out.push(bad(Level::Warn, "redis.eviction", warning, "CONFIG SET maxmemory-policy noeviction (and in redis.conf), or give Redis more memory")),
+        None => out.push(ok(
+            "redis.eviction",
+            "the idempotency markers cannot be evicted (noeviction, or no maxmemory)",
+        )),
+        Some(warning) => out.push(bad(
+            Level::Warn,
+            "redis.eviction",
+            warning,
+            "CONFIG SET maxmemory-policy noeviction (and in redis.conf), or give Redis more memory",
+        )),
     }
     out
 }
@@ -242,11 +324,26 @@ async fn broker(config: &Config) -> Vec<Finding> {
         return Vec::new();
     };
     let mut out = Vec::new();
-    for addr in r.namesrv.split(';').map(str::trim).filter(|a| !a.is_empty()) {
+    for addr in r
+        .namesrv
+        .split(';')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+    {
         match tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(addr)).await {
             Ok(Ok(_)) => out.push(ok("rocketmq.namesrv", format!("{addr} reachable"))),
-            Ok(Err(e)) => out.push(bad(Level::Error, "rocketmq.namesrv", format!("{addr}: {e}"), "start the name server (scripts/rocketmq start), or fix rocketmq.namesrv")),
-            Err(_) => out.push(bad(Level::Error, "rocketmq.namesrv", format!("{addr}: no answer within {PROBE_TIMEOUT:?}"), "check rocketmq.namesrv and the network")),
+            Ok(Err(e)) => out.push(bad(
+                Level::Error,
+                "rocketmq.namesrv",
+                format!("{addr}: {e}"),
+                "start the name server (scripts/rocketmq start), or fix rocketmq.namesrv",
+            )),
+            Err(_) => out.push(bad(
+                Level::Error,
+                "rocketmq.namesrv",
+                format!("{addr}: no answer within {PROBE_TIMEOUT:?}"),
+                "check rocketmq.namesrv and the network",
+            )),
         }
     }
     out
@@ -260,11 +357,20 @@ fn plugins(config: &Config) -> Vec<Finding> {
             .map(|p| {
                 ok(
                     &format!("merchants.{}", p.merchant),
-                    format!("plugin {} loads, timeout:policy@{} accepted", p.plugin.name(), p.plugin.api_version()),
+                    format!(
+                        "plugin {} loads, timeout:policy@{} accepted",
+                        p.plugin.name(),
+                        p.plugin.api_version()
+                    ),
                 )
             })
             .collect(),
-        Err(e) => vec![bad(Level::Error, "plugins", e.to_string(), "fix or replace the plugin named (timeoutd plugin check FILE says more)")],
+        Err(e) => vec![bad(
+            Level::Error,
+            "plugins",
+            e.to_string(),
+            "fix or replace the plugin named (timeoutd plugin check FILE says more)",
+        )],
     }
 }
 
@@ -283,7 +389,14 @@ async fn endpoints(config: &Config) -> Vec<Finding> {
     }
     let client = match reqwest::Client::builder().timeout(PROBE_TIMEOUT).build() {
         Ok(c) => c,
-        Err(e) => return vec![bad(Level::Error, "http", e.to_string(), "the HTTP client could not be built")],
+        Err(e) => {
+            return vec![bad(
+                Level::Error,
+                "http",
+                e.to_string(),
+                "the HTTP client could not be built",
+            )];
+        }
     };
     let mut out = Vec::new();
     for (key, url) in targets {
@@ -347,10 +460,19 @@ mod tests {
 
     #[test]
     fn server_addresses_and_redaction() {
-        assert_eq!(server_addr("mysql://root@127.0.0.1:3306/test").as_deref(), Some("127.0.0.1:3306"));
-        assert_eq!(server_addr("postgres://u:p@db.example/x?sslmode=disable").as_deref(), Some("db.example:5432"));
+        assert_eq!(
+            server_addr("mysql://root@127.0.0.1:3306/test").as_deref(),
+            Some("127.0.0.1:3306")
+        );
+        assert_eq!(
+            server_addr("postgres://u:p@db.example/x?sslmode=disable").as_deref(),
+            Some("db.example:5432")
+        );
         assert_eq!(server_addr("sqlite://data/timeoutd.db"), None);
-        assert_eq!(redact("mysql://u:secret@h:3306/d"), "mysql://u:***@h:3306/d");
+        assert_eq!(
+            redact("mysql://u:secret@h:3306/d"),
+            "mysql://u:***@h:3306/d"
+        );
         assert_eq!(redact("mysql://u@h/d"), "mysql://u@h/d");
     }
 }

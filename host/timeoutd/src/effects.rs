@@ -195,7 +195,11 @@ impl EffectRunner {
 
     /// Uses `gateway` for `close-payment` and refunds, at most `calls_per_second` of them a
     /// second per merchant (`payment.max_calls_per_second`).
-    pub fn with_payments(mut self, gateway: Arc<dyn PaymentGateway>, calls_per_second: u32) -> Self {
+    pub fn with_payments(
+        mut self,
+        gateway: Arc<dyn PaymentGateway>,
+        calls_per_second: u32,
+    ) -> Self {
         self.payments = Some(PaymentEffects::new(
             gateway,
             self.db.clone(),
@@ -331,8 +335,7 @@ impl EffectRunner {
                 }
                 out
             }
-        }))
-        ;
+        }));
         // A slow endpoint must not let the lease lapse under the chunk: renewed while it runs.
         let done = crate::lease::renewing(work, self.config.lease, || async {
             let renewed = async {
@@ -406,7 +409,15 @@ impl EffectRunner {
         });
         match result {
             Ok(done) => {
-                ledger::settle(&self.db, token, row.id, ledger::DONE, done.note.as_deref(), now).await
+                ledger::settle(
+                    &self.db,
+                    token,
+                    row.id,
+                    ledger::DONE,
+                    done.note.as_deref(),
+                    now,
+                )
+                .await
             }
             Err(EffectError::Deferred { until_ms, reason }) => {
                 tracing::debug!(key = %row.key, kind = %row.kind, until_ms, %reason, "effect deferred");

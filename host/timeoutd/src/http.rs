@@ -115,7 +115,10 @@ async fn run_to_completion(
 }
 
 /// `404 {"error": "no route for GET /v1/nope"}`: the fallback of every router.
-pub async fn no_route(method: axum::http::Method, uri: axum::http::Uri) -> (StatusCode, Json<Value>) {
+pub async fn no_route(
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+) -> (StatusCode, Json<Value>) {
     (
         StatusCode::NOT_FOUND,
         Json(json!({ "error": format!("no route for {method} {}", uri.path()) })),

@@ -68,7 +68,10 @@ mod tests {
         let cap = RateCap::new(4);
         let admitted = (0..10).filter(|_| cap.take("m", 1_000)).count();
         assert_eq!(admitted, 4, "a burst of the rate");
-        assert!(!cap.take("m", 1_100), "nothing refilled after 100 ms at 4/s");
+        assert!(
+            !cap.take("m", 1_100),
+            "nothing refilled after 100 ms at 4/s"
+        );
         assert!(cap.take("m", 1_250), "one refilled after 250 ms");
         assert!(cap.take("other", 1_250), "each key has its own budget");
     }
@@ -77,8 +80,15 @@ mod tests {
     fn reserve_books_the_burst_now_and_spaces_the_rest() {
         let cap = RateCap::new(4);
         let slots: Vec<i64> = (0..8).map(|_| cap.reserve("m", 1_000)).collect();
-        assert_eq!(slots, [1_000, 1_000, 1_000, 1_000, 1_250, 1_500, 1_750, 2_000]);
-        assert_eq!(cap.reserve("m", 5_000), 5_000, "idle long enough: now again");
+        assert_eq!(
+            slots,
+            [1_000, 1_000, 1_000, 1_000, 1_250, 1_500, 1_750, 2_000]
+        );
+        assert_eq!(
+            cap.reserve("m", 5_000),
+            5_000,
+            "idle long enough: now again"
+        );
         let taken = (0..4).filter(|_| cap.take("m", 5_000)).count();
         assert_eq!(taken, 3, "take and reserve share one budget");
     }

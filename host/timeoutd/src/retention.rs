@@ -25,7 +25,12 @@ pub type Deleted = Vec<(&'static str, u64)>;
 
 /// Runs retention until `shutdown`: the first pass [`FIRST_PASS_AFTER`] start (or `interval`,
 /// if shorter), then every `interval`.
-pub async fn run(db: Db, clock: Clock, config: RetentionConfig, mut shutdown: watch::Receiver<bool>) {
+pub async fn run(
+    db: Db,
+    clock: Clock,
+    config: RetentionConfig,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let holder = format!("pid{}-{:08x}", std::process::id(), fastrand::u32(..));
     let mut wait = FIRST_PASS_AFTER.min(config.interval);
     loop {

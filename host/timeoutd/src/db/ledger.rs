@@ -321,7 +321,11 @@ pub async fn settle_many(
     for id in ids {
         q = q.bind(*id);
     }
-    let settled = q.bind(token.to_string()).execute(db.pool()).await?.rows_affected();
+    let settled = q
+        .bind(token.to_string())
+        .execute(db.pool())
+        .await?
+        .rows_affected();
     count_stale(ids.len() as u64 - settled.min(ids.len() as u64));
     Ok(settled)
 }

@@ -393,7 +393,11 @@ pub async fn finish_many(
         }
     }
     for (claim, ids) in by_claim {
-        let fence = if claim.is_some() { " AND claim_token = ?" } else { "" };
+        let fence = if claim.is_some() {
+            " AND claim_token = ?"
+        } else {
+            ""
+        };
         let mut q = Backend::of(conn).query_owned(format!(
             "UPDATE order_timeout_msg SET status = 'PROCESSED', processed_at_ms = ?, last_error = ?, \
              claim_token = NULL, claim_until_ms = NULL WHERE id IN ({}){fence}",
@@ -425,10 +429,7 @@ pub async fn finish_many(
 /// [`DbError::Sql`] on query failure.
 pub async fn defer(db: &Db, row: RowRef<'_>, due_ms: i64) -> Result<(), DbError> {
     let _gate = db.write_gate().await;
-    let q = db
-        .backend()
-        .query_owned(defer_sql(row))
-        .bind(due_ms);
+    let q = db.backend().query_owned(defer_sql(row)).bind(due_ms);
     let done = row.bind(q).execute(db.pool()).await?;
     row.held(done.rows_affected())
 }

@@ -13,9 +13,9 @@ use timeoutd_runtime::model::{Effect, Notice, Order, Payment, PaymentStatus};
 
 use super::{Dispatcher, Outcome, Trigger};
 use crate::config::{OnPaymentUnknown, PaymentConfig};
-use crate::ratecap::RateCap;
 use crate::db::{DbError, journal, ledger, orders, outbox};
 use crate::kinds::LedgerKind;
+use crate::ratecap::RateCap;
 
 /// Ledger index of the forward notice of an order found paid (beside the plugin's effects,
 /// numbered from 0, and the refund's 10 000): key `merchant/order/phase/10001`.

@@ -176,10 +176,11 @@ impl TimeoutConsumer {
         // own, and is fenced by it all the same).
         let token = triggers.first().and_then(|t| t.claim.clone());
         let lease = Duration::from_millis(self.lease_ms.max(0) as u64);
-        let outcomes = crate::lease::renewing(self.dispatcher.handle_group(&triggers), lease, || {
-            crate::sources::outbox::renew_rows(&self.dispatcher, token.as_deref(), lease)
-        })
-        .await;
+        let outcomes =
+            crate::lease::renewing(self.dispatcher.handle_group(&triggers), lease, || {
+                crate::sources::outbox::renew_rows(&self.dispatcher, token.as_deref(), lease)
+            })
+            .await;
         for (i, outcome) in owners.into_iter().zip(outcomes) {
             let ack = ack_of(&outcome);
             settle(
@@ -267,7 +268,7 @@ impl TimeoutConsumer {
             .map(|claim| match claim {
                 RowClaim::Claimed(row) => match Trigger::of_row(&row, TriggerKind::DelayMessage) {
                     Ok(trigger) => Taken::Trigger(trigger),
-                    Err((trigger, reason)) => Taken::Reject(trigger, reason),
+                    Err(bad) => Taken::Reject(bad.trigger, bad.reason),
                 },
                 RowClaim::Processed => Taken::Settled(Ack::Done, "duplicate"),
                 RowClaim::Busy => Taken::Settled(Ack::Done, "busy"),

@@ -20,7 +20,7 @@ pub type Waker = Arc<Notify>;
 
 /// The trigger a claimed row stands for: its `source` says who fired it ([`Trigger::of_row`]:
 /// `Err` for a row that cannot be a trigger, with the reason).
-pub fn trigger_of(row: &DueRow) -> Result<Trigger, (Trigger, String)> {
+pub fn trigger_of(row: &DueRow) -> Result<Trigger, Box<crate::dispatch::BadRow>> {
     let kind = match row.source.as_str() {
         SOURCE_SWEEP => TriggerKind::Sweep,
         SOURCE_MANUAL => TriggerKind::Manual,
@@ -65,7 +65,15 @@ pub async fn run(
             Ok(rows) if !rows.is_empty() => {
                 // Groups run while the next rows are claimed: the claim never waits for the
                 // slowest group, only for a free permit.
-                dispatch_groups(&dispatcher, rows, config.lease, group, &permits, &mut in_flight).await;
+                dispatch_groups(
+                    &dispatcher,
+                    rows,
+                    config.lease,
+                    group,
+                    &permits,
+                    &mut in_flight,
+                )
+                .await;
                 continue;
             }
             Ok(_) => {}
@@ -76,7 +84,15 @@ pub async fn run(
         if dispatcher.asks_before_deadline() {
             match outbox::claim_unseen(&db, now_ms, config.batch, lease_ms).await {
                 Ok(rows) if !rows.is_empty() => {
-                    dispatch_groups(&dispatcher, rows, config.lease, group, &permits, &mut in_flight).await;
+                    dispatch_groups(
+                        &dispatcher,
+                        rows,
+                        config.lease,
+                        group,
+                        &permits,
+                        &mut in_flight,
+                    )
+                    .await;
                     continue;
                 }
                 Ok(_) => {}
@@ -134,17 +150,18 @@ async fn dispatch_groups(
             for row in &chunk {
                 match trigger_of(row) {
                     Ok(trigger) => triggers.push(trigger),
-                    Err((trigger, reason)) => {
-                        let outcome = dispatcher.reject(&trigger, &reason).await;
+                    Err(bad) => {
+                        let outcome = dispatcher.reject(&bad.trigger, &bad.reason).await;
                         tracing::warn!(?outcome, "outbox row dead-lettered");
                     }
                 }
             }
             let token = chunk.first().and_then(|row| row.claim_token.clone());
-            let outcomes = crate::lease::renewing(dispatcher.handle_group(&triggers), lease, || {
-                renew_rows(&dispatcher, token.as_deref(), lease)
-            })
-            .await;
+            let outcomes =
+                crate::lease::renewing(dispatcher.handle_group(&triggers), lease, || {
+                    renew_rows(&dispatcher, token.as_deref(), lease)
+                })
+                .await;
             for outcome in outcomes {
                 if let Outcome::DeadLettered { reason } = &outcome {
                     tracing::warn!(reason, "outbox row dead-lettered");
