@@ -304,6 +304,28 @@ async fn a_daemons_metric_values_agree_with_its_rows_and_sigint_stops_it() {
         // order (an implausible deadline).
         ("timeoutd_overdue_open_orders{merchant=\"acme\"}", 2.0),
     ];
+    // Every timeoutd metric the shipped dashboard and alert rules name is served.
+    for file in [
+        "deploy/prometheus/timeoutd-alerts.yml",
+        "deploy/grafana/timeoutd.json",
+    ] {
+        let text = std::fs::read_to_string(repo_root().join(file)).unwrap();
+        let names: std::collections::BTreeSet<&str> = text
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with("timeoutd_") && !w.ends_with('_'))
+            .collect();
+        assert!(names.len() >= 8, "{file} names {names:?}");
+        let missing: Vec<&&str> = names
+            .iter()
+            .filter(|name| {
+                !page.lines().any(|line| {
+                    line.strip_prefix(**name)
+                        .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+                })
+            })
+            .collect();
+        assert!(missing.is_empty(), "{file} names metrics /metrics does not serve: {missing:?}\n{page}");
+    }
     let wrong: Vec<String> = expect
         .iter()
         .filter(|(series, want)| metric(&page, series) != *want)
@@ -897,5 +919,158 @@ async fn doctor_names_what_is_wrong_and_how_to_fix_it() {
     assert_eq!(code, Some(0), "{report}");
     assert!(report.contains("ok    redis: writable"), "{report}");
     assert!(report.contains("0 error(s)"), "{report}");
+    env.cleanup().await;
+}
+
+/// SIGTERM stops a daemon whose database has been dropped under it (once, by hand, such a
+/// daemon ignored SIGTERM for 6 s and needed SIGKILL): it exits within 5 s, inside the systemd
+/// unit's `TimeoutStopSec`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_a_daemon_whose_database_is_gone() {
+    let env = Env::new(Backend::MySql).await;
+    let database = env.url.rsplit('/').next().unwrap().to_string();
+    let log = env.dir.path().join("timeoutd.log");
+    let mut daemon = tokio::process::Command::new(timeoutd_bin())
+        .args(["run", "--config"])
+        .arg(repo_root().join("config/mariadb.toml"))
+        .env("TIMEOUTD_MYSQL_URL", &env.url)
+        .env("TIMEOUTD_SWEEP_INTERVAL", "500ms")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    crate::support::eventually(Duration::from_secs(60), "the daemon starts", || async {
+        read().contains("timeoutd started")
+    })
+    .await;
+    let admin = timeoutd::db::Db::connect(&crate::support::server_url(Backend::MySql), 1)
+        .await
+        .unwrap();
+    let exec = |sql: String| {
+        let admin = admin.clone();
+        async move {
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .execute(admin.pool())
+                .await
+                .unwrap();
+        }
+    };
+    exec(format!("DROP DATABASE {database}")).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let term = std::time::Instant::now();
+    let _ = Command::new("kill")
+        .args(["-TERM", &daemon.id().unwrap().to_string()])
+        .status();
+    let exit = tokio::time::timeout(Duration::from_secs(5), daemon.wait()).await;
+    let waited = term.elapsed();
+    // Put the database back for the cleanup to drop.
+    exec(format!("CREATE DATABASE {database}")).await;
+    admin.close().await;
+    let exit = exit
+        .unwrap_or_else(|_| panic!("still running 5 s after SIGTERM; log:\n{}", read()))
+        .unwrap();
+    assert!(exit.success(), "exit {exit:?} after {waited:?}; log:\n{}", read());
+    assert!(read().contains("timeoutd stopped"), "{}", read());
+    env.cleanup().await;
+}
+
+/// `[tracing]`: the daemon exports its spans over OTLP/HTTP to a collector (here a recording
+/// HTTP server inside the test), and an operator's request carrying a W3C `traceparent`
+/// continues that trace: the request's span and the trigger's span under it reach the
+/// collector with the caller's trace id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_reach_an_otlp_collector_in_the_callers_trace() {
+    use axum::{Router, body::Bytes, extract::State, routing::post};
+    let bodies: std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>> = std::sync::Arc::default();
+    let app = Router::new()
+        .route(
+            "/v1/traces",
+            post(
+                |State(b): State<std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>>, body: Bytes| async move {
+                    b.lock().unwrap().push(body.to_vec());
+                    axum::http::StatusCode::OK
+                },
+            ),
+        )
+        .with_state(bodies.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let collector = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let env = Env::new(Backend::Sqlite).await;
+    env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+    let past = env.db.now_ms().await.unwrap() - 60_000;
+    env.create(&crate::support::order("traced", "acme", past)).await;
+    env.db
+        .backend()
+        .query("DELETE FROM order_timeout_msg WHERE order_id = ?")
+        .bind("traced")
+        .execute(env.db.pool())
+        .await
+        .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let file = env.dir.path().join("traced.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[database]\nurl = \"{}\"\n[sweep]\nenabled = false\n[admin]\nlisten = \"127.0.0.1:{port}\"\n\
+             [admin.tokens]\nops = \"trace-token-0123456789\"\n[tracing]\notlp_endpoint = \"http://{collector}/v1/traces\"\n\
+             [merchants.acme]\nplugin = \"builtin:single-phase\"\n",
+            env.url
+        ),
+    )
+    .unwrap();
+    let log = env.dir.path().join("timeoutd.log");
+    let mut daemon = tokio::process::Command::new(timeoutd_bin())
+        .args(["run", "--config"])
+        .arg(&file)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    crate::support::eventually(Duration::from_secs(60), "the daemon starts", || async {
+        read().contains("timeoutd started")
+    })
+    .await;
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let closed = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/v1/orders/traced/close"))
+        .bearer_auth("trace-token-0123456789")
+        .header("traceparent", format!("00-{trace_id}-00f067aa0ba902b7-01"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(closed.status(), 200, "{}", closed.text().await.unwrap());
+    assert_eq!(env.status("traced").await, "CLOSED");
+    let _ = Command::new("kill")
+        .args(["-TERM", &daemon.id().unwrap().to_string()])
+        .status();
+    let exit = tokio::time::timeout(Duration::from_secs(10), daemon.wait())
+        .await
+        .expect("stopped")
+        .unwrap();
+    assert!(exit.success(), "{exit:?}\n{}", read());
+    let raw_id: Vec<u8> = (0..16)
+        .map(|i| u8::from_str_radix(&trace_id[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
+    let bodies = bodies.lock().unwrap();
+    let traced: Vec<&Vec<u8>> = bodies
+        .iter()
+        .filter(|b| b.windows(16).any(|w| w == raw_id.as_slice()))
+        .collect();
+    assert!(!traced.is_empty(), "no exported span carries the caller's trace id ({} bodies); log:\n{}", bodies.len(), read());
+    let text = String::from_utf8_lossy(traced[0]);
+    for name in ["http", "trigger", "timeoutd"] {
+        assert!(text.contains(name), "`{name}` missing from the exported spans: {text:?}");
+    }
+    drop(bodies);
     env.cleanup().await;
 }

@@ -69,7 +69,7 @@ pub fn postgres_server_url() -> String {
 }
 
 /// The server URL of a backend with a database name to replace.
-fn server_url(backend: Backend) -> String {
+pub fn server_url(backend: Backend) -> String {
     match backend {
         Backend::MySql => mysql_server_url(),
         _ => postgres_server_url(),

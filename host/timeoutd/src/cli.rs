@@ -159,7 +159,19 @@ pub fn main() -> ExitCode {
         | Command::Doctor { .. } => "warn",
         _ => "warn,timeoutd=info,timeoutd_runtime=info",
     };
-    init_logging(cli.log_format, default_level);
+    // `run` exports its spans when its config has [tracing] (the config is loaded again, and
+    // its problems reported, by `run` itself).
+    let tracing_config = match &cli.command {
+        Command::Run { config } => Config::load(config).ok().and_then(|c| c.tracing),
+        _ => None,
+    };
+    let _traces = match init_logging(cli.log_format, default_level, tracing_config.as_ref()) {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("timeoutd: {e}");
+            return ExitCode::from(EXIT_BAD_CONFIG);
+        }
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -225,18 +237,43 @@ pub fn main() -> ExitCode {
     })
 }
 
-fn init_logging(format: LogFormat, default_level: &str) {
+/// Logs to stderr in `format` (filtered by `RUST_LOG`, else `default_level`), and with
+/// `traces` also exports spans over OTLP ([`crate::telemetry`]); the guard flushes them at exit.
+fn init_logging(
+    format: LogFormat,
+    default_level: &str,
+    traces: Option<&crate::config::TracingConfig>,
+) -> Result<Option<crate::telemetry::Guard>, String> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     // Colours only on a terminal: a log file or journal gets plain text.
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let (text, json) = match format {
+        LogFormat::Text => (
+            Some(tracing_subscriber::fmt::layer().with_ansi(ansi).with_writer(std::io::stderr)),
+            None,
+        ),
+        LogFormat::Json => (
+            None,
+            Some(tracing_subscriber::fmt::layer().json().with_writer(std::io::stderr)),
+        ),
+    };
+    let (otel, guard) = match traces {
+        Some(t) => {
+            let (layer, guard) = crate::telemetry::layer(t)?;
+            (Some(layer), Some(guard))
+        }
+        None => (None, None),
+    };
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(text)
+        .with(json)
+        .with(otel)
+        .init();
+    Ok(guard)
 }
 
 fn load(path: &std::path::Path) -> Result<Config, ExitCode> {

@@ -73,6 +73,9 @@ pub struct Config {
     /// The RocketMQ transport; without it the outbox timer and the sweep do everything.
     #[serde(default)]
     pub rocketmq: Option<RocketMqConfig>,
+    /// `[tracing]`: trace export over OTLP/HTTP (off without it).
+    #[serde(default)]
+    pub tracing: Option<TracingConfig>,
     /// Merchants by id: which plugin decides their orders and with which settings.
     pub merchants: BTreeMap<String, MerchantConfig>,
     /// Directory the file was read from; relative plugin paths resolve against it.
@@ -143,6 +146,19 @@ pub struct SweepConfig {
     /// Orders re-armed per sweep.
     #[serde(default = "defaults::sweep_batch")]
     pub batch: u32,
+}
+
+/// `[tracing]`: the daemon's spans exported to an OpenTelemetry collector over OTLP/HTTP
+/// (protobuf), batched; a `traceparent` on an HTTP request or a RocketMQ message continues its
+/// trace ([`crate::telemetry`]).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TracingConfig {
+    /// The collector's traces URL, e.g. `http://127.0.0.1:4318/v1/traces`.
+    pub otlp_endpoint: String,
+    /// `service.name` of the spans (default `timeoutd`).
+    #[serde(default = "defaults::service_name")]
+    pub service_name: String,
 }
 
 /// `[retention]`: settled rows older than their table's age are deleted, in batches of `batch`
@@ -663,6 +679,9 @@ mod defaults {
     }
     pub fn group_commit() -> u32 {
         512
+    }
+    pub fn service_name() -> String {
+        "timeoutd".into()
     }
     pub fn retention_interval() -> Duration {
         Duration::from_secs(600)

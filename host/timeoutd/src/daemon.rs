@@ -90,6 +90,7 @@ impl Daemon {
             // Before any source runs: an event emitted before the recorder exists is not
             // counted (a daemon's first triggers were missing from `timeoutd_triggers_total`).
             crate::events::metrics_handle();
+            crate::events::zero_series();
         }
         let waker: Waker = Arc::new(Notify::new());
         let (shutdown, rx) = watch::channel(false);

@@ -266,6 +266,22 @@ pub fn emit(event: Event<'_>) {
     }
 }
 
+/// Puts the counters that alert on rare events (`deploy/prometheus/timeoutd-alerts.yml`) in
+/// `/metrics` at 0 from the start, so `increase()` has a series to work on before the first
+/// event: stale completions per table, quarantines per field.
+pub fn zero_series() {
+    for table in ["order_timeout_msg", "effect_ledger"] {
+        counter!("timeoutd_stale_completions_total", "table" => table).increment(0);
+    }
+    for field in [
+        "orders.deadline_ms",
+        "orders.created_at_ms",
+        "order_timeout_msg.due_ms",
+    ] {
+        counter!("timeoutd_quarantined_total", "field" => field).increment(0);
+    }
+}
+
 /// Sets a gauge (the periodic [`crate::gauges`] sample).
 pub fn gauge_set(name: &'static str, labels: &[(&'static str, String)], value: f64) {
     let labels: Vec<(&'static str, String)> = labels.to_vec();

@@ -104,13 +104,28 @@ async fn run_to_completion(
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
-    let response = match tokio::spawn(next.run(request)).await {
+    use tracing::Instrument;
+    let span = tracing::info_span!(
+        "http",
+        method = %request.method(),
+        path = %request.uri().path(),
+        status = tracing::field::Empty
+    );
+    crate::telemetry::continue_trace(
+        &span,
+        request
+            .headers()
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok()),
+    );
+    let response = match tokio::spawn(next.run(request).instrument(span.clone())).await {
         Ok(response) => response,
         Err(e) => {
             tracing::error!(error = %e, "HTTP handler panicked");
             (StatusCode::INTERNAL_SERVER_ERROR, "handler failed").into_response()
         }
     };
+    span.record("status", response.status().as_u16());
     json_errors(response).await
 }
 

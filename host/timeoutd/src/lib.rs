@@ -42,3 +42,4 @@ pub use timeoutd_runtime::retry;
 pub mod rocketmq;
 pub mod shutdown;
 pub mod sources;
+pub mod telemetry;

@@ -142,6 +142,14 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
             ),
         );
     }
+    if let Some(t) = &c.tracing
+        && !(t.otlp_endpoint.starts_with("http://") || t.otlp_endpoint.starts_with("https://"))
+    {
+        p.push(
+            "tracing.otlp_endpoint",
+            format!("`{}` is not an http(s) URL (OTLP/HTTP, e.g. http://127.0.0.1:4318/v1/traces)", t.otlp_endpoint),
+        );
+    }
     if c.retention.batch == 0 {
         p.push("retention.batch", "must be at least 1 (rows per statement)");
     }

@@ -127,6 +127,33 @@ impl TimeoutConsumer {
     /// ([`Dispatcher::handle_group`]: decided together, closes committed in one transaction);
     /// decoding, hops and the wait for the last sub-second run side by side.
     pub async fn handle_each(&self, batch: &[Received]) -> Vec<Ack> {
+        // One span per message, continuing the producer's trace (a `traceparent` property),
+        // open while the batch is handled and closed with the message's acknowledgement.
+        let spans: Vec<tracing::Span> = batch
+            .iter()
+            .map(|r| {
+                let span = tracing::info_span!(
+                    "trigger",
+                    kind = "delay-message",
+                    order = r.keys.as_deref().unwrap_or_default(),
+                    message = %r.message_id,
+                    ack = tracing::field::Empty
+                );
+                crate::telemetry::continue_trace(
+                    &span,
+                    r.properties.get("traceparent").map(String::as_str),
+                );
+                span
+            })
+            .collect();
+        let acks = self.handle_each_inner(batch).await;
+        for (span, ack) in spans.iter().zip(&acks) {
+            span.record("ack", tracing::field::debug(ack));
+        }
+        acks
+    }
+
+    async fn handle_each_inner(&self, batch: &[Received]) -> Vec<Ack> {
         let mut acks = vec![Ack::Done; batch.len()];
         let mut decoded = Vec::new();
         for (i, received) in batch.iter().enumerate() {
