@@ -324,7 +324,10 @@ async fn a_daemons_metric_values_agree_with_its_rows_and_sigint_stops_it() {
                 })
             })
             .collect();
-        assert!(missing.is_empty(), "{file} names metrics /metrics does not serve: {missing:?}\n{page}");
+        assert!(
+            missing.is_empty(),
+            "{file} names metrics /metrics does not serve: {missing:?}\n{page}"
+        );
     }
     let wrong: Vec<String> = expect
         .iter()
@@ -971,7 +974,11 @@ async fn sigterm_stops_a_daemon_whose_database_is_gone() {
     let exit = exit
         .unwrap_or_else(|_| panic!("still running 5 s after SIGTERM; log:\n{}", read()))
         .unwrap();
-    assert!(exit.success(), "exit {exit:?} after {waited:?}; log:\n{}", read());
+    assert!(
+        exit.success(),
+        "exit {exit:?} after {waited:?}; log:\n{}",
+        read()
+    );
     assert!(read().contains("timeoutd stopped"), "{}", read());
     env.cleanup().await;
 }
@@ -984,17 +991,19 @@ async fn sigterm_stops_a_daemon_whose_database_is_gone() {
 async fn spans_reach_an_otlp_collector_in_the_callers_trace() {
     use axum::{Router, body::Bytes, extract::State, routing::post};
     let bodies: std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>> = std::sync::Arc::default();
-    let app = Router::new()
-        .route(
-            "/v1/traces",
-            post(
-                |State(b): State<std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>>, body: Bytes| async move {
-                    b.lock().unwrap().push(body.to_vec());
-                    axum::http::StatusCode::OK
-                },
-            ),
-        )
-        .with_state(bodies.clone());
+    let app =
+        Router::new()
+            .route(
+                "/v1/traces",
+                post(
+                    |State(b): State<std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>>,
+                     body: Bytes| async move {
+                        b.lock().unwrap().push(body.to_vec());
+                        axum::http::StatusCode::OK
+                    },
+                ),
+            )
+            .with_state(bodies.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let collector = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -1002,7 +1011,8 @@ async fn spans_reach_an_otlp_collector_in_the_callers_trace() {
     let env = Env::new(Backend::Sqlite).await;
     env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
     let past = env.db.now_ms().await.unwrap() - 60_000;
-    env.create(&crate::support::order("traced", "acme", past)).await;
+    env.create(&crate::support::order("traced", "acme", past))
+        .await;
     env.db
         .backend()
         .query("DELETE FROM order_timeout_msg WHERE order_id = ?")
@@ -1061,16 +1071,23 @@ async fn spans_reach_an_otlp_collector_in_the_callers_trace() {
     let raw_id: Vec<u8> = (0..16)
         .map(|i| u8::from_str_radix(&trace_id[2 * i..2 * i + 2], 16).unwrap())
         .collect();
-    let bodies = bodies.lock().unwrap();
+    let bodies: Vec<Vec<u8>> = bodies.lock().unwrap().clone();
     let traced: Vec<&Vec<u8>> = bodies
         .iter()
         .filter(|b| b.windows(16).any(|w| w == raw_id.as_slice()))
         .collect();
-    assert!(!traced.is_empty(), "no exported span carries the caller's trace id ({} bodies); log:\n{}", bodies.len(), read());
+    assert!(
+        !traced.is_empty(),
+        "no exported span carries the caller's trace id ({} bodies); log:\n{}",
+        bodies.len(),
+        read()
+    );
     let text = String::from_utf8_lossy(traced[0]);
     for name in ["http", "trigger", "timeoutd"] {
-        assert!(text.contains(name), "`{name}` missing from the exported spans: {text:?}");
+        assert!(
+            text.contains(name),
+            "`{name}` missing from the exported spans: {text:?}"
+        );
     }
-    drop(bodies);
     env.cleanup().await;
 }

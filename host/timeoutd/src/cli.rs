@@ -252,12 +252,20 @@ fn init_logging(
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let (text, json) = match format {
         LogFormat::Text => (
-            Some(tracing_subscriber::fmt::layer().with_ansi(ansi).with_writer(std::io::stderr)),
+            Some(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(ansi)
+                    .with_writer(std::io::stderr),
+            ),
             None,
         ),
         LogFormat::Json => (
             None,
-            Some(tracing_subscriber::fmt::layer().json().with_writer(std::io::stderr)),
+            Some(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .with_writer(std::io::stderr),
+            ),
         ),
     };
     let (otel, guard) = match traces {

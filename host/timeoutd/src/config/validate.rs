@@ -147,7 +147,10 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
     {
         p.push(
             "tracing.otlp_endpoint",
-            format!("`{}` is not an http(s) URL (OTLP/HTTP, e.g. http://127.0.0.1:4318/v1/traces)", t.otlp_endpoint),
+            format!(
+                "`{}` is not an http(s) URL (OTLP/HTTP, e.g. http://127.0.0.1:4318/v1/traces)",
+                t.otlp_endpoint
+            ),
         );
     }
     if c.retention.batch == 0 {
