@@ -933,21 +933,16 @@ async fn sigterm_stops_a_daemon_whose_database_is_gone() {
     let env = Env::new(Backend::MySql).await;
     let database = env.url.rsplit('/').next().unwrap().to_string();
     let log = env.dir.path().join("timeoutd.log");
-    let mut daemon = tokio::process::Command::new(timeoutd_bin())
-        .args(["run", "--config"])
-        .arg(repo_root().join("config/mariadb.toml"))
-        .env("TIMEOUTD_MYSQL_URL", &env.url)
-        .env("TIMEOUTD_SWEEP_INTERVAL", "500ms")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let read = || std::fs::read_to_string(&log).unwrap_or_default();
-    crate::support::eventually(Duration::from_secs(60), "the daemon starts", || async {
-        read().contains("timeoutd started")
-    })
+    let mut daemon = started_daemon(
+        &repo_root().join("config/mariadb.toml"),
+        &[
+            ("TIMEOUTD_MYSQL_URL", env.url.as_str()),
+            ("TIMEOUTD_SWEEP_INTERVAL", "500ms"),
+        ],
+        &log,
+    )
     .await;
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
     let admin = timeoutd::db::Db::connect(&crate::support::server_url(Backend::MySql), 1)
         .await
         .unwrap();
@@ -1037,19 +1032,8 @@ async fn spans_reach_an_otlp_collector_in_the_callers_trace() {
     )
     .unwrap();
     let log = env.dir.path().join("timeoutd.log");
-    let mut daemon = tokio::process::Command::new(timeoutd_bin())
-        .args(["run", "--config"])
-        .arg(&file)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut daemon = started_daemon(&file, &[], &log).await;
     let read = || std::fs::read_to_string(&log).unwrap_or_default();
-    crate::support::eventually(Duration::from_secs(60), "the daemon starts", || async {
-        read().contains("timeoutd started")
-    })
-    .await;
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     let closed = reqwest::Client::new()
         .post(format!("http://127.0.0.1:{port}/v1/orders/traced/close"))
@@ -1090,4 +1074,29 @@ async fn spans_reach_an_otlp_collector_in_the_callers_trace() {
         );
     }
     env.cleanup().await;
+}
+
+/// `timeoutd run --config file` with `envs`, its stderr in `log`, once it logged that it
+/// started (within 60 s); killed when dropped.
+async fn started_daemon(
+    file: &std::path::Path,
+    envs: &[(&str, &str)],
+    log: &std::path::Path,
+) -> tokio::process::Child {
+    let daemon = tokio::process::Command::new(timeoutd_bin())
+        .args(["run", "--config"])
+        .arg(file)
+        .envs(envs.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    crate::support::eventually(Duration::from_secs(60), "the daemon starts", || async {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .contains("timeoutd started")
+    })
+    .await;
+    daemon
 }
