@@ -103,6 +103,45 @@ each_backend! {
     }
 }
 
+each_backend! {
+    /// An effect older than its marker window is parked for review, not re-run blindly (#17):
+    /// a flash-sale effect that was claimed (and perhaps applied) and is found PENDING 8 days
+    /// later — past `redis.marker_ttl` (7 days), so its marker may be gone — is marked FAILED
+    /// with the reason and Redis is not touched; an operator's retry then runs it (its marker,
+    /// still there in this test, keeps it from applying twice).
+    async fn an_effect_older_than_its_marker_window_is_parked_for_review(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        let activity = flash_order(env, "aged", "flashy").await;
+        let config = env.config(FLASH, &format!("[redis]\nurl = \"{REDIS}\"\n"));
+        let (clock, now) = Clock::manual(T0);
+        let d = env.dispatcher(&config, clock.clone()).await;
+        env.process(&d, T0).await;
+        now.store(T0 + 1_000, Ordering::SeqCst);
+        assert_eq!(env.process(&d, T0 + 1_000).await, vec![Outcome::Closed { lateness_ms: 0 }]);
+        assert_eq!(flash_state(&activity).await.0, 8);
+        // A crash between the Redis change and settling the rows, found 8 days later.
+        unsettle(env, "'restore-flash-stock', 'release-flash-slot'").await;
+        now.store(T0 + 8 * 86_400_000, Ordering::SeqCst);
+        let runner = env.runner(&config, clock.clone()).await;
+        runner.run_backlog(0).await.unwrap();
+        let status = "SELECT status FROM effect_ledger WHERE kind = 'restore-flash-stock' AND order_id = ?";
+        let reason = "SELECT last_error FROM effect_ledger WHERE kind = 'restore-flash-stock' AND order_id = ?";
+        assert_eq!(env.text(status, "aged").await, "FAILED", "parked, not run");
+        let why = env.text(reason, "aged").await;
+        assert!(why.starts_with("parked for review") && why.contains("marker_ttl"), "{why}");
+        assert_eq!(flash_state(&activity).await.0, 8, "Redis untouched");
+        // The operator checked the key and retries: it runs now.
+        let id = env.int("SELECT id FROM effect_ledger WHERE kind = 'restore-flash-stock' AND order_id = ?", "aged").await;
+        let mut tx = env.db.begin().await.unwrap();
+        assert!(timeoutd::db::ledger::retry_failed(&mut tx, id).await.unwrap());
+        tx.commit().await.unwrap();
+        runner.run_backlog(0).await.unwrap();
+        assert_eq!(env.text(status, "aged").await, "DONE");
+        assert!(env.text(reason, "aged").await.contains("already applied"));
+        assert_eq!(flash_state(&activity).await.0, 8, "applied once");
+    }
+}
+
 fn pay_config(provider: &Provider, extra: &str) -> String {
     pay_config_with(provider, "", extra)
 }

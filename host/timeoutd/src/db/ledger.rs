@@ -142,6 +142,11 @@ pub struct PendingEffect {
     pub payload: String,
     /// Attempts so far.
     pub attempts: u32,
+    /// When it was recorded, epoch ms.
+    pub created_at_ms: i64,
+    /// An executor claimed it before this read (it may have been carried out without being
+    /// settled: a crash between the two). An operator's retry clears this.
+    pub claimed_before: bool,
 }
 
 /// PENDING effects of the given kinds that may be attempted at `now_ms` (their retry time has
@@ -166,7 +171,8 @@ pub async fn runnable(
         ""
     };
     let mut q = db.backend().query_owned(format!(
-        "SELECT id, idempotency_key, order_id, merchant_id, phase, kind, payload, attempts FROM effect_ledger \
+        "SELECT id, idempotency_key, order_id, merchant_id, phase, kind, payload, attempts, created_at_ms, \
+         claim_token FROM effect_ledger \
          WHERE status = 'PENDING' AND kind IN ({marks}) {order_filter} AND next_attempt_ms <= ? \
          AND (claim_until_ms IS NULL OR claim_until_ms < ?) AND (attempts > 0 OR updated_at_ms <= ?) \
          ORDER BY id LIMIT ?"
@@ -198,6 +204,8 @@ pub async fn runnable(
                 kind: r.try_get("kind")?,
                 payload: r.try_get("payload")?,
                 attempts: r.try_get::<i64, _>("attempts")?.clamp(0, u32::MAX as i64) as u32,
+                created_at_ms: r.try_get("created_at_ms")?,
+                claimed_before: r.try_get::<Option<String>, _>("claim_token")?.is_some(),
             })
         })
         .collect()
@@ -432,7 +440,8 @@ pub async fn retry_failed(conn: &mut AnyConnection, id: i64) -> Result<bool, DbE
     let done = Backend::of(conn)
         .query(
             "UPDATE effect_ledger SET status = 'PENDING', attempts = 0, next_attempt_ms = 0, \
-             claim_until_ms = NULL, updated_at_ms = 0 WHERE id = ? AND status = 'FAILED'",
+             claim_until_ms = NULL, claim_token = NULL, updated_at_ms = 0 \
+             WHERE id = ? AND status = 'FAILED'",
         )
         .bind(id)
         .execute(&mut *conn)

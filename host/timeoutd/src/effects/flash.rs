@@ -128,6 +128,30 @@ impl FlashSale {
         ok.map(|_| ()).map_err(|e| format!("not writable: {e}"))
     }
 
+    /// Why `row` must be parked for an operator instead of run at `now_ms`, if it must: it was
+    /// claimed before (so it may have been applied without being settled, a crash between the
+    /// two) and was recorded at least `redis.marker_ttl` ago, so the marker that would make a
+    /// replay harmless may have expired. An operator's retry (`POST /v1/ledger/{id}/retry`,
+    /// after checking the key) clears the claim, and the row then runs.
+    pub fn past_its_marker(
+        &self,
+        row: &crate::db::ledger::PendingEffect,
+        now_ms: i64,
+    ) -> Option<String> {
+        let ttl_ms = (self.marker_ttl_secs * 1000) as i64;
+        let age_ms = now_ms - row.created_at_ms;
+        (row.claimed_before && age_ms >= ttl_ms).then(|| {
+            format!(
+                "parked for review: recorded {} ago and claimed before, so it may have been applied \
+                 already and its idempotency marker (redis.marker_ttl = {}) may have expired; check \
+                 the Redis key, then retry it (POST /v1/ledger/{}/retry) or leave it",
+                humantime::format_duration(std::time::Duration::from_secs((age_ms / 1000).max(0) as u64)),
+                humantime::format_duration(std::time::Duration::from_secs(self.marker_ttl_secs)),
+                row.id
+            )
+        })
+    }
+
     /// `INCRBY stock_key quantity`, once per `idempotency_key`.
     ///
     /// # Errors
@@ -245,6 +269,9 @@ impl Executor for FlashEffects {
     fn execute<'a>(&'a self, job: Job<'a>) -> BoxFuture<'a, Result<Done, EffectError>> {
         Box::pin(async move {
             let row = job.row;
+            if let Some(reason) = self.sale.past_its_marker(row, job.now_ms) {
+                return Err(EffectError::Permanent(reason));
+            }
             let keys = self.keys.get(&row.merchant_id).ok_or_else(|| {
                 EffectError::Permanent(format!("merchant `{}` is not configured", row.merchant_id))
             })?;
