@@ -984,25 +984,7 @@ async fn sigterm_stops_a_daemon_whose_database_is_gone() {
 /// collector with the caller's trace id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spans_reach_an_otlp_collector_in_the_callers_trace() {
-    use axum::{Router, body::Bytes, extract::State, routing::post};
-    let bodies: std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>> = std::sync::Arc::default();
-    let app =
-        Router::new()
-            .route(
-                "/v1/traces",
-                post(
-                    |State(b): State<std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>>,
-                     body: Bytes| async move {
-                        b.lock().unwrap().push(body.to_vec());
-                        axum::http::StatusCode::OK
-                    },
-                ),
-            )
-            .with_state(bodies.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let collector = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-
+    let collector = crate::fakes::Collector::start().await;
     let env = Env::new(Backend::Sqlite).await;
     env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
     let past = env.db.now_ms().await.unwrap() - 60_000;
@@ -1025,9 +1007,9 @@ async fn spans_reach_an_otlp_collector_in_the_callers_trace() {
         &file,
         format!(
             "[database]\nurl = \"{}\"\n[sweep]\nenabled = false\n[admin]\nlisten = \"127.0.0.1:{port}\"\n\
-             [admin.tokens]\nops = \"trace-token-0123456789\"\n[tracing]\notlp_endpoint = \"http://{collector}/v1/traces\"\n\
+             [admin.tokens]\nops = \"trace-token-0123456789\"\n[tracing]\notlp_endpoint = \"{}\"\n\
              [merchants.acme]\nplugin = \"builtin:single-phase\"\n",
-            env.url
+            env.url, collector.url
         ),
     )
     .unwrap();
@@ -1052,25 +1034,18 @@ async fn spans_reach_an_otlp_collector_in_the_callers_trace() {
         .expect("stopped")
         .unwrap();
     assert!(exit.success(), "{exit:?}\n{}", read());
-    let raw_id: Vec<u8> = (0..16)
-        .map(|i| u8::from_str_radix(&trace_id[2 * i..2 * i + 2], 16).unwrap())
-        .collect();
-    let bodies: Vec<Vec<u8>> = bodies.lock().unwrap().clone();
-    let traced: Vec<&Vec<u8>> = bodies
-        .iter()
-        .filter(|b| b.windows(16).any(|w| w == raw_id.as_slice()))
-        .collect();
+    let traced = collector.traced(trace_id);
     assert!(
         !traced.is_empty(),
         "no exported span carries the caller's trace id ({} bodies); log:\n{}",
-        bodies.len(),
+        collector.bodies.lock().unwrap().len(),
         read()
     );
-    let text = String::from_utf8_lossy(traced[0]);
     for name in ["http", "trigger", "timeoutd"] {
         assert!(
-            text.contains(name),
-            "`{name}` missing from the exported spans: {text:?}"
+            traced[0].contains(name),
+            "`{name}` missing from the exported spans: {:?}",
+            traced[0]
         );
     }
     env.cleanup().await;

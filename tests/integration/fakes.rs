@@ -223,3 +223,51 @@ async fn serve(app: Router) -> SocketAddr {
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     addr
 }
+
+/// A running OpenTelemetry collector stand-in: records every OTLP/HTTP export body posted to
+/// `/v1/traces` (protobuf, kept as bytes) and answers 200.
+#[derive(Clone)]
+pub struct Collector {
+    /// The export bodies, in arrival order.
+    pub bodies: Arc<Mutex<Vec<Vec<u8>>>>,
+    /// `http://127.0.0.1:PORT/v1/traces`.
+    pub url: String,
+}
+
+impl Collector {
+    /// Starts one on a free loopback port.
+    pub async fn start() -> Collector {
+        let bodies: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+        let app = Router::new()
+            .route(
+                "/v1/traces",
+                post(
+                    |State(b): State<Arc<Mutex<Vec<Vec<u8>>>>>, body: axum::body::Bytes| async move {
+                        b.lock().unwrap().push(body.to_vec());
+                        StatusCode::OK
+                    },
+                ),
+            )
+            .with_state(bodies.clone());
+        let addr = serve(app).await;
+        Collector {
+            bodies,
+            url: format!("http://{addr}/v1/traces"),
+        }
+    }
+
+    /// The exported bodies carrying trace `trace_id` (32 hex digits; spans hold it as 16 raw
+    /// bytes), as lossy text for looking for span names in.
+    pub fn traced(&self, trace_id: &str) -> Vec<String> {
+        let raw: Vec<u8> = (0..16)
+            .map(|i| u8::from_str_radix(&trace_id[2 * i..2 * i + 2], 16).unwrap())
+            .collect();
+        self.bodies
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|b| b.windows(16).any(|w| w == raw.as_slice()))
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .collect()
+    }
+}

@@ -1555,3 +1555,153 @@ async fn broker_check_backs_poll_the_payment_provider() {
     transport.shutdown().await;
     env.cleanup().await;
 }
+
+/// A timeout message carrying a W3C `traceparent` property continues the producer's trace:
+/// `timeoutd run` with `[tracing]` exports the message's trigger span to the collector under
+/// the producer's trace id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_messages_traceparent_continues_its_trace_into_the_trigger_span() {
+    let _broker = broker().await;
+    let env = Env::new(timeoutd::db::Backend::Sqlite).await;
+    let (topic, group) = names("traced");
+    let collector = crate::fakes::Collector::start().await;
+    env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+    let now = env.db.now_ms().await.unwrap();
+    env.create(&order("traced-1", "acme", now - 1_000)).await;
+    without_rows(&env).await;
+    let file = env.dir.path().join("traced.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[database]\nurl = \"{}\"\n[outbox]\nenabled = false\n[sweep]\nenabled = false\n{}\
+             [tracing]\notlp_endpoint = \"{}\"\n[merchants.acme]\nplugin = \"builtin:single-phase\"\n",
+            env.url,
+            section(&topic, &group, ""),
+            collector.url
+        ),
+    )
+    .unwrap();
+    let log = env.dir.path().join("timeoutd.log");
+    let mut daemon = tokio::process::Command::new(crate::support::timeoutd_bin())
+        .args(["run", "--config"])
+        .arg(&file)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    eventually(Duration::from_secs(60), "the daemon starts", || async {
+        read().contains("timeoutd started")
+    })
+    .await;
+    let config = env.config(ACME, &section(&topic, &group, ""));
+    let tx = sender(&config).await;
+    let trace_id = "0af7651916cd43dd8448eb211c80319c";
+    let m = Message::builder()
+        .topic(&topic)
+        .key("traced-1")
+        .body(b"traced-1".to_vec())
+        .raw_property("traceparent", format!("00-{trace_id}-b7ad6b7169203331-01"))
+        .unwrap()
+        .build()
+        .unwrap();
+    send(&tx, m).await;
+    eventually(
+        Duration::from_secs(60),
+        "the message closes its order",
+        || async { env.status("traced-1").await == "CLOSED" },
+    )
+    .await;
+    tx.shutdown().await;
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &daemon.id().unwrap().to_string()])
+        .status();
+    let exit = tokio::time::timeout(Duration::from_secs(15), daemon.wait())
+        .await
+        .expect("stopped")
+        .unwrap();
+    assert!(exit.success(), "{exit:?}\n{}", read());
+    let traced = collector.traced(trace_id);
+    assert!(
+        !traced.is_empty(),
+        "no exported span carries the producer's trace id; log:\n{}",
+        read()
+    );
+    assert!(
+        traced
+            .iter()
+            .any(|t| t.contains("trigger") && t.contains("traced-1")),
+        "{traced:?}"
+    );
+    env.cleanup().await;
+}
+
+/// `timeoutd doctor` reads the broker: with a daemon consuming topic T1 in group G, a config
+/// that would consume T2 in the same group G is an error (a consumer group's members must share
+/// one subscription), and T2, never created, has no route; the daemon's own config is fine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn doctor_finds_a_consumer_group_shared_with_another_subscription() {
+    let _broker = broker().await;
+    let env = Env::new(timeoutd::db::Backend::Sqlite).await;
+    let (topic, group) = names("doctor");
+    let daemon_config = env.config(ACME, &section(&topic, &group, ""));
+    let daemon = Daemon::start(&daemon_config, Clock::Database)
+        .await
+        .unwrap();
+    let write = |name: &str, topic: &str| {
+        let file = env.dir.path().join(name);
+        std::fs::write(
+            &file,
+            format!(
+                "[database]\nurl = \"{}\"\n{}[merchants.acme]\nplugin = \"builtin:single-phase\"\n",
+                env.url,
+                section(topic, &group, "")
+            ),
+        )
+        .unwrap();
+        file
+    };
+    let run = |file: std::path::PathBuf| async move {
+        let out = tokio::process::Command::new(crate::support::timeoutd_bin())
+            .args(["doctor", "--config"])
+            .arg(&file)
+            .output()
+            .await
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    // The daemon's consumer joins its group within a rebalance or two.
+    let own = write("own.toml", &topic);
+    let mut report = String::new();
+    for _ in 0..30 {
+        report = run(own.clone()).await.1;
+        if report.contains("client(s), all subscribed") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert!(
+        report.contains(&format!(
+            "ok    rocketmq.consumer_group: {group}: 1 client(s), all subscribed to {topic} (*)"
+        )),
+        "{report}"
+    );
+    assert!(
+        report.contains(&format!("ok    rocketmq.topics: {topic}: ")),
+        "{report}"
+    );
+    let other_topic = format!("{topic}_OTHER");
+    let (code, report) = run(write("shared.toml", &other_topic)).await;
+    assert_eq!(code, Some(1), "{report}");
+    assert!(report.contains(&format!("error rocketmq.consumer_group: {group}: 1 client(s) share the group, subscribed to {topic} (*)")), "{report}");
+    assert!(
+        report.contains(&format!("warn  rocketmq.topics: {other_topic}: no route")),
+        "{report}"
+    );
+    daemon.stop().await;
+    env.cleanup().await;
+}

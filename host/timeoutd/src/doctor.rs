@@ -346,6 +346,91 @@ async fn broker(config: &Config) -> Vec<Finding> {
             )),
         }
     }
+    if out.iter().any(|f| f.level == Level::Error) {
+        return out;
+    }
+    let inspection =
+        match tokio::time::timeout(PROBE_TIMEOUT * 5, crate::rocketmq::inspect::inspect(r)).await {
+            Ok(Ok(inspection)) => inspection,
+            Ok(Err(e)) => {
+                out.push(bad(
+                    Level::Error,
+                    "rocketmq",
+                    e.to_string(),
+                    "check that the broker is registered with the name server",
+                ));
+                return out;
+            }
+            Err(_) => {
+                out.push(bad(
+                    Level::Error,
+                    "rocketmq",
+                    "the admin reads did not finish in time",
+                    "check the broker",
+                ));
+                return out;
+            }
+        };
+    for (topic, queues) in &inspection.topics {
+        match queues {
+            Some(n) => out.push(ok("rocketmq.topics", format!("{topic}: {n} read queue(s)"))),
+            None => out.push(bad(
+                Level::Warn,
+                "rocketmq.topics",
+                format!("{topic}: no route (the topic does not exist yet)"),
+                if r.create_topics {
+                    "the daemon creates it at start (rocketmq.create_topics = true); a broker with autoCreateTopicEnable = false needs it made by hand (mqadmin updateTopic)".to_string()
+                } else {
+                    format!("create it: mqadmin updateTopic -n {} -c <cluster> -t {topic} (rocketmq.create_topics is off)", r.namesrv)
+                },
+            )),
+        }
+    }
+    for ((group, ours), (_, seen)) in crate::rocketmq::inspect::groups(r)
+        .iter()
+        .zip(&inspection.groups)
+    {
+        let key = "rocketmq.consumer_group";
+        match seen {
+            Ok(g) if g.clients == 0 => {
+                out.push(ok(key, format!("{group}: no client connected now")))
+            }
+            Ok(g) => {
+                let foreign: Vec<String> = g
+                    .subscriptions
+                    .iter()
+                    .filter(|(topic, expr)| topic != ours || expr != "*")
+                    .map(|(topic, expr)| format!("{topic} ({expr})"))
+                    .collect();
+                if foreign.is_empty() {
+                    out.push(ok(
+                        key,
+                        format!(
+                            "{group}: {} client(s), all subscribed to {ours} (*)",
+                            g.clients
+                        ),
+                    ));
+                } else {
+                    out.push(bad(
+                        Level::Error,
+                        key,
+                        format!("{group}: {} client(s) share the group, subscribed to {} — timeoutd subscribes to {ours} (*)", g.clients, foreign.join(", ")),
+                        "give timeoutd a consumer group of its own (rocketmq.consumer_group): a group's members must share one subscription, or RocketMQ hands some of timeoutd's messages to the other clients",
+                    ));
+                }
+            }
+            // A group nobody has joined is not online at the broker: nobody shares it.
+            Err(e) if e.contains("not online") || e.contains("206") => {
+                out.push(ok(key, format!("{group}: no client connected now")))
+            }
+            Err(e) => out.push(bad(
+                Level::Warn,
+                key,
+                format!("{group}: its connections could not be read: {e}"),
+                "check the broker (mqadmin consumerConnection -g GROUP shows the same)",
+            )),
+        }
+    }
     out
 }
 

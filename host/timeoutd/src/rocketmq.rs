@@ -18,6 +18,7 @@ pub mod coalesce;
 pub mod codec;
 pub mod consumer;
 pub mod dlq;
+pub mod inspect;
 pub mod paid;
 pub mod planner;
 pub mod received;

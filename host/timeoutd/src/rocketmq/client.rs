@@ -421,7 +421,7 @@ const CLIENT_SHUTDOWN: Duration = Duration::from_millis(1500);
 /// each, milliseconds) before it stops.
 const CONSUMER_DRAIN: Duration = Duration::from_secs(2);
 
-type Spawned = (
+pub(super) type Spawned = (
     Handle,
     Arc<ClientRuntime>,
     std::sync::mpsc::Sender<()>,
@@ -430,7 +430,10 @@ type Spawned = (
 
 /// Builds the client's `RuntimeOwner` on its own thread and hands back its handle; the thread
 /// keeps the owner until told to stop, then shuts it down.
-fn spawn_client_runtime(name: &str, consume_threads: usize) -> Result<Spawned, TransportError> {
+pub(super) fn spawn_client_runtime(
+    name: &str,
+    consume_threads: usize,
+) -> Result<Spawned, TransportError> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
     let name = name.to_string();
