@@ -933,7 +933,7 @@ async fn sigterm_stops_a_daemon_whose_database_is_gone() {
     let env = Env::new(Backend::MySql).await;
     let database = env.url.rsplit('/').next().unwrap().to_string();
     let log = env.dir.path().join("timeoutd.log");
-    let mut daemon = started_daemon(
+    let mut daemon = crate::support::started_daemon(
         &repo_root().join("config/mariadb.toml"),
         &[
             ("TIMEOUTD_MYSQL_URL", env.url.as_str()),
@@ -1014,7 +1014,7 @@ async fn spans_reach_an_otlp_collector_in_the_callers_trace() {
     )
     .unwrap();
     let log = env.dir.path().join("timeoutd.log");
-    let mut daemon = started_daemon(&file, &[], &log).await;
+    let mut daemon = crate::support::started_daemon(&file, &[], &log).await;
     let read = || std::fs::read_to_string(&log).unwrap_or_default();
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     let closed = reqwest::Client::new()
@@ -1026,13 +1026,7 @@ async fn spans_reach_an_otlp_collector_in_the_callers_trace() {
         .unwrap();
     assert_eq!(closed.status(), 200, "{}", closed.text().await.unwrap());
     assert_eq!(env.status("traced").await, "CLOSED");
-    let _ = Command::new("kill")
-        .args(["-TERM", &daemon.id().unwrap().to_string()])
-        .status();
-    let exit = tokio::time::timeout(Duration::from_secs(10), daemon.wait())
-        .await
-        .expect("stopped")
-        .unwrap();
+    let exit = crate::support::sigterm(&mut daemon, Duration::from_secs(10)).await;
     assert!(exit.success(), "{exit:?}\n{}", read());
     let traced = collector.traced(trace_id);
     assert!(
@@ -1049,29 +1043,4 @@ async fn spans_reach_an_otlp_collector_in_the_callers_trace() {
         );
     }
     env.cleanup().await;
-}
-
-/// `timeoutd run --config file` with `envs`, its stderr in `log`, once it logged that it
-/// started (within 60 s); killed when dropped.
-async fn started_daemon(
-    file: &std::path::Path,
-    envs: &[(&str, &str)],
-    log: &std::path::Path,
-) -> tokio::process::Child {
-    let daemon = tokio::process::Command::new(timeoutd_bin())
-        .args(["run", "--config"])
-        .arg(file)
-        .envs(envs.iter().copied())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    crate::support::eventually(Duration::from_secs(60), "the daemon starts", || async {
-        std::fs::read_to_string(log)
-            .unwrap_or_default()
-            .contains("timeoutd started")
-    })
-    .await;
-    daemon
 }

@@ -1582,19 +1582,8 @@ async fn a_messages_traceparent_continues_its_trace_into_the_trigger_span() {
     )
     .unwrap();
     let log = env.dir.path().join("timeoutd.log");
-    let mut daemon = tokio::process::Command::new(crate::support::timeoutd_bin())
-        .args(["run", "--config"])
-        .arg(&file)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut daemon = crate::support::started_daemon(&file, &[], &log).await;
     let read = || std::fs::read_to_string(&log).unwrap_or_default();
-    eventually(Duration::from_secs(60), "the daemon starts", || async {
-        read().contains("timeoutd started")
-    })
-    .await;
     let config = env.config(ACME, &section(&topic, &group, ""));
     let tx = sender(&config).await;
     let trace_id = "0af7651916cd43dd8448eb211c80319c";
@@ -1614,13 +1603,7 @@ async fn a_messages_traceparent_continues_its_trace_into_the_trigger_span() {
     )
     .await;
     tx.shutdown().await;
-    let _ = std::process::Command::new("kill")
-        .args(["-TERM", &daemon.id().unwrap().to_string()])
-        .status();
-    let exit = tokio::time::timeout(Duration::from_secs(15), daemon.wait())
-        .await
-        .expect("stopped")
-        .unwrap();
+    let exit = crate::support::sigterm(&mut daemon, Duration::from_secs(15)).await;
     assert!(exit.success(), "{exit:?}\n{}", read());
     let traced = collector.traced(trace_id);
     assert!(

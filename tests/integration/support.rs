@@ -475,3 +475,46 @@ pub fn repo_root() -> PathBuf {
         .unwrap()
         .to_path_buf()
 }
+
+/// `timeoutd run --config file` with `envs`, its stderr in `log`, once it logged that it
+/// started (within 60 s); killed when dropped.
+pub async fn started_daemon(
+    file: &std::path::Path,
+    envs: &[(&str, &str)],
+    log: &std::path::Path,
+) -> tokio::process::Child {
+    let daemon = tokio::process::Command::new(timeoutd_bin())
+        .args(["run", "--config"])
+        .arg(file)
+        .envs(envs.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    crate::support::eventually(
+        std::time::Duration::from_secs(60),
+        "the daemon starts",
+        || async {
+            std::fs::read_to_string(log)
+                .unwrap_or_default()
+                .contains("timeoutd started")
+        },
+    )
+    .await;
+    daemon
+}
+
+/// Sends SIGTERM to `daemon` and waits at most `limit` for it to exit.
+pub async fn sigterm(
+    daemon: &mut tokio::process::Child,
+    limit: std::time::Duration,
+) -> std::process::ExitStatus {
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &daemon.id().unwrap().to_string()])
+        .status();
+    tokio::time::timeout(limit, daemon.wait())
+        .await
+        .expect("stopped after SIGTERM")
+        .unwrap()
+}
