@@ -168,6 +168,22 @@ async fn replay_prints_where_a_new_version_decides_differently() {
     let out = replay(&two);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(text(&out).contains("1 same, 0 different"), "{}", text(&out));
+    // The same plugin with a new setting: what the recorded order would have got.
+    let out = plugin_cmd(&[
+        "replay".as_ref(),
+        two.as_os_str(),
+        "--config".as_ref(),
+        config_file.as_os_str(),
+        "--setting".as_ref(),
+        "grace=1m".as_ref(),
+    ]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(
+        all.contains("was: wait 299800 ms") && all.contains("now: wait 59800 ms"),
+        "{all}"
+    );
+    assert!(all.contains("settings changed: grace=1m"), "{all}");
 
     let one = file(
         dir.path(),

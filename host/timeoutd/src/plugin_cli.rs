@@ -69,6 +69,10 @@ pub enum PluginCommand {
         /// At most this many decisions, newest first.
         #[arg(long, default_value_t = 1000)]
         limit: u32,
+        /// Replay with this merchant setting changed or added, `KEY=VALUE` (repeat it): what
+        /// the recorded orders would have got under the new settings.
+        #[arg(long)]
+        setting: Vec<String>,
     },
 }
 
@@ -136,8 +140,28 @@ pub async fn run(command: PluginCommand) -> ExitCode {
             config,
             merchant,
             limit,
-        } => replay::run(&file, &config, merchant.as_deref(), limit).await,
+            setting,
+        } => match parse_settings(&setting) {
+            Ok(changed) => replay::run(&file, &config, merchant.as_deref(), limit, &changed).await,
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::from(EXIT_BAD_INPUT)
+            }
+        },
     }
+}
+
+/// `--setting KEY=VALUE` arguments as (key, value) pairs, in order.
+///
+/// # Errors
+/// The first argument without `=`, named.
+fn parse_settings(args: &[String]) -> Result<Vec<(String, String)>, String> {
+    args.iter()
+        .map(|s| match s.split_once('=') {
+            Some((k, v)) => Ok((k.trim().to_string(), v.to_string())),
+            None => Err(format!("--setting `{s}`: write it as KEY=VALUE")),
+        })
+        .collect()
 }
 
 /// An engine without a compile cache: these commands measure and judge the file itself.

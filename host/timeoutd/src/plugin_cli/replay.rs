@@ -1,11 +1,12 @@
-//! `timeoutd plugin replay FILE.wasm --config CONFIG [--merchant M] [--limit N]`.
+//! `timeoutd plugin replay FILE.wasm --config CONFIG [--merchant M] [--limit N] [--setting K=V]…`.
 //!
 //! Re-runs a plugin over the calls recorded in `decision_log`, newest first, and prints each
 //! one where it answers differently from what was recorded. The input of a call is the row's
 //! `input` (the order and context exactly as given, migration 0005); rows written before that
 //! migration are reconstructed from the `orders` row (as PENDING, the only state the daemon asks
 //! about), the row's trigger, phase, attempt and time, and the merchant's settings in today's
-//! config, and are marked `reconstructed`.
+//! config, and are marked `reconstructed`. `--setting` replaces (or adds) merchant settings in
+//! every replayed call: the differences are then what the new settings would have changed.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -63,6 +64,7 @@ pub(super) async fn run(
     config: &Path,
     merchant: Option<&str>,
     limit: u32,
+    changed: &[(String, String)],
 ) -> ExitCode {
     let config = match Config::load(config) {
         Ok(c) => c,
@@ -85,7 +87,7 @@ pub(super) async fn run(
             return ExitCode::FAILURE;
         }
     };
-    match replay(&config, &plugin, merchant, limit).await {
+    match replay(&config, &plugin, merchant, limit, changed).await {
         Ok(0) => ExitCode::SUCCESS,
         Ok(_) => ExitCode::FAILURE,
         Err(e) => {
@@ -101,12 +103,13 @@ async fn replay(
     plugin: &Plugin,
     merchant: Option<&str>,
     limit: u32,
+    changed: &[(String, String)],
 ) -> Result<usize, DbError> {
     let db = Db::connect(&config.database.url, 2).await?;
     let rows = recorded_calls(&db, merchant, limit).await?;
     let (mut same, mut differ, mut skipped, mut reconstructed) = (0, 0, 0, 0);
     for row in &rows {
-        let (order, ctx, rebuilt) = match input_of(&db, config, row).await? {
+        let (order, mut ctx, rebuilt) = match input_of(&db, config, row).await? {
             Ok(found) => found,
             Err(why) => {
                 println!(
@@ -118,6 +121,12 @@ async fn replay(
             }
         };
         reconstructed += usize::from(rebuilt);
+        for (key, value) in changed {
+            match ctx.settings.iter_mut().find(|(k, _)| k == key) {
+                Some(setting) => setting.1 = value.clone(),
+                None => ctx.settings.push((key.clone(), value.clone())),
+            }
+        }
         let Some(was) = recorded_answer(row) else {
             println!(
                 "skip  decision_log#{} order {}: the recorded answer cannot be read",
@@ -148,12 +157,18 @@ async fn replay(
             now.describe(),
         );
     }
+    let with: Vec<String> = changed.iter().map(|(k, v)| format!("{k}={v}")).collect();
     println!(
-        "replayed {} decision(s) with {} ({}): {same} same, {differ} different, {skipped} skipped, \
+        "replayed {} decision(s) with {} ({}{}): {same} same, {differ} different, {skipped} skipped, \
          {reconstructed} with reconstructed input",
         rows.len() - skipped,
         plugin.name(),
         &plugin.digest()[..12],
+        if with.is_empty() {
+            String::new()
+        } else {
+            format!("; settings changed: {}", with.join(", "))
+        },
     );
     db.close().await;
     Ok(differ)

@@ -28,16 +28,13 @@ pub(super) fn run(file: &Path, args: &RunArgs) -> ExitCode {
             return bad_input();
         }
     };
-    let mut settings = Vec::new();
-    for s in &args.setting {
-        match s.split_once('=') {
-            Some((k, v)) => settings.push((k.trim().to_string(), v.to_string())),
-            None => {
-                eprintln!("--setting `{s}`: write it as KEY=VALUE");
-                return bad_input();
-            }
+    let settings = match super::parse_settings(&args.setting) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("{e}");
+            return bad_input();
         }
-    }
+    };
     let state = match hex::decode(&args.state) {
         Ok(s) => s,
         Err(e) => {
