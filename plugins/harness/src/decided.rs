@@ -38,6 +38,7 @@ impl Decided {
         }
     }
 
+    #[track_caller]
     fn fail(&self, expected: &str) -> ! {
         panic!(
             "plugin `{}` on order `{}` (phase {}, now {} ms = created + {}): expected {expected}, got {}",

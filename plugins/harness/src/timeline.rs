@@ -93,6 +93,7 @@ impl<'h> Timeline<'h> {
     ///
     /// # Panics
     /// When `after_creation` is earlier than the timeline's clock.
+    #[track_caller]
     pub fn advance_to(&mut self, after_creation: Duration) -> Vec<Step> {
         let target = self.order.created_at_ms + ms(after_creation);
         assert!(
@@ -118,6 +119,7 @@ impl<'h> Timeline<'h> {
     ///
     /// # Panics
     /// When the order is still open after `max_steps` triggers (the plugin never closes it).
+    #[track_caller]
     pub fn run_to_end(&mut self, max_steps: usize) -> Vec<Step> {
         let mut steps = Vec::new();
         while matches!(self.state, State::Due { .. }) {

@@ -109,3 +109,29 @@ fn the_shared_cases_pass() {
     assert!(report.passed(), "{report}");
     assert_eq!(report.results.len(), cases.cases.len());
 }
+
+/// A failed expectation points at the test's own line, not into the harness.
+#[test]
+fn a_failed_expectation_points_at_the_tests_own_line() {
+    let harness = plugin();
+    let o = order("o-where").item("sku-a", 1, 100).build();
+    let at = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let seen = at.clone();
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        *seen.lock().unwrap() = info.location().map(|l| (l.file().to_string(), l.line()));
+    }));
+    let decided = harness.decide(&o, o.deadline_ms, 0);
+    let line = line!() + 2; // the `expect_ignore` two lines down
+    let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        decided.expect_ignore().to_string()
+    }));
+    std::panic::set_hook(previous);
+    assert!(
+        failed.is_err(),
+        "the plugin waits at the deadline, it does not ignore"
+    );
+    let (file, at_line) = at.lock().unwrap().clone().expect("a panic location");
+    assert!(file.ends_with("two_phase.rs"), "points at {file}");
+    assert_eq!(at_line, line, "points at the line of the expectation");
+}
