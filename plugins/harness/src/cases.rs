@@ -249,6 +249,25 @@ struct FileDoc {
     cases: Vec<CaseDoc>,
 }
 
+/// The parser's first error (with its line and column) and, after it, every other
+/// `[[case]]` that does not parse on its own, each named by index and name — so a broken file
+/// is fixed in one pass, not one error at a time.
+fn syntax_problems(text: &str, first: &toml::de::Error) -> String {
+    let mut problems = vec![first.to_string().trim_end().to_string()];
+    let Ok(table) = text.parse::<toml::Table>() else {
+        return problems.join("\n");
+    };
+    if let Some(toml::Value::Array(cases)) = table.get("case") {
+        for (i, case) in cases.iter().enumerate() {
+            if let Err(e) = CaseDoc::deserialize(case.clone()) {
+                let name = case.get("name").and_then(|n| n.as_str()).unwrap_or("?");
+                problems.push(format!("case[{i}] \"{name}\": {}", e.message()));
+            }
+        }
+    }
+    problems.join("\n  ")
+}
+
 /// One resolved case: the order, the context and what is expected.
 #[derive(Debug, Clone)]
 pub struct Case {
@@ -292,7 +311,7 @@ impl CasesFile {
     pub fn parse(text: &str, path: &str) -> Result<Self, CasesError> {
         let doc: FileDoc = toml::from_str(text).map_err(|e| CasesError::Syntax {
             path: path.to_string(),
-            message: e.to_string(),
+            message: syntax_problems(text, &e),
         })?;
         let mut problems = Vec::new();
         let mut names = HashSet::new();
@@ -910,6 +929,34 @@ mod tests {
         assert!(
             text.contains("decison") && text.contains("line 3"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn every_case_that_does_not_parse_is_named_at_once() {
+        let err = CasesFile::parse(
+            "[[case]]\nname = \"a\"\nexpect = { decison = \"wait\" }\n\
+             [[case]]\nname = \"b\"\nexpect = { decision = \"wait\" }\n\
+             [[case]]\nname = \"c\"\norder = { total_cents = \"lots\" }\nexpect = { decision = \"ignore\" }\n",
+            "t.toml",
+        )
+        .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("line 3"),
+            "the first error keeps its place: {text}"
+        );
+        assert!(
+            text.contains("case[0] \"a\"") && text.contains("decison"),
+            "{text}"
+        );
+        assert!(
+            text.contains("case[2] \"c\""),
+            "the second broken case too: {text}"
+        );
+        assert!(
+            !text.contains("case[1]"),
+            "the good case is not blamed: {text}"
         );
     }
 
