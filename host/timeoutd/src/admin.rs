@@ -143,7 +143,8 @@ pub fn tokens(
             }
             match write_private(file, &token) {
                 Ok(()) => token,
-                // Another daemon on the same data directory made it first.
+                // Another daemon on the same data directory made it first (whole: it is
+                // written aside and linked into place).
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                     std::fs::read_to_string(file)
                         .map_err(|e| format!("admin.token_file {shown}: {e}"))?
@@ -166,17 +167,28 @@ pub fn tokens(
     ))
 }
 
-/// Writes `text` to a new file only its owner can read.
+/// Writes `text` to a new file at `path` that only its owner can read, all at once: written to a
+/// temporary file beside it first, then hard-linked into place (which fails with
+/// `AlreadyExists` rather than replace a file another process made), so nobody ever reads it
+/// half-written.
 fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)?;
-    f.write_all(text.as_bytes())?;
-    f.write_all(b"\n")
+    let aside = path.with_extension(format!("tmp{}", std::process::id()));
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&aside)?;
+        f.write_all(text.as_bytes())?;
+        f.write_all(b"\n")?;
+        f.sync_all()?;
+        std::fs::hard_link(&aside, path)
+    })();
+    let _ = std::fs::remove_file(&aside);
+    written
 }
 
 /// An API error: a status and a message naming what was wrong.

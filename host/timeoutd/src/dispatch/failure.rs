@@ -106,9 +106,16 @@ impl Dispatcher {
             self.dead_letter(trigger, now_ms, reason).await
         }
         .await;
-        result.unwrap_or_else(|e| Outcome::Unrecorded {
-            error: format!("dead-lettering `{reason}`: {e}"),
-        })
+        match result {
+            Ok(outcome) => outcome,
+            // Another holder has the row now: its handling stands.
+            Err(e @ DbError::StaleClaim { .. }) => Outcome::NoOp {
+                reason: e.to_string(),
+            },
+            Err(e) => Outcome::Unrecorded {
+                error: format!("dead-lettering `{reason}`: {e}"),
+            },
+        }
     }
 
     /// Dead-letters a trigger that cannot succeed as it is (missing order, unknown merchant,

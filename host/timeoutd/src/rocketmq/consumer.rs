@@ -199,13 +199,17 @@ impl TimeoutConsumer {
                 }
             }
         }
-        // The group's rows share one claim token (one claim per group; a re-adopted row has its
-        // own, and is fenced by it all the same).
-        let token = triggers.first().and_then(|t| t.claim.clone());
+        // The group's rows share one claim token, but a re-adopted row has its own: every token
+        // of the group is renewed while it is handled.
+        let mut tokens: Vec<String> = triggers.iter().filter_map(|t| t.claim.clone()).collect();
+        tokens.sort();
+        tokens.dedup();
         let lease = Duration::from_millis(self.lease_ms.max(0) as u64);
         let outcomes =
-            crate::lease::renewing(self.dispatcher.handle_group(&triggers), lease, || {
-                crate::sources::outbox::renew_rows(&self.dispatcher, token.as_deref(), lease)
+            crate::lease::renewing(self.dispatcher.handle_group(&triggers), lease, || async {
+                for token in &tokens {
+                    crate::sources::outbox::renew_rows(&self.dispatcher, Some(token), lease).await;
+                }
             })
             .await;
         for (i, outcome) in owners.into_iter().zip(outcomes) {

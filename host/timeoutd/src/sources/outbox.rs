@@ -128,7 +128,9 @@ pub async fn run(
 }
 
 /// Splits claimed rows into groups of at most `group` and starts each on its own task once a
-/// permit is free; a row that cannot be a trigger is dead-lettered on its own.
+/// permit is free; a row that cannot be a trigger is dead-lettered on its own. One renewer
+/// keeps the claim's lease alive from the claim until its last group is done, so groups still
+/// waiting for a permit keep their rows too.
 async fn dispatch_groups(
     dispatcher: &Arc<Dispatcher>,
     rows: Vec<DueRow>,
@@ -137,6 +139,23 @@ async fn dispatch_groups(
     permits: &Arc<Semaphore>,
     in_flight: &mut JoinSet<()>,
 ) {
+    // Every chunk holds a sender; the renewer stops when the last one is dropped.
+    let (alive, mut done) = tokio::sync::mpsc::channel::<()>(1);
+    let token = rows.first().and_then(|row| row.claim_token.clone());
+    {
+        let dispatcher = dispatcher.clone();
+        in_flight.spawn(async move {
+            let every = crate::lease::renew_every(lease);
+            loop {
+                tokio::select! {
+                    _ = done.recv() => break,
+                    _ = tokio::time::sleep(every) => {
+                        renew_rows(&dispatcher, token.as_deref(), lease).await;
+                    }
+                }
+            }
+        });
+    }
     for chunk in rows.chunks(group) {
         let permit = permits
             .clone()
@@ -145,7 +164,9 @@ async fn dispatch_groups(
             .expect("semaphore never closed");
         let dispatcher = dispatcher.clone();
         let chunk = chunk.to_vec();
+        let alive = alive.clone();
         in_flight.spawn(async move {
+            let _alive = alive;
             let mut triggers = Vec::with_capacity(chunk.len());
             for row in &chunk {
                 match trigger_of(row) {
@@ -156,13 +177,7 @@ async fn dispatch_groups(
                     }
                 }
             }
-            let token = chunk.first().and_then(|row| row.claim_token.clone());
-            let outcomes =
-                crate::lease::renewing(dispatcher.handle_group(&triggers), lease, || {
-                    renew_rows(&dispatcher, token.as_deref(), lease)
-                })
-                .await;
-            for outcome in outcomes {
+            for outcome in dispatcher.handle_group(&triggers).await {
                 if let Outcome::DeadLettered { reason } = &outcome {
                     tracing::warn!(reason, "outbox row dead-lettered");
                 }
