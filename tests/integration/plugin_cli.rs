@@ -270,3 +270,75 @@ fn run_calls_a_plugin_once_with_an_order_from_a_file_and_check_lists_its_manifes
     assert_eq!(out.status.code(), Some(64), "{}", text(&out));
     assert!(text(&out).contains("not an order"), "{}", text(&out));
 }
+
+/// `timeoutd plugin new` makes a project that builds with nothing but the binary and a Rust
+/// toolchain (the SDK and its WIT vendored into it) and passes its own cases on first run;
+/// it refuses to write over an existing folder or to take a name that is not a crate name.
+#[test]
+fn plugin_new_makes_a_project_that_builds_and_passes_its_cases_on_first_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = dir.path().join("my-shop");
+    let out = plugin_cmd(&[
+        "new".as_ref(),
+        "my-shop".as_ref(),
+        "--dir".as_ref(),
+        project.as_os_str(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    for path in [
+        "Cargo.toml",
+        "src/lib.rs",
+        "CASES.toml",
+        "README.md",
+        "timeoutd-policy-sdk/wit/policy.wit",
+    ] {
+        assert!(project.join(path).is_file(), "{path} missing");
+    }
+    // Built as a merchant would, outside this workspace and its target directory (offline
+    // first: the SDK's one dependency is in the local registry cache after this repo's build).
+    let build = |offline: bool| {
+        let mut cmd = Command::new("cargo");
+        cmd.args(["build", "--release", "--target", "wasm32-wasip2"])
+            .current_dir(&project)
+            .env_remove("CARGO_TARGET_DIR")
+            .env_remove("RUSTFLAGS");
+        if offline {
+            cmd.arg("--offline");
+        }
+        cmd.output().expect("cargo")
+    };
+    let mut built = build(true);
+    if !built.status.success() {
+        built = build(false);
+    }
+    assert!(built.status.success(), "{}", text(&built));
+    let wasm = project.join("target/wasm32-wasip2/release/my_shop.wasm");
+    let out = plugin_cmd(&["check".as_ref(), wasm.as_os_str()]);
+    assert!(
+        text(&out).contains("timeout:policy@0.2.0"),
+        "{}",
+        text(&out)
+    );
+    let out = plugin_cmd(&[
+        "test".as_ref(),
+        wasm.as_os_str(),
+        project.join("CASES.toml").as_os_str(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("4 passed, 0 failed"), "{}", text(&out));
+    // Never over an existing folder; only crate names.
+    let again = plugin_cmd(&[
+        "new".as_ref(),
+        "my-shop".as_ref(),
+        "--dir".as_ref(),
+        project.as_os_str(),
+    ]);
+    assert_eq!(again.status.code(), Some(64), "{}", text(&again));
+    let bad = plugin_cmd(&[
+        "new".as_ref(),
+        "My Shop".as_ref(),
+        "--dir".as_ref(),
+        dir.path().join("x").as_os_str(),
+    ]);
+    assert_eq!(bad.status.code(), Some(64), "{}", text(&bad));
+}

@@ -14,6 +14,7 @@
 //! decision; 64 a bad cases file or configuration.
 
 mod check;
+mod new;
 mod replay;
 mod run;
 mod test;
@@ -35,6 +36,15 @@ pub enum PluginCommand {
         /// Limits it is loaded under.
         #[command(flatten)]
         limits: LimitArgs,
+    },
+    /// Make a new Rust plugin project NAME (or at `--dir`): the policy, its cases and the guest
+    /// SDK vendored, so it builds and passes `plugin test` on first run.
+    New {
+        /// The crate's name, e.g. `my-shop-policy`.
+        name: String,
+        /// Where to make it (default: ./NAME; must not exist).
+        #[arg(long)]
+        dir: Option<PathBuf>,
     },
     /// Run a CASES.toml file against a plugin; one line per case, exit 1 if any fails.
     Test {
@@ -129,6 +139,7 @@ const EXIT_BAD_INPUT: u8 = crate::config::EXIT_BAD_CONFIG;
 pub async fn run(command: PluginCommand) -> ExitCode {
     match command {
         PluginCommand::Check { file, limits } => check::run(&file, &limits.limits()),
+        PluginCommand::New { name, dir } => new::run(&name, dir.as_deref()),
         PluginCommand::Test {
             file,
             cases,
