@@ -880,18 +880,7 @@ async fn doctor_names_what_is_wrong_and_how_to_fix_it() {
             "[redis]\nurl = \"redis://127.0.0.1:{closed_port}\"\n[payment]\nbase_url = \"http://127.0.0.1:{closed_port}\"\n"
         ),
     );
-    let run = |file: std::path::PathBuf| async move {
-        let out = tokio::process::Command::new(timeoutd_bin())
-            .args(["doctor", "--config"])
-            .arg(&file)
-            .output()
-            .await
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        )
-    };
+    let run = crate::support::doctor;
     let (code, report) = run(broken).await;
     assert_eq!(code, Some(1), "{report}");
     for line in [

@@ -1645,18 +1645,7 @@ async fn doctor_finds_a_consumer_group_shared_with_another_subscription() {
         .unwrap();
         file
     };
-    let run = |file: std::path::PathBuf| async move {
-        let out = tokio::process::Command::new(crate::support::timeoutd_bin())
-            .args(["doctor", "--config"])
-            .arg(&file)
-            .output()
-            .await
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        )
-    };
+    let run = crate::support::doctor;
     // The daemon's consumer joins its group within a rebalance or two.
     let own = write("own.toml", &topic);
     let mut report = String::new();

@@ -518,3 +518,17 @@ pub async fn sigterm(
         .expect("stopped after SIGTERM")
         .unwrap()
 }
+
+/// `timeoutd doctor --config file`: its exit code and its report (stdout).
+pub async fn doctor(file: PathBuf) -> (Option<i32>, String) {
+    let out = tokio::process::Command::new(timeoutd_bin())
+        .args(["doctor", "--config"])
+        .arg(&file)
+        .output()
+        .await
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}

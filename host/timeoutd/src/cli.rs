@@ -159,13 +159,16 @@ pub fn main() -> ExitCode {
         | Command::Doctor { .. } => "warn",
         _ => "warn,timeoutd=info,timeoutd_runtime=info",
     };
-    // `run` exports its spans when its config has [tracing] (the config is loaded again, and
-    // its problems reported, by `run` itself).
-    let tracing_config = match &cli.command {
-        Command::Run { config } => Config::load(config).ok().and_then(|c| c.tracing),
+    // `run` loads its config before logging starts: its [tracing] decides where spans go.
+    let mut run_config = match &cli.command {
+        Command::Run { config } => Some(load(config)),
         _ => None,
     };
-    let _traces = match init_logging(cli.log_format, default_level, tracing_config.as_ref()) {
+    let tracing_config = run_config
+        .as_ref()
+        .and_then(|loaded| loaded.as_ref().ok())
+        .and_then(|c| c.tracing.as_ref());
+    let _traces = match init_logging(cli.log_format, default_level, tracing_config) {
         Ok(guard) => guard,
         Err(e) => {
             eprintln!("timeoutd: {e}");
@@ -183,7 +186,10 @@ pub fn main() -> ExitCode {
                 Ok(loaded) => doctor(&config, &loaded).await,
                 Err(code) => code,
             },
-            Command::Run { config } => run(&config).await,
+            Command::Run { config } => match run_config.take().expect("loaded above") {
+                Ok(loaded) => run(&config, &loaded).await,
+                Err(code) => code,
+            },
             Command::Arm { config, orders } => match load(&config) {
                 Ok(config) => arm(&config, &orders).await,
                 Err(code) => code,
@@ -339,12 +345,8 @@ fn validate(path: &std::path::Path) -> ExitCode {
     }
 }
 
-async fn run(path: &std::path::Path) -> ExitCode {
-    let config = match load(path) {
-        Ok(c) => c,
-        Err(code) => return code,
-    };
-    let daemon = match Daemon::start(&config, Clock::Database).await {
+async fn run(path: &std::path::Path, config: &Config) -> ExitCode {
+    let daemon = match Daemon::start(config, Clock::Database).await {
         Ok(d) => d,
         Err(e @ daemon::StartError::Policies(crate::policies::SetupError::Plugins(_))) => {
             eprintln!("{}: {e}", path.display());

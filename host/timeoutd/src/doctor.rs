@@ -139,7 +139,9 @@ async fn database(config: &Config) -> Vec<Finding> {
         )),
     }
     let latest = crate::db::latest_schema_version(db.backend());
-    match probe::schema_version(&db).await {
+    let schema = probe::schema_version(&db).await;
+    let migrated = matches!(schema, Ok(Some(v)) if v == latest);
+    match schema {
         Ok(Some(v)) if v == latest => out.push(ok(
             "database.schema",
             format!("version {v}, as this build expects"),
@@ -174,7 +176,7 @@ async fn database(config: &Config) -> Vec<Finding> {
             "grant the daemon's user read access to _sqlx_migrations",
         )),
     }
-    if probe::schema_version(&db).await.ok().flatten() == Some(latest) {
+    if migrated {
         match probe::probe_write(&db).await {
             Ok(()) => out.push(ok(
                 "database.privileges",
