@@ -120,6 +120,65 @@ fn test_runs_the_cases_file_and_fails_on_a_policy_that_differs() {
     assert!(all.contains("unknown kind `restore-stok`"), "{all}");
 }
 
+/// `plugin test` plays what the daemon does: a case the daemon never produces fails, naming
+/// why (a 0.1.0 plugin asked before its deadline; state at phase 0), while the same early call
+/// to a 0.2.0 plugin runs; a 0.2.0 wait's state and poll request are compared.
+#[test]
+fn test_flags_a_case_the_daemon_never_produces_and_compares_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let two = file(dir.path(), "two_phase.wasm", builtin("two-phase").unwrap());
+    let tea = file(dir.path(), "tea_house.wasm", crate::support::TEA_HOUSE_WASM);
+    let cases = file(
+        dir.path(),
+        "cases.toml",
+        "[defaults.context]\nsettings = { grace = \"5m\" }\n\
+         [[case]]\nname = \"ten minutes in\"\ncontext = { phase = 1, now = \"10m\" }\n\
+         expect = { decision = \"wait\" }\n\
+         [[case]]\nname = \"state at the first call\"\ncontext = { now = \"16m\", state = \"01\" }\n\
+         expect = { decision = \"wait\" }\n"
+            .as_bytes(),
+    );
+    let out = plugin_cmd(&["test".as_ref(), two.as_os_str(), cases.as_os_str()]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(all.contains("FAIL  ten minutes in\n        - the daemon never asks this: a 0.1.0 plugin is asked from the deadline on, and `now` is 5m before it"), "{all}");
+    assert!(all.contains("FAIL  state at the first call\n        - the daemon never asks this: phase 0 is the order's first call, which has no state"), "{all}");
+
+    let out = plugin_cmd(&["test".as_ref(), tea.as_os_str(), cases.as_os_str()]);
+    let all = text(&out);
+    assert!(all.contains("ok    ten minutes in"), "{all}");
+    assert!(all.contains("FAIL  state at the first call"), "{all}");
+
+    let cases = file(
+        dir.path(),
+        "state.toml",
+        "[[case]]\nname = \"reminded\"\ncontext = { phase = 1, now = \"13m\" }\n\
+         expect = { decision = \"wait\", state = \"02\", poll_payment = true }\n\
+         [[case]]\nname = \"bad hex\"\ncontext = { phase = 1, state = \"0g\" }\n\
+         expect = { decision = \"wait\", state = \"xyz\" }\n"
+            .as_bytes(),
+    );
+    let out = plugin_cmd(&["test".as_ref(), tea.as_os_str(), cases.as_os_str()]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(64), "{all}");
+    assert!(all.contains("context.state: `0g` is not hex"), "{all}");
+    assert!(all.contains("state: not hex"), "{all}");
+    std::fs::write(
+        &cases,
+        "[[case]]\nname = \"reminded\"\ncontext = { phase = 1, now = \"13m\" }\n\
+         expect = { decision = \"wait\", state = \"02\", poll_payment = true }\n",
+    )
+    .unwrap();
+    let out = plugin_cmd(&["test".as_ref(), tea.as_os_str(), cases.as_os_str()]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(all.contains("expected state \"02\", got \"01\""), "{all}");
+    assert!(
+        all.contains("expected poll_payment = true, got false"),
+        "{all}"
+    );
+}
+
 /// A decision recorded by a dispatcher is replayed: the same plugin agrees; a different one is
 /// reported with both answers; rows older than migration 0005 are reconstructed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

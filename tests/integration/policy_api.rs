@@ -1,8 +1,9 @@
-//! Policy API 0.2.0 in the daemon, beside a 0.1.0 plugin, on every backend: the plugin is asked
-//! when the daemon first sees the order's row (the early look), reminds before the deadline,
-//! hands state from phase to phase, and closes at the deadline — a VIP order after a second
-//! reminder and its grace; the 0.1.0 merchant's order is not asked before its deadline. And a
-//! manifest the merchant's config does not fit stops start-up, naming every problem.
+//! Policy API 0.2.0 in the daemon, beside a 0.1.0 plugin: the tea-house plugin — in Rust on
+//! every backend, in JavaScript and Python on SQLite — is asked when the daemon first sees the
+//! order's row (the early look), reminds before the deadline, hands state from phase to phase,
+//! and closes at the deadline — a VIP order after a second reminder and its grace; the 0.1.0
+//! merchant's order is not asked before its deadline. And a manifest the merchant's config does
+//! not fit stops start-up, naming every problem.
 
 use timeoutd::clock::Clock;
 use timeoutd::db::outbox;
@@ -13,10 +14,10 @@ use crate::support::{Env, MerchantSpec, T0, each_backend, order};
 
 const MIN: i64 = 60_000;
 
-const MERCHANTS: &[MerchantSpec<'static>] = &[
-    ("tea", "tea-house", &[]),
-    ("acme", "builtin:single-phase", &[]),
-];
+/// Merchant `tea` on `plugin` (see [`MerchantSpec`]) beside the 0.1.0 `acme`.
+fn merchants(plugin: &str) -> [MerchantSpec<'_>; 2] {
+    [("tea", plugin, &[]), ("acme", "builtin:single-phase", &[])]
+}
 
 fn tea_order(id: &str, total_cents: i64) -> Order {
     let mut o = order(id, "tea", T0);
@@ -58,63 +59,208 @@ async fn reminders(env: &Env, id: &str) -> Vec<String> {
 
 each_backend! {
     async fn a_0_2_0_plugin_reminds_before_the_deadline_and_closes_at_it_beside_a_0_1_0_plugin(env) {
-        env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
-        env.create(&tea_order("t-small", 3_490)).await;
-        env.create(&tea_order("t-vip", 120_000)).await;
-        env.create(&order("a-old", "acme", T0)).await;
-        let created = T0 - 15 * MIN;
-        let (clock, now) = Clock::manual(created + 1_000);
-        let d = env.dispatcher(&env.config(MERCHANTS, ""), clock).await;
-        let at = |ms: i64| now.store(ms, std::sync::atomic::Ordering::SeqCst);
-
-        // The early look, a second after creation: the 0.2.0 plugin decides its first phase
-        // now; the 0.1.0 merchant's row is looked at once and left as it was.
-        let first = early_look(env, &d, created + 1_000).await;
-        assert_eq!(first[0], ("a-old".into(), Outcome::Deferred { until_ms: T0 }));
-        assert_eq!(first[1], ("t-small".into(), Outcome::Waiting { next_phase: 1, due_ms: T0 - 2 * MIN }));
-        assert_eq!(first[2], ("t-vip".into(), Outcome::Waiting { next_phase: 1, due_ms: T0 - 2 * MIN }));
-        assert_eq!(env.text("SELECT status FROM order_timeout_msg WHERE phase = 0 AND order_id = ?", "a-old").await, "PENDING");
-        assert_eq!(env.int("SELECT due_ms FROM order_timeout_msg WHERE phase = 0 AND order_id = ?", "a-old").await, T0);
-        assert!(early_look(env, &d, created + 2_000).await.is_empty(), "each row is looked at once");
-        assert_eq!(env.int("SELECT COUNT(*) FROM decision_log WHERE order_id = ?", "a-old").await, 0, "the 0.1.0 plugin was not asked");
-
-        // Two minutes before the deadline: both tea orders are reminded, and say so in state.
-        at(T0 - 2 * MIN);
-        let reminded = env.process(&d, T0 - 2 * MIN).await;
-        assert_eq!(reminded.len(), 2, "{reminded:?}");
-        assert!(reminded.iter().all(|o| matches!(o, Outcome::Waiting { .. })), "{reminded:?}");
-        assert_eq!(reminders(env, "t-small").await, ["order-closing-soon"]);
-        assert_eq!(reminders(env, "t-vip").await, ["order-closing-soon"]);
-        assert_eq!(env.text("SELECT status FROM effect_ledger WHERE kind = 'remind' AND order_id = ?", "t-small").await, "DONE");
-        assert_eq!(env.text("SELECT state FROM order_timeout_msg WHERE phase = 2 AND order_id = ?", "t-vip").await, "01");
-        assert_eq!(env.status("t-small").await, "PENDING");
-
-        // At the deadline: the small order and the 0.1.0 order close; the VIP order is held on.
-        at(T0);
-        let mut at_deadline = Vec::new();
-        for t in env.claim(T0).await {
-            at_deadline.push((t.order_id.clone(), d.handle(&t).await));
-        }
-        at_deadline.sort_by(|a, b| a.0.cmp(&b.0));
-        assert!(matches!(at_deadline[0], (ref id, Outcome::Closed { .. }) if id == "a-old"), "{at_deadline:?}");
-        assert!(matches!(at_deadline[1], (ref id, Outcome::Closed { .. }) if id == "t-small"), "{at_deadline:?}");
-        assert_eq!(at_deadline[2], ("t-vip".into(), Outcome::Waiting { next_phase: 3, due_ms: T0 + 10 * MIN }));
-        assert_eq!(reminders(env, "t-vip").await, ["order-closing-soon", "order-held"]);
-        assert_eq!(env.status("t-small").await, "CLOSED");
-        assert_eq!(env.status("a-old").await, "CLOSED");
-        assert_eq!(env.status("t-vip").await, "PENDING");
-
-        // Ten minutes later the VIP order closes, everything it held given back once.
-        at(T0 + 10 * MIN);
-        let last = env.process(&d, T0 + 10 * MIN).await;
-        assert!(matches!(&last[..], [Outcome::Closed { .. }]), "{last:?}");
-        assert_eq!(env.status("t-vip").await, "CLOSED");
-        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (100, 100));
-        assert_eq!(env.coupon("cpn-t-vip").await, "AVAILABLE");
-        assert_eq!(env.int("SELECT closed_at_ms FROM orders WHERE id = ?", "t-vip").await, T0 + 10 * MIN);
-        assert!(env.int("SELECT closed_at_ms FROM orders WHERE id = ?", "t-small").await >= T0, "never before the deadline");
-        assert_eq!(env.int("SELECT COUNT(*) FROM order_timeout_msg WHERE status <> 'PROCESSED' AND order_id <> ?", "").await, 0);
+        tea_house_in_the_daemon(env, "tea-house").await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_javascript_tea_house_runs_the_same_timeline_in_the_daemon() {
+    let env = Env::new(timeoutd::db::Backend::Sqlite).await;
+    tea_house_in_the_daemon(&env, "tea-house-js").await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_python_tea_house_runs_the_same_timeline_in_the_daemon() {
+    let env = Env::new(timeoutd::db::Backend::Sqlite).await;
+    tea_house_in_the_daemon(&env, "tea-house-py").await;
+    env.cleanup().await;
+}
+
+/// The tea-house timeline with merchant `tea` on `plugin` (`tea-house`, or a component built by
+/// `scripts/build-polyglot-plugins`), beside the 0.1.0 merchant `acme`.
+async fn tea_house_in_the_daemon(env: &Env, plugin: &str) {
+    env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
+    env.create(&tea_order("t-small", 3_490)).await;
+    env.create(&tea_order("t-vip", 120_000)).await;
+    env.create(&order("a-old", "acme", T0)).await;
+    let created = T0 - 15 * MIN;
+    let (clock, now) = Clock::manual(created + 1_000);
+    let config = if plugin == "tea-house" {
+        env.config(&merchants(plugin), "")
+    } else {
+        // A component carrying a language runtime: its limits, and the compiled-code cache.
+        env.config_for(
+            &merchants(plugin),
+            "plugin_deadline = \"2s\"\nplugin_max_memory_mib = 128",
+            &format!(
+                "[runtime]\ncache_dir = \"{}\"\n",
+                crate::polyglot::cwasm_cache().display()
+            ),
+        )
+    };
+    let d = env.dispatcher(&config, clock).await;
+    let at = |ms: i64| now.store(ms, std::sync::atomic::Ordering::SeqCst);
+
+    // The early look, a second after creation: the 0.2.0 plugin decides its first phase
+    // now; the 0.1.0 merchant's row is looked at once and left as it was.
+    let first = early_look(env, &d, created + 1_000).await;
+    assert_eq!(
+        first[0],
+        ("a-old".into(), Outcome::Deferred { until_ms: T0 })
+    );
+    assert_eq!(
+        first[1],
+        (
+            "t-small".into(),
+            Outcome::Waiting {
+                next_phase: 1,
+                due_ms: T0 - 2 * MIN
+            }
+        )
+    );
+    assert_eq!(
+        first[2],
+        (
+            "t-vip".into(),
+            Outcome::Waiting {
+                next_phase: 1,
+                due_ms: T0 - 2 * MIN
+            }
+        )
+    );
+    assert_eq!(
+        env.text(
+            "SELECT status FROM order_timeout_msg WHERE phase = 0 AND order_id = ?",
+            "a-old"
+        )
+        .await,
+        "PENDING"
+    );
+    assert_eq!(
+        env.int(
+            "SELECT due_ms FROM order_timeout_msg WHERE phase = 0 AND order_id = ?",
+            "a-old"
+        )
+        .await,
+        T0
+    );
+    assert!(
+        early_look(env, &d, created + 2_000).await.is_empty(),
+        "each row is looked at once"
+    );
+    assert_eq!(
+        env.int(
+            "SELECT COUNT(*) FROM decision_log WHERE order_id = ?",
+            "a-old"
+        )
+        .await,
+        0,
+        "the 0.1.0 plugin was not asked"
+    );
+
+    // Two minutes before the deadline: both tea orders are reminded, and say so in state.
+    at(T0 - 2 * MIN);
+    let reminded = env.process(&d, T0 - 2 * MIN).await;
+    assert_eq!(reminded.len(), 2, "{reminded:?}");
+    assert!(
+        reminded
+            .iter()
+            .all(|o| matches!(o, Outcome::Waiting { .. })),
+        "{reminded:?}"
+    );
+    assert_eq!(reminders(env, "t-small").await, ["order-closing-soon"]);
+    assert_eq!(reminders(env, "t-vip").await, ["order-closing-soon"]);
+    assert_eq!(
+        env.text(
+            "SELECT status FROM effect_ledger WHERE kind = 'remind' AND order_id = ?",
+            "t-small"
+        )
+        .await,
+        "DONE"
+    );
+    assert_eq!(
+        env.text(
+            "SELECT state FROM order_timeout_msg WHERE phase = 2 AND order_id = ?",
+            "t-vip"
+        )
+        .await,
+        "01"
+    );
+    assert_eq!(env.status("t-small").await, "PENDING");
+
+    // At the deadline: the small order and the 0.1.0 order close; the VIP order is held on.
+    at(T0);
+    let mut at_deadline = Vec::new();
+    for t in env.claim(T0).await {
+        at_deadline.push((t.order_id.clone(), d.handle(&t).await));
+    }
+    at_deadline.sort_by(|a, b| a.0.cmp(&b.0));
+    assert!(
+        matches!(at_deadline[0], (ref id, Outcome::Closed { .. }) if id == "a-old"),
+        "{at_deadline:?}"
+    );
+    assert!(
+        matches!(at_deadline[1], (ref id, Outcome::Closed { .. }) if id == "t-small"),
+        "{at_deadline:?}"
+    );
+    assert_eq!(
+        at_deadline[2],
+        (
+            "t-vip".into(),
+            Outcome::Waiting {
+                next_phase: 3,
+                due_ms: T0 + 10 * MIN
+            }
+        )
+    );
+    assert_eq!(
+        reminders(env, "t-vip").await,
+        ["order-closing-soon", "order-held"]
+    );
+    assert_eq!(env.status("t-small").await, "CLOSED");
+    assert_eq!(env.status("a-old").await, "CLOSED");
+    assert_eq!(env.status("t-vip").await, "PENDING");
+
+    // Ten minutes later the VIP order closes, everything it held given back once.
+    at(T0 + 10 * MIN);
+    let last = env.process(&d, T0 + 10 * MIN).await;
+    assert!(matches!(&last[..], [Outcome::Closed { .. }]), "{last:?}");
+    assert_eq!(env.status("t-vip").await, "CLOSED");
+    assert_eq!(
+        (env.stock("sku-a").await, env.stock("sku-b").await),
+        (100, 100)
+    );
+    assert_eq!(env.coupon("cpn-t-vip").await, "AVAILABLE");
+    assert_eq!(
+        env.int("SELECT closed_at_ms FROM orders WHERE id = ?", "t-vip")
+            .await,
+        T0 + 10 * MIN
+    );
+    assert!(
+        env.int("SELECT closed_at_ms FROM orders WHERE id = ?", "t-small")
+            .await
+            >= T0,
+        "never before the deadline"
+    );
+    assert_eq!(
+        env.int(
+            "SELECT COUNT(*) FROM order_timeout_msg WHERE status <> 'PROCESSED' AND order_id <> ?",
+            ""
+        )
+        .await,
+        0
+    );
+    let decided_by = env
+        .text(
+            "SELECT plugin FROM decision_log WHERE decision = 'cancel' AND order_id = ?",
+            "t-vip",
+        )
+        .await;
+    assert!(
+        decided_by.ends_with(&format!("{plugin}.wasm")),
+        "t-vip closed by {decided_by}"
+    );
 }
 
 #[tokio::test]

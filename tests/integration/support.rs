@@ -52,7 +52,8 @@ macro_rules! each_backend {
 pub(crate) use each_backend;
 
 /// A merchant for [`Env::config`]: `(id, plugin, settings)`; plugin `hostile` is the test
-/// plugin, `tea-house` the API 0.2.0 example.
+/// plugin, `tea-house` the API 0.2.0 example (`tea-house-js`, `tea-house-py`: its JavaScript and
+/// Python components, from `scripts/build-polyglot-plugins`).
 pub type MerchantSpec<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
 
 /// The MariaDB server the tests use.
@@ -164,6 +165,9 @@ impl Env {
             let plugin = match *plugin {
                 "hostile" => hostile.display().to_string(),
                 "tea-house" => tea_house.display().to_string(),
+                "tea-house-js" | "tea-house-py" => {
+                    crate::polyglot::polyglot_wasm(plugin).display().to_string()
+                }
                 other => other.to_string(),
             };
             toml += &format!(

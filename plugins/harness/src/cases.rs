@@ -28,8 +28,8 @@ use std::path::Path;
 use serde::Deserialize;
 use timeoutd_runtime::guard;
 use timeoutd_runtime::model::{
-    CheckVerdict, Context, Decision, Effect, EffectKind, Order, OrderItem, OrderStatus,
-    PolicyError, TriggerKind,
+    CheckVerdict, Context, Decision, Effect, EffectKind, Order, OrderItem, OrderStatus, Payment,
+    PaymentStatus, PolicyError, TriggerKind,
 };
 use timeoutd_runtime::{DecideError, Plugin};
 
@@ -142,6 +142,21 @@ struct ContextDoc {
     settings: BTreeMap<String, String>,
     #[serde(default)]
     remove_settings: Vec<String>,
+    /// `context.state`, hex (as the daemon stores it): what the previous wait handed on.
+    state: Option<String>,
+    /// `context.payment`: the payment as the host last knew it.
+    payment: Option<PaymentDoc>,
+}
+
+/// `context.payment` of a case: `{ status = "paid", queried_at = "12m", paid_at = "11m",
+/// paid_cents = 3490 }`, times as offsets from the order's creation.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PaymentDoc {
+    status: PaymentStatus,
+    queried_at: Option<Offset>,
+    paid_at: Option<Offset>,
+    paid_cents: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -227,6 +242,10 @@ pub struct Expect {
     pub error_key: Option<String>,
     /// `check` (not `decide`) is called and answers this.
     pub check: Option<CheckVerdict>,
+    /// wait: exactly this state handed to the next phase, hex (`""` for none).
+    pub state: Option<String>,
+    /// wait: whether it asks the host to poll the payment provider.
+    pub poll_payment: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -457,6 +476,30 @@ fn resolve_context(
     for key in defaults.remove_settings.iter().chain(&case.remove_settings) {
         settings.remove(key);
     }
+    let state = match case.state.as_ref().or(defaults.state.as_ref()) {
+        Some(text) => hex::decode(text.trim())
+            .map_err(|e| format!("context.state: `{text}` is not hex ({e}); write e.g. \"01\""))?,
+        None => Vec::new(),
+    };
+    let at = |key: &str, offset: &Option<Offset>| -> Result<Option<i64>, String> {
+        offset
+            .as_ref()
+            .map(|o| {
+                o.ms()
+                    .map(|ms| created_at_ms.saturating_add(ms))
+                    .map_err(|e| format!("context.payment.{key}: {e}"))
+            })
+            .transpose()
+    };
+    let payment = match case.payment.as_ref().or(defaults.payment.as_ref()) {
+        Some(p) => Some(Payment {
+            status: p.status,
+            queried_at_ms: at("queried_at", &p.queried_at)?,
+            paid_at_ms: at("paid_at", &p.paid_at)?,
+            paid_cents: p.paid_cents,
+        }),
+        None => None,
+    };
     Ok(Context {
         now_ms: created_at_ms.saturating_add(now),
         trigger: case
@@ -466,8 +509,8 @@ fn resolve_context(
         phase: case.phase.or(defaults.phase).unwrap_or(0),
         attempt: case.attempt.or(defaults.attempt).unwrap_or(0),
         settings: settings.into_iter().collect(),
-        state: Vec::new(),
-        payment: None,
+        state,
+        payment,
     })
 }
 
@@ -496,6 +539,8 @@ fn check_expect(e: &Expect) -> Vec<String> {
             only(e.reminder.is_some(), "reminder", &[Wait]),
             only(e.reminder_channel.is_some(), "reminder_channel", &[Wait]),
             only(e.reminder_template.is_some(), "reminder_template", &[Wait]),
+            only(e.state.is_some(), "state", &[Wait]),
+            only(e.poll_payment.is_some(), "poll_payment", &[Wait]),
             only(e.effect_kinds.is_some(), "effect_kinds", &[Cancel]),
             only(e.effects.is_some(), "effects", &[Cancel]),
             only(e.effects_include.is_some(), "effects_include", &[Cancel]),
@@ -508,6 +553,9 @@ fn check_expect(e: &Expect) -> Vec<String> {
         .into_iter()
         .flatten(),
     );
+    if let Some(Err(problem)) = e.state.as_deref().map(hex::decode) {
+        problems.push(format!("state: not hex ({problem}); write e.g. \"01\""));
+    }
     if e.error_key.is_some() && e.error != Some(ErrorKind::BadSetting) {
         problems.push("`error_key` needs error = \"bad-setting\"".into());
     }
@@ -530,6 +578,13 @@ fn check_expect(e: &Expect) -> Vec<String> {
 impl Case {
     /// Runs this case against `plugin`.
     pub fn run(&self, plugin: &Plugin) -> CaseResult {
+        if let Some(why) = self.never_produced(plugin) {
+            return CaseResult {
+                name: self.name.clone(),
+                got: "not asked".into(),
+                failures: vec![format!("the daemon never asks this: {why}")],
+            };
+        }
         let (got, failures) = match self.expect.check {
             Some(want) => match plugin.check(&self.order, &self.context) {
                 Ok(v) if v == want => (format!("check {}", verdict(v)), vec![]),
@@ -556,7 +611,7 @@ impl Case {
                     Ok(d) => summary(d),
                     Err(e) => error_text(e),
                 };
-                (got, self.compare(answer))
+                (got, self.compare(answer, plugin))
             }
         };
         CaseResult {
@@ -566,7 +621,26 @@ impl Case {
         }
     }
 
-    fn compare(&self, answer: Result<Decision, DecideError>) -> Vec<String> {
+    /// Why the daemon would never call `plugin` with this case's input, if it would not: a
+    /// 0.1.0 plugin is asked only from the deadline on (its check-backs excepted), and phase 0
+    /// — the order's first call — never carries state.
+    fn never_produced(&self, plugin: &Plugin) -> Option<String> {
+        let ctx = &self.context;
+        let before = self.order.deadline_ms.saturating_sub(ctx.now_ms);
+        if self.expect.check.is_none() && !plugin.asks_before_deadline() && before > 0 {
+            return Some(format!(
+                "a {} plugin is asked from the deadline on, and `now` is {} before it",
+                plugin.api_version(),
+                human_offset(before)
+            ));
+        }
+        if ctx.phase == 0 && !ctx.state.is_empty() {
+            return Some("phase 0 is the order's first call, which has no state".into());
+        }
+        None
+    }
+
+    fn compare(&self, answer: Result<Decision, DecideError>, plugin: &Plugin) -> Vec<String> {
         let e = &self.expect;
         let mut failures = Vec::new();
         let mut fail = |s: String| failures.push(s);
@@ -611,15 +685,42 @@ impl Case {
                 return failures;
             }
         };
+        // The daemon's own review (the merchant's grant aside, which is the config's).
+        let review = guard::Review {
+            order: &self.order,
+            phase: self.context.phase,
+            granted: None,
+            manifest: plugin.manifest(),
+        };
+        for p in guard::review(decision, review).err().into_iter().flatten() {
+            fail(format!(
+                "the daemon would refuse this {}: {p}",
+                decision.kind()
+            ));
+        }
         match decision {
             Decision::Wait {
                 after_ms,
                 next_phase,
                 reminder,
-                ..
+                state,
+                poll_payment,
             } => {
-                if let Err(reason) = guard::check_wait(self.context.phase, *after_ms, *next_phase) {
-                    fail(format!("the daemon would refuse this wait: {reason}"));
+                if let Some(want) = &e.state
+                    && hex::decode(want.trim()).ok().as_ref() != Some(state)
+                {
+                    fail(format!(
+                        "expected state \"{}\", got \"{}\"",
+                        want.trim(),
+                        hex::encode(state)
+                    ));
+                }
+                if let Some(want) = e.poll_payment
+                    && want != *poll_payment
+                {
+                    fail(format!(
+                        "expected poll_payment = {want}, got {poll_payment}"
+                    ));
                 }
                 if let Some(want) = self.after_ms
                     && want != *after_ms
@@ -666,11 +767,6 @@ impl Case {
                 }
             }
             Decision::Cancel { reason, effects } => {
-                if let Err(problems) = guard::check(&self.order, effects) {
-                    for p in problems {
-                        fail(format!("the daemon would refuse this cancel: {p}"));
-                    }
-                }
                 if let Some(want) = &e.effect_kinds {
                     let mut want: Vec<&str> = want.iter().map(String::as_str).collect();
                     want.sort_unstable();
