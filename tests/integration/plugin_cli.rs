@@ -333,6 +333,85 @@ fn run_calls_a_plugin_once_with_an_order_from_a_file_and_check_lists_its_manifes
 /// `timeoutd plugin new` makes a project that builds with nothing but the binary and a Rust
 /// toolchain (the SDK and its WIT vendored into it) and passes its own cases on first run;
 /// it refuses to write over an existing folder or to take a name that is not a crate name.
+/// The JavaScript and Python scaffolds, built with the tools their README names (npm and
+/// componentize-js; a venv and componentize-py), pass their cases and load as 0.2.0 plugins.
+#[test]
+fn plugin_new_in_javascript_and_python_builds_with_its_own_tools_and_passes_its_cases() {
+    let dir = tempfile::tempdir().unwrap();
+    let steps: [(&str, &[&[&str]]); 2] = [
+        (
+            "js",
+            &[
+                &[
+                    "npm",
+                    "install",
+                    "--no-audit",
+                    "--no-fund",
+                    "--loglevel=error",
+                ],
+                &["npm", "run", "build"],
+            ],
+        ),
+        ("python", &[&["./build.sh"]]),
+    ];
+    for (lang, build) in steps {
+        let name = format!("shop-{lang}");
+        let project = dir.path().join(&name);
+        let out = plugin_cmd(&[
+            "new".as_ref(),
+            name.as_ref(),
+            "--lang".as_ref(),
+            lang.as_ref(),
+            "--dir".as_ref(),
+            project.as_os_str(),
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        assert!(text(&out).contains("--deadline 250ms"), "{}", text(&out));
+        assert_eq!(
+            std::fs::read_to_string(project.join("wit/policy.wit")).unwrap(),
+            std::fs::read_to_string(repo_root().join("wit/v0.2.0/policy.wit")).unwrap(),
+            "the released WIT, unchanged"
+        );
+        for step in build {
+            let done = Command::new(step[0])
+                .args(&step[1..])
+                .current_dir(&project)
+                .output()
+                .expect(step[0]);
+            assert!(done.status.success(), "{lang}: {step:?}\n{}", text(&done));
+        }
+        let wasm = project.join(format!("{name}.wasm"));
+        let out = plugin_cmd(&["check".as_ref(), wasm.as_os_str()]);
+        assert!(
+            text(&out).contains("timeout:policy@0.2.0"),
+            "{}",
+            text(&out)
+        );
+        assert!(text(&out).contains("remind_before"), "{}", text(&out));
+        let out = plugin_cmd(&[
+            "test".as_ref(),
+            "--deadline".as_ref(),
+            "2s".as_ref(),
+            wasm.as_os_str(),
+            project.join("CASES.toml").as_os_str(),
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{lang}: {}", text(&out));
+        assert!(text(&out).contains("4 passed, 0 failed"), "{}", text(&out));
+    }
+    let out = plugin_cmd(&[
+        "new".as_ref(),
+        "x".as_ref(),
+        "--lang".as_ref(),
+        "go".as_ref(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("possible values: rust, js, python"),
+        "{}",
+        text(&out)
+    );
+}
+
 #[test]
 fn plugin_new_makes_a_project_that_builds_and_passes_its_cases_on_first_run() {
     let dir = tempfile::tempdir().unwrap();

@@ -37,11 +37,15 @@ pub enum PluginCommand {
         #[command(flatten)]
         limits: LimitArgs,
     },
-    /// Make a new Rust plugin project NAME (or at `--dir`): the policy, its cases and the guest
-    /// SDK vendored, so it builds and passes `plugin test` on first run.
+    /// Make a new plugin project NAME (or at `--dir`) in Rust, JavaScript or Python: the
+    /// policy, its cases and the API (the guest SDK for Rust, the WIT otherwise), so it builds
+    /// and passes `plugin test` on first run.
     New {
-        /// The crate's name, e.g. `my-shop-policy`.
+        /// The project's name, e.g. `my-shop-policy`.
         name: String,
+        /// The plugin's language.
+        #[arg(long, value_enum, default_value = "rust")]
+        lang: new::Lang,
         /// Where to make it (default: ./NAME; must not exist).
         #[arg(long)]
         dir: Option<PathBuf>,
@@ -139,7 +143,7 @@ const EXIT_BAD_INPUT: u8 = crate::config::EXIT_BAD_CONFIG;
 pub async fn run(command: PluginCommand) -> ExitCode {
     match command {
         PluginCommand::Check { file, limits } => check::run(&file, &limits.limits()),
-        PluginCommand::New { name, dir } => new::run(&name, dir.as_deref()),
+        PluginCommand::New { name, lang, dir } => new::run(&name, lang, dir.as_deref()),
         PluginCommand::Test {
             file,
             cases,
