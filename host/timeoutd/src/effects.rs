@@ -82,7 +82,8 @@ pub fn unexecuted(config: &Config) -> Vec<String> {
             warnings.push(format!(
                 "merchants.{id}: its plugin may ask for {}, but [{section}] is not configured; \
                  those ledger rows stay PENDING until a daemon with [{section}] runs them \
-                 (or narrow merchants.{id}.granted_effects)",
+                 (or narrow what the merchant may ask for: merchants.{id}.granted_effects, and \
+                 a 0.2.0 plugin's declared effects with it)",
                 kinds.join(", ")
             ));
         }

@@ -1,0 +1,1075 @@
+//! The chaos run (`scripts/chaos`; ignored in the normal suite). Three `timeoutd run` daemons
+//! on one database, reached through a TCP proxy the run can cut; a private Redis with its
+//! append-only file on (so a restart keeps what it acknowledged); a webhook receiver that fails
+//! 20 % of requests and hangs on 5 %; a payment-provider stub answering 503 in bursts. An order
+//! generator makes a flash-sale mix — coupons, flash-sale slots, about 40 % paid at random
+//! moments and right at the deadline, some through the paid callback and some only at the
+//! provider — for three merchants (single-phase, two-phase, and one whose plugin file is
+//! swapped mid-run). Meanwhile: a daemon is SIGKILLed every 5–15 s and restarted, Redis is
+//! SIGKILLed and restarted once, the database is cut off for 10 s once. Then every daemon runs
+//! fault-free until the work settles, and the audit fails the run on any violation.
+//!
+//! Knobs (environment): `TIMEOUTD_CHAOS_SECONDS` (faulted time, default 120),
+//! `TIMEOUTD_CHAOS_ORDERS` (default 3000), `TIMEOUTD_CHAOS_SETTLE_SECONDS` (default 180).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::{Json, Router};
+use redis::AsyncCommands;
+use serde_json::{Value, json};
+use timeoutd::db::Backend;
+use timeoutd_runtime::model::{Order, OrderItem, OrderStatus};
+use tokio::process::{Child, Command};
+
+use crate::fakes::Provider;
+use crate::support::{Env, timeoutd_bin};
+
+const SKUS: usize = 20;
+const UNITS_PER_SKU: i64 = 1_000_000;
+const FLASH_ACTIVITY: &str = "chaos-sale";
+const FLASH_UNITS: i64 = 1_000_000;
+/// The two-phase merchants' grace (`flashy`, and `swap` once swapped).
+const GRACE_MS: i64 = 2_000;
+
+fn knob(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "the chaos run: scripts/chaos"]
+async fn mariadb() {
+    run(Backend::MySql, "127.0.0.1:3306").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "the chaos run: scripts/chaos"]
+async fn postgres() {
+    run(Backend::Postgres, "127.0.0.1:5432").await;
+}
+
+/// A free loopback port (bound, read, released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The database, behind a proxy that can be cut.
+
+/// A TCP proxy to the database. While `cut`, new connections are refused (accepted and dropped)
+/// and every open one is torn down, as when the database host goes away.
+struct Proxy {
+    port: u16,
+    cut: Arc<AtomicBool>,
+    severed: Arc<tokio::sync::Notify>,
+}
+
+impl Proxy {
+    async fn start(upstream: &'static str) -> Proxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = Arc::new(AtomicBool::new(false));
+        let severed = Arc::new(tokio::sync::Notify::new());
+        let (c, s) = (cut.clone(), severed.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    continue;
+                };
+                if c.load(Ordering::SeqCst) {
+                    drop(inbound);
+                    continue;
+                }
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        () = s.notified() => {}
+                    }
+                });
+            }
+        });
+        Proxy { port, cut, severed }
+    }
+
+    fn set_cut(&self, on: bool) {
+        self.cut.store(on, Ordering::SeqCst);
+        if on {
+            self.severed.notify_waiters();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Redis, private, restartable.
+
+struct PrivateRedis {
+    port: u16,
+    dir: PathBuf,
+    child: Child,
+}
+
+impl PrivateRedis {
+    async fn start(dir: &Path) -> PrivateRedis {
+        let port = free_port();
+        let child = Self::spawn(port, dir);
+        let r = PrivateRedis {
+            port,
+            dir: dir.to_path_buf(),
+            child,
+        };
+        r.ready().await;
+        r
+    }
+
+    fn spawn(port: u16, dir: &Path) -> Child {
+        Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args([
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ])
+            .arg("--dir")
+            .arg(dir)
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("redis-server (Debian's redis-server package)")
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    async fn ready(&self) {
+        let client = redis::Client::open(self.url()).unwrap();
+        for _ in 0..100 {
+            if let Ok(mut c) = client.get_multiplexed_async_connection().await
+                && redis::cmd("PING")
+                    .query_async::<String>(&mut c)
+                    .await
+                    .is_ok()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the private redis-server on {} did not start", self.port);
+    }
+
+    async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+
+    /// SIGKILL, then the same server again on the same port and files.
+    async fn restart(&mut self) {
+        let _ = self.child.kill().await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        self.child = Self::spawn(self.port, &self.dir);
+        self.ready().await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The webhook receiver: 20 % fail, 5 % hang.
+
+#[derive(Default)]
+struct Deliveries {
+    /// Requests answered 2xx, by idempotency key: how many times.
+    accepted: HashMap<String, u32>,
+    /// Logical notices accepted: (order, template) → the distinct keys they came under.
+    notices: HashMap<(String, String), BTreeSet<String>>,
+    failed: u32,
+    hung: u32,
+}
+
+type Inbox = Arc<Mutex<Deliveries>>;
+
+async fn start_receiver() -> (String, Inbox) {
+    let inbox: Inbox = Arc::default();
+    let app = Router::new()
+        .route("/hook", post(flaky_hook))
+        .with_state(inbox.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (format!("http://{addr}/hook"), inbox)
+}
+
+async fn flaky_hook(
+    State(inbox): State<Inbox>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> StatusCode {
+    let roll = fastrand::u8(0..100);
+    if roll < 5 {
+        inbox.lock().unwrap().hung += 1;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        return StatusCode::SERVICE_UNAVAILABLE;
+    }
+    let mut d = inbox.lock().unwrap();
+    if roll < 25 {
+        d.failed += 1;
+        return StatusCode::INTERNAL_SERVER_ERROR;
+    }
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    *d.accepted.entry(key.clone()).or_default() += 1;
+    let order = body["order"].as_str().unwrap_or_default().to_string();
+    let template = body["template"].as_str().unwrap_or_default().to_string();
+    d.notices.entry((order, template)).or_default().insert(key);
+    StatusCode::NO_CONTENT
+}
+
+// ---------------------------------------------------------------------------------------------
+// The daemons.
+
+struct Daemons {
+    configs: Vec<PathBuf>,
+    http_ports: Vec<u16>,
+    children: Vec<Option<Child>>,
+    logs: PathBuf,
+    kills: u32,
+}
+
+impl Daemons {
+    fn start(&mut self, i: usize) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.logs.join(format!("daemon-{i}.log")))
+            .unwrap();
+        let child = Command::new(timeoutd_bin())
+            .args(["run", "--config"])
+            .arg(&self.configs[i])
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        self.children[i] = Some(child);
+    }
+
+    async fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.children[i].take() {
+            let _ = child.kill().await;
+            self.kills += 1;
+        }
+    }
+
+    async fn stop_all(&mut self) {
+        for child in self.children.iter_mut().filter_map(Option::take) {
+            if let Some(pid) = child.id() {
+                let _ = std::process::Command::new("kill")
+                    .args(["-TERM", &pid.to_string()])
+                    .status();
+            }
+            let mut child = child;
+            if tokio::time::timeout(Duration::from_secs(10), child.wait())
+                .await
+                .is_err()
+            {
+                let _ = child.kill().await;
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn daemon_config(
+    db_url: &str,
+    redis_url: &str,
+    provider: &str,
+    receiver: &str,
+    http_port: u16,
+    swap_plugin: &Path,
+) -> String {
+    format!(
+        r#"[database]
+url = "{db_url}"
+max_connections = 8
+migrate = false
+[outbox]
+lease = "5s"
+idle_recheck = "200ms"
+[sweep]
+interval = "2s"
+grace = "3s"
+[effects]
+retry_initial = "100ms"
+retry_max = "1s"
+max_attempts = 60
+lease = "5s"
+[dispatch]
+retry_initial = "100ms"
+retry_max = "1s"
+[redis]
+url = "{redis_url}"
+[payment]
+base_url = "{provider}"
+timeout = "1s"
+unknown_max_wait = "5s"
+[notify.channels.hook]
+kind = "webhook"
+url = "{receiver}"
+timeout = "1s"
+[http]
+listen = "127.0.0.1:{http_port}"
+[runtime]
+deadline = "2s"
+watch_plugins = "1s"
+[merchants.solo]
+plugin = "builtin:single-phase"
+[merchants.solo.settings]
+channel = "hook"
+[merchants.flashy]
+plugin = "builtin:two-phase"
+[merchants.flashy.settings]
+grace = "2s"
+channel = "hook"
+[merchants.swap]
+plugin = "{swap}"
+[merchants.swap.settings]
+grace = "2s"
+channel = "hook"
+"#,
+        swap = swap_plugin.display()
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// The orders.
+
+/// How an order's buyer behaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    /// Paid through the paid callback at a random moment in the window.
+    CallbackEarly,
+    /// Paid through the paid callback right at the deadline, racing the close.
+    CallbackAtDeadline,
+    /// Paid at the provider only; the daemon must find it there.
+    AtProvider,
+    /// Never paid.
+    Abandon,
+}
+
+fn fate() -> Fate {
+    match fastrand::u8(0..100) {
+        0..22 => Fate::CallbackEarly,
+        22..30 => Fate::CallbackAtDeadline,
+        30..40 => Fate::AtProvider,
+        _ => Fate::Abandon,
+    }
+}
+
+fn new_order(n: usize, now: i64) -> Order {
+    let merchant = ["solo", "flashy", "swap"][n % 3];
+    let flash = merchant == "flashy" && fastrand::bool();
+    let id = format!("c-{n:06}");
+    let items: Vec<OrderItem> = (0..fastrand::usize(1..=2))
+        .map(|_| OrderItem {
+            sku: format!("sku-{:02}", fastrand::usize(0..SKUS)),
+            quantity: fastrand::u32(1..=3),
+            unit_price_cents: fastrand::i64(100..=5_000),
+        })
+        .collect();
+    Order {
+        total_cents: items
+            .iter()
+            .map(|i| i.unit_price_cents * i64::from(i.quantity))
+            .sum(),
+        // A flash-sale buyer buys once: one user per flash order keeps the buyer set exact.
+        user: if flash {
+            format!("fu-{n:06}")
+        } else {
+            format!("u-{:04}", fastrand::u32(0..500))
+        },
+        coupon: (fastrand::u8(0..10) < 3).then(|| format!("cpn-{id}")),
+        flash_activity: flash.then(|| FLASH_ACTIVITY.to_string()),
+        payment_ref: Some(format!("pay-{id}")),
+        merchant: merchant.to_string(),
+        status: OrderStatus::Pending,
+        created_at_ms: now,
+        deadline_ms: now + fastrand::i64(4_000..=12_000),
+        items,
+        id,
+    }
+}
+
+/// The order service's part for a flash-sale order: take the units and the buyer's slot in Redis
+/// before the order exists (retried across a Redis restart).
+async fn reserve_flash(redis: &redis::Client, order: &Order) {
+    let units: i64 = order.items.iter().map(|i| i64::from(i.quantity)).sum();
+    for _ in 0..100 {
+        if let Ok(mut c) = redis.get_multiplexed_async_connection().await {
+            let done: redis::RedisResult<()> = redis::pipe()
+                .atomic()
+                .decr(format!("activity:{{{FLASH_ACTIVITY}}}:stock"), units)
+                .sadd(format!("activity:{{{FLASH_ACTIVITY}}}:users"), &order.user)
+                .query_async(&mut c)
+                .await;
+            if done.is_ok() {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("Redis never came back for {}", order.id);
+}
+
+/// Writes the order as the order service does (coupon, stock, phase-0 outbox row), straight to
+/// the database (not through the proxy: the shop is not what is under test).
+async fn create(env: &Env, order: &Order) {
+    if let Some(c) = &order.coupon {
+        env.db
+            .backend()
+            .query("INSERT INTO coupons (id, user_id, status) VALUES (?, ?, 'AVAILABLE')")
+            .bind(c)
+            .bind(&order.user)
+            .execute(env.db.pool())
+            .await
+            .unwrap();
+    }
+    let mut tx = env.db.begin().await.unwrap();
+    timeoutd::db::orders::create(&mut tx, order).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
+/// The payment system's paid callback to any live daemon, retried until one answers.
+async fn paid_callback(http: &reqwest::Client, ports: &[u16], id: &str) {
+    for round in 0..200 {
+        let port = ports[(round + fastrand::usize(..)) % ports.len()];
+        let answer = http
+            .post(format!("http://127.0.0.1:{port}/v1/payments/{id}/paid"))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await;
+        if answer.is_ok_and(|a| a.status().is_success()) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("chaos: the paid callback of {id} was never answered");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The run.
+
+async fn run(backend: Backend, upstream: &'static str) {
+    let seconds = knob("TIMEOUTD_CHAOS_SECONDS", 120);
+    let orders = knob("TIMEOUTD_CHAOS_ORDERS", 3_000) as usize;
+    let settle = Duration::from_secs(knob("TIMEOUTD_CHAOS_SETTLE_SECONDS", 180));
+    let env = Env::new(backend).await;
+    let dir = env.dir.path().to_path_buf();
+    let skus: Vec<(String, i64)> = (0..SKUS)
+        .map(|s| (format!("sku-{s:02}"), UNITS_PER_SKU))
+        .collect();
+    let sku_refs: Vec<(&str, i64)> = skus.iter().map(|(s, n)| (s.as_str(), *n)).collect();
+    env.stock_up(&sku_refs).await;
+
+    let proxy = Proxy::start(upstream).await;
+    let db_url = env
+        .url
+        .replacen(upstream, &format!("127.0.0.1:{}", proxy.port), 1);
+    assert_ne!(db_url, env.url, "the database URL names {upstream}");
+    let redis_dir = dir.join("redis");
+    std::fs::create_dir_all(&redis_dir).unwrap();
+    let mut redis = PrivateRedis::start(&redis_dir).await;
+    let _: () = redis
+        .conn()
+        .await
+        .set(format!("activity:{{{FLASH_ACTIVITY}}}:stock"), FLASH_UNITS)
+        .await
+        .unwrap();
+    let provider = Provider::start().await;
+    let (receiver_url, inbox) = start_receiver().await;
+    let swap_plugin = dir.join("swap.wasm");
+    std::fs::write(
+        &swap_plugin,
+        timeoutd::policies::builtin("single-phase").unwrap(),
+    )
+    .unwrap();
+    let mut daemons = Daemons {
+        configs: Vec::new(),
+        http_ports: Vec::new(),
+        children: Vec::new(),
+        logs: dir.clone(),
+        kills: 0,
+    };
+    for i in 0..3 {
+        let port = free_port();
+        let file = dir.join(format!("daemon-{i}.toml"));
+        std::fs::write(
+            &file,
+            daemon_config(
+                &db_url,
+                &redis.url(),
+                &provider.base_url,
+                &receiver_url,
+                port,
+                &swap_plugin,
+            ),
+        )
+        .unwrap();
+        daemons.configs.push(file);
+        daemons.http_ports.push(port);
+        daemons.children.push(None);
+        daemons.start(i);
+    }
+    eprintln!(
+        "chaos: {backend:?}, {orders} orders over {seconds} s of faults, 3 daemons (logs in {})",
+        dir.display()
+    );
+
+    // The shop: orders evenly over 60 % of the faulted time, fates played out.
+    let started = Instant::now();
+    let faults_until = started + Duration::from_secs(seconds);
+    let creation = Duration::from_secs(seconds) * 3 / 5;
+    let fates: Arc<Mutex<BTreeMap<String, Fate>>> = Arc::default();
+    let env = Arc::new(env);
+    let shop = {
+        let env = env.clone();
+        let fates = fates.clone();
+        let books = provider.books.clone();
+        let ports = daemons.http_ports.clone();
+        let redis_client = redis::Client::open(redis.url()).unwrap();
+        tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            let mut payments = tokio::task::JoinSet::new();
+            let gap = creation / orders.max(1) as u32;
+            let mut next = tokio::time::Instant::now();
+            for n in 0..orders {
+                tokio::time::sleep_until(next).await;
+                next += gap;
+                let now = env.db.now_ms().await.unwrap();
+                let order = new_order(n, now);
+                if order.flash_activity.is_some() {
+                    reserve_flash(&redis_client, &order).await;
+                }
+                create(&env, &order).await;
+                let f = fate();
+                fates.lock().unwrap().insert(order.id.clone(), f);
+                let window = order.deadline_ms - now;
+                let pay_in = match f {
+                    Fate::Abandon => continue,
+                    Fate::CallbackEarly | Fate::AtProvider => fastrand::i64(100..window - 100),
+                    Fate::CallbackAtDeadline => window + fastrand::i64(-30..=30),
+                };
+                let (http, ports, books) = (http.clone(), ports.clone(), books.clone());
+                let id = order.id.clone();
+                let reference = order.payment_ref.clone().unwrap();
+                payments.spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(pay_in as u64)).await;
+                    {
+                        let mut b = books.lock().unwrap();
+                        b.paid.insert(reference.clone());
+                        b.paid_at_ms.insert(reference, now + pay_in);
+                    }
+                    if f != Fate::AtProvider {
+                        paid_callback(&http, &ports, &id).await;
+                    }
+                });
+            }
+            while payments.join_next().await.is_some() {}
+        })
+    };
+
+    // The faults, on a schedule relative to the faulted time.
+    let at = |share: f64| started + Duration::from_secs_f64(seconds as f64 * share);
+    let (redis_at, swap_at, cut_at) = (at(0.3), at(0.4), at(0.5));
+    let (mut redis_done, mut swap_done, mut cut_done) = (false, false, false);
+    let mut next_kill = Instant::now() + Duration::from_secs(fastrand::u64(5..=15));
+    let mut next_burst = Instant::now() + Duration::from_secs(10);
+    let mut events: Vec<String> = Vec::new();
+    while Instant::now() < faults_until {
+        let now = Instant::now();
+        let t = now.duration_since(started).as_secs_f64();
+        if now >= next_kill {
+            let i = fastrand::usize(0..3);
+            daemons.kill(i).await;
+            tokio::time::sleep(Duration::from_millis(fastrand::u64(500..2_000))).await;
+            daemons.start(i);
+            next_kill = Instant::now() + Duration::from_secs(fastrand::u64(5..=15));
+        }
+        if now >= next_burst {
+            provider.books.lock().unwrap().down_for = 30;
+            next_burst = now + Duration::from_secs(10);
+        }
+        if !redis_done && now >= redis_at {
+            redis.restart().await;
+            events.push(format!("{t:.0}s redis SIGKILLed and restarted"));
+            redis_done = true;
+        }
+        if !swap_done && now >= swap_at {
+            let next = dir.join("swap.wasm.next");
+            std::fs::write(&next, timeoutd::policies::builtin("two-phase").unwrap()).unwrap();
+            std::fs::rename(&next, &swap_plugin).unwrap();
+            events.push(format!(
+                "{t:.0}s swap's plugin replaced (single-phase → two-phase)"
+            ));
+            swap_done = true;
+        }
+        if !cut_done && now >= cut_at {
+            proxy.set_cut(true);
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            proxy.set_cut(false);
+            events.push(format!("{t:.0}s database cut off for 10 s"));
+            cut_done = true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    shop.await.unwrap();
+    for i in 0..daemons.children.len() {
+        if daemons.children[i].is_none() {
+            daemons.start(i);
+        }
+    }
+    eprintln!(
+        "chaos: faults over after {:.0} s; settling",
+        started.elapsed().as_secs_f64()
+    );
+
+    // Settle: every daemon up, no faults, until nothing is left to do.
+    let settle_start = Instant::now();
+    loop {
+        let left = env
+            .db
+            .backend()
+            .query(
+                "SELECT (SELECT COUNT(*) FROM orders WHERE status = 'PENDING') \
+                 + (SELECT COUNT(*) FROM effect_ledger WHERE status = 'PENDING') \
+                 + (SELECT COUNT(*) FROM order_timeout_msg WHERE status <> 'PROCESSED')",
+            )
+            .fetch_one(env.db.pool())
+            .await
+            .map(|r| sqlx::Row::get::<i64, _>(&r, 0))
+            .unwrap_or(i64::MAX);
+        if left == 0 || settle_start.elapsed() > settle {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let settled_s = settle_start.elapsed().as_secs_f64();
+    daemons.stop_all().await;
+
+    let fates = fates.lock().unwrap().clone();
+    let report = audit(&env, &redis, &provider, &inbox, &fates).await;
+    let summary = json!({
+        "chaos": {
+            "backend": format!("{backend:?}"),
+            "orders": orders,
+            "faulted_seconds": seconds,
+            "settled_seconds": (settled_s * 10.0).round() / 10.0,
+            "daemon_kills": daemons.kills,
+            "events": events,
+            "figures": report.figures,
+            "violations": report.violations,
+        }
+    });
+    println!("{summary}");
+    println!("{}", report.table());
+    let env = Arc::try_unwrap(env).unwrap_or_else(|_| panic!("the shop still holds the env"));
+    if report.violations.is_empty() {
+        env.cleanup().await;
+    }
+    assert!(
+        report.violations.is_empty(),
+        "chaos audit failed (daemon logs kept in {}):\n{}",
+        dir.display(),
+        report.violations.join("\n")
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The audit.
+
+struct Report {
+    figures: BTreeMap<&'static str, Value>,
+    violations: Vec<String>,
+}
+
+impl Report {
+    fn table(&self) -> String {
+        let mut out = String::from("chaos audit\n");
+        for (k, v) in &self.figures {
+            out += &format!("  {k:<34} {v}\n");
+        }
+        if self.violations.is_empty() {
+            out += "  no violations\n";
+        }
+        for v in &self.violations {
+            out += &format!("  VIOLATION: {v}\n");
+        }
+        out
+    }
+}
+
+async fn rows(env: &Env, sql: &'static str) -> Vec<sqlx::any::AnyRow> {
+    env.db
+        .backend()
+        .query(sql)
+        .fetch_all(env.db.pool())
+        .await
+        .unwrap()
+}
+
+async fn count(env: &Env, sql: &'static str) -> i64 {
+    sqlx::Row::get(&rows(env, sql).await[0], 0)
+}
+
+fn percentile(sorted: &[i64], p: f64) -> i64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+async fn audit(
+    env: &Env,
+    redis: &PrivateRedis,
+    provider: &Provider,
+    inbox: &Inbox,
+    fates: &BTreeMap<String, Fate>,
+) -> Report {
+    let mut v = Vec::new();
+    let mut f: BTreeMap<&'static str, Value> = BTreeMap::new();
+    // Every order PAID or CLOSED; closed at most once; never before its deadline.
+    let statuses = rows(
+        env,
+        "SELECT id, status, deadline_ms, closed_at_ms, merchant_id FROM orders",
+    )
+    .await;
+    let mut status: HashMap<String, String> = HashMap::new();
+    let mut lateness = Vec::new();
+    for r in &statuses {
+        let id: String = sqlx::Row::get(r, 0);
+        let s: String = sqlx::Row::get(r, 1);
+        let deadline: i64 = sqlx::Row::get(r, 2);
+        let closed_at: Option<i64> = sqlx::Row::get(r, 3);
+        let merchant: String = sqlx::Row::get(r, 4);
+        if let Some(at) = closed_at {
+            if at < deadline {
+                v.push(format!(
+                    "{id} closed {} ms before its deadline",
+                    deadline - at
+                ));
+            }
+            // Lateness over the policy's own close instant (swap's moved with its plugin).
+            match merchant.as_str() {
+                "solo" => lateness.push(at - deadline),
+                "flashy" => lateness.push(at - deadline - GRACE_MS),
+                _ => {}
+            }
+        }
+        status.insert(id, s);
+    }
+    let open = status
+        .values()
+        .filter(|s| *s != "PAID" && *s != "CLOSED")
+        .count();
+    if open > 0 {
+        v.push(format!("{open} orders neither PAID nor CLOSED"));
+    }
+    let paid = status.values().filter(|s| *s == "PAID").count();
+    let closed = status.values().filter(|s| *s == "CLOSED").count();
+    f.insert("orders", json!(status.len()));
+    f.insert("orders PAID / CLOSED", json!(format!("{paid} / {closed}")));
+    let doubled = count(
+        env,
+        "SELECT COUNT(*) FROM (SELECT order_id FROM decision_log WHERE outcome = 'closed' \
+         GROUP BY order_id HAVING COUNT(*) > 1) d",
+    )
+    .await;
+    if doubled > 0 {
+        v.push(format!("{doubled} orders closed more than once"));
+    }
+    let close_decisions = count(
+        env,
+        "SELECT COUNT(DISTINCT order_id) FROM decision_log WHERE outcome = 'closed'",
+    )
+    .await;
+    if close_decisions != closed as i64 {
+        v.push(format!(
+            "{closed} CLOSED orders but {close_decisions} closed decisions"
+        ));
+    }
+    // Paid at the provider: aligned, or closed only as a paid-after-close with its refund.
+    let late_paid: BTreeSet<String> = rows(env, "SELECT order_id FROM paid_after_close")
+        .await
+        .iter()
+        .map(|r| sqlx::Row::get(r, 0))
+        .collect();
+    let at_provider: Vec<&String> = fates
+        .iter()
+        .filter(|(_, f)| **f == Fate::AtProvider)
+        .map(|(id, _)| id)
+        .collect();
+    let aligned = at_provider
+        .iter()
+        .filter(|id| status.get(**id).is_some_and(|s| s == "PAID"))
+        .count();
+    let closed_unseen = at_provider
+        .iter()
+        .filter(|id| status.get(**id).is_some_and(|s| s == "CLOSED") && !late_paid.contains(**id))
+        .count();
+    if closed_unseen > 0 {
+        v.push(format!(
+            "{closed_unseen} orders paid at the provider were closed with no paid-after-close record"
+        ));
+    }
+    f.insert(
+        "paid at the provider: aligned",
+        json!(format!("{aligned} of {}", at_provider.len())),
+    );
+    f.insert("paid after close (refunded)", json!(late_paid.len()));
+
+    // SQL stock and coupons exactly conserved: what PAID orders hold, and nothing else.
+    let mut held: HashMap<String, i64> = HashMap::new();
+    for r in rows(
+        env,
+        "SELECT i.sku, i.quantity FROM order_items i JOIN orders o ON o.id = i.order_id \
+         WHERE o.status = 'PAID'",
+    )
+    .await
+    {
+        *held.entry(sqlx::Row::get(&r, 0)).or_default() += sqlx::Row::get::<i64, _>(&r, 1);
+    }
+    let mut stock_off = 0;
+    for r in rows(env, "SELECT sku, available FROM sku_stock").await {
+        let sku: String = sqlx::Row::get(&r, 0);
+        let available: i64 = sqlx::Row::get(&r, 1);
+        let want = UNITS_PER_SKU - held.get(&sku).copied().unwrap_or(0);
+        if available != want {
+            stock_off += 1;
+            v.push(format!("{sku}: {available} units available, want {want}"));
+        }
+    }
+    f.insert(
+        "SQL stock",
+        json!(if stock_off == 0 { "exact" } else { "OFF" }),
+    );
+    let coupons_wrong = count(
+        env,
+        "SELECT COUNT(*) FROM orders o JOIN coupons c ON c.id = o.coupon_id \
+         WHERE (o.status = 'CLOSED' AND c.status <> 'AVAILABLE') \
+            OR (o.status = 'PAID' AND c.status = 'AVAILABLE')",
+    )
+    .await;
+    if coupons_wrong > 0 {
+        v.push(format!(
+            "{coupons_wrong} coupons in the wrong state for their order"
+        ));
+    }
+    f.insert(
+        "coupons",
+        json!(if coupons_wrong == 0 { "exact" } else { "OFF" }),
+    );
+
+    // Redis flash stock and buyers exactly conserved.
+    let mut flash_units = 0;
+    let mut buyers = BTreeSet::new();
+    for r in rows(
+        env,
+        "SELECT o.user_id, i.quantity FROM orders o JOIN order_items i ON i.order_id = o.id \
+         WHERE o.status = 'PAID' AND o.activity_id IS NOT NULL",
+    )
+    .await
+    {
+        buyers.insert(sqlx::Row::get::<String, _>(&r, 0));
+        flash_units += sqlx::Row::get::<i64, _>(&r, 1);
+    }
+    let mut c = redis.conn().await;
+    let stock: i64 = c
+        .get(format!("activity:{{{FLASH_ACTIVITY}}}:stock"))
+        .await
+        .unwrap();
+    let members: BTreeSet<String> = c
+        .smembers(format!("activity:{{{FLASH_ACTIVITY}}}:users"))
+        .await
+        .unwrap();
+    if stock != FLASH_UNITS - flash_units {
+        v.push(format!(
+            "Redis flash stock {stock}, want {}",
+            FLASH_UNITS - flash_units
+        ));
+    }
+    if members != buyers {
+        let extra = members.difference(&buyers).count();
+        let missing = buyers.difference(&members).count();
+        v.push(format!(
+            "Redis buyer set: {extra} buyers not of a PAID order, {missing} PAID buyers missing"
+        ));
+    }
+    f.insert(
+        "Redis flash stock / buyers",
+        json!(if stock == FLASH_UNITS - flash_units && members == buyers {
+            "exact"
+        } else {
+            "OFF"
+        }),
+    );
+
+    // External effects: never one logical effect under two keys; every DONE one received.
+    // DONE with a note is a reminder rightly not sent (its order was paid or closed since).
+    let done_notices = rows(
+        env,
+        "SELECT idempotency_key, payload FROM effect_ledger WHERE kind IN ('notify', 'remind') \
+         AND status = 'DONE' AND last_error IS NULL",
+    )
+    .await;
+    {
+        let d = inbox.lock().unwrap();
+        let twice: usize = d.notices.values().filter(|keys| keys.len() > 1).count();
+        if twice > 0 {
+            v.push(format!(
+                "{twice} notices delivered under more than one idempotency key"
+            ));
+        }
+        let undelivered = done_notices
+            .iter()
+            .filter(|r| {
+                let key: String = sqlx::Row::get(*r, 0);
+                let payload: Value =
+                    serde_json::from_str(&sqlx::Row::get::<String, _>(*r, 1)).unwrap();
+                // The webhook's notices (the paid-alignment notice goes to the `log` channel).
+                payload["channel"] == "hook" && !d.accepted.contains_key(&key)
+            })
+            .count();
+        if undelivered > 0 {
+            v.push(format!(
+                "{undelivered} DONE notices the receiver never accepted"
+            ));
+        }
+        f.insert(
+            "webhook: accepted / failed / hung",
+            json!(format!("{} / {} / {}", d.accepted.len(), d.failed, d.hung)),
+        );
+        let redelivered = d.accepted.values().filter(|n| **n > 1).count();
+        f.insert("webhook: same key accepted again", json!(redelivered));
+    }
+    let provider_keys: BTreeSet<String> = {
+        let b = provider.books.lock().unwrap();
+        let mut keys_per_ref: HashMap<(&str, &str), BTreeSet<&str>> = HashMap::new();
+        for (action, reference, key) in &b.calls {
+            if action == "close" || action == "refund" {
+                keys_per_ref
+                    .entry((action.as_str(), reference.as_str()))
+                    .or_default()
+                    .insert(key.as_str());
+            }
+        }
+        let doubled_calls = keys_per_ref.values().filter(|k| k.len() > 1).count();
+        if doubled_calls > 0 {
+            v.push(format!(
+                "{doubled_calls} payments closed or refunded under more than one idempotency key"
+            ));
+        }
+        let refunds: BTreeSet<&str> = b.refunds.iter().map(|(r, _)| r.as_str()).collect();
+        f.insert(
+            "provider: closes / refunds / calls",
+            json!(format!(
+                "{} / {} / {}",
+                b.closes.len(),
+                refunds.len(),
+                b.requests
+            )),
+        );
+        b.calls.iter().map(|(_, _, k)| k.clone()).collect()
+    };
+    let mut unsent = 0;
+    for r in rows(
+        env,
+        "SELECT idempotency_key FROM effect_ledger WHERE kind IN ('close-payment', 'refund-payment') AND status = 'DONE'",
+    )
+    .await
+    {
+        if !provider_keys.contains(&sqlx::Row::get::<String, _>(&r, 0)) {
+            unsent += 1;
+        }
+    }
+    if unsent > 0 {
+        v.push(format!(
+            "{unsent} DONE payment effects the provider never received"
+        ));
+    }
+
+    // Nothing stuck without a reason.
+    let outbox_left = count(
+        env,
+        "SELECT COUNT(*) FROM order_timeout_msg WHERE status <> 'PROCESSED'",
+    )
+    .await;
+    let ledger_pending = count(
+        env,
+        "SELECT COUNT(*) FROM effect_ledger WHERE status = 'PENDING'",
+    )
+    .await;
+    let ledger_failed = count(
+        env,
+        "SELECT COUNT(*) FROM effect_ledger WHERE status = 'FAILED'",
+    )
+    .await;
+    let failed_silent = count(
+        env,
+        "SELECT COUNT(*) FROM effect_ledger WHERE status = 'FAILED' AND (last_error IS NULL OR last_error = '')",
+    )
+    .await;
+    let dead = count(env, "SELECT COUNT(*) FROM dead_letter").await;
+    let dead_silent = count(env, "SELECT COUNT(*) FROM dead_letter WHERE reason = ''").await;
+    for (n, what) in [
+        (outbox_left, "outbox rows not PROCESSED"),
+        (ledger_pending, "ledger rows still PENDING"),
+        (failed_silent, "FAILED ledger rows without a reason"),
+        (dead_silent, "dead letters without a reason"),
+    ] {
+        if n > 0 {
+            v.push(format!("{n} {what}"));
+        }
+    }
+    f.insert(
+        "ledger FAILED (with reason) / dead letters",
+        json!(format!("{ledger_failed} / {dead}")),
+    );
+    lateness.sort_unstable();
+    f.insert(
+        "lateness ms p50 / p99 / max",
+        json!(format!(
+            "{} / {} / {}",
+            percentile(&lateness, 0.5),
+            percentile(&lateness, 0.99),
+            lateness.last().copied().unwrap_or(0)
+        )),
+    );
+    Report {
+        figures: f,
+        violations: v,
+    }
+}
