@@ -445,24 +445,6 @@ async fn reserve_flash(redis: &redis::Client, order: &Order) {
     panic!("Redis never came back for {}", order.id);
 }
 
-/// Writes the order as the order service does (coupon, stock, phase-0 outbox row), straight to
-/// the database (not through the proxy: the shop is not what is under test).
-async fn create(env: &Env, order: &Order) {
-    if let Some(c) = &order.coupon {
-        env.db
-            .backend()
-            .query("INSERT INTO coupons (id, user_id, status) VALUES (?, ?, 'AVAILABLE')")
-            .bind(c)
-            .bind(&order.user)
-            .execute(env.db.pool())
-            .await
-            .unwrap();
-    }
-    let mut tx = env.db.begin().await.unwrap();
-    timeoutd::db::orders::create(&mut tx, order).await.unwrap();
-    tx.commit().await.unwrap();
-}
-
 /// The payment system's paid callback to any live daemon, retried until one answers.
 async fn paid_callback(http: &reqwest::Client, ports: &[u16], id: &str) {
     for round in 0..200 {
@@ -574,7 +556,9 @@ async fn run(backend: Backend, upstream: &'static str) {
                 if order.flash_activity.is_some() {
                     reserve_flash(&redis_client, &order).await;
                 }
-                create(&env, &order).await;
+                // As the order service writes it, straight to the database (not through the
+                // proxy: the shop is not what is under test).
+                env.create(&order).await;
                 let f = fate();
                 fates.lock().unwrap().insert(order.id.clone(), f);
                 let window = order.deadline_ms - now;

@@ -248,8 +248,22 @@ async fn database(config: &Config) -> Vec<Finding> {
 }
 
 /// The server version and whether it has `SELECT … FOR UPDATE SKIP LOCKED` (MariaDB 10.6,
-/// MySQL 8.0.1, PostgreSQL 9.5; SQLite has one writer and needs none).
+/// MySQL 8.0.1, PostgreSQL 9.5; SQLite has one writer and needs none). Distributed engines that
+/// speak the MySQL protocol and report a MySQL 8 version without its `SKIP LOCKED` are named
+/// (SCALING.md): TiDB (`…-TiDB-v…`; its planner has no `SKIP LOCKED` lock type) and Vitess
+/// (`…-vitess`; PlanetScale's refused the clause).
 fn server(backend: Backend, version: &str) -> Finding {
+    let lower = version.to_ascii_lowercase();
+    if backend == Backend::MySql && (lower.contains("tidb") || lower.contains("vitess")) {
+        return bad(
+            Level::Error,
+            "database.version",
+            format!(
+                "{version}: a MySQL-compatible engine without SELECT … FOR UPDATE SKIP LOCKED as timeoutd uses it"
+            ),
+            "run timeoutd on MariaDB 10.6+, MySQL 8.0.1+ or PostgreSQL 9.5+ (one per shard; SCALING.md)",
+        );
+    }
     let numbers: Vec<u32> = version
         .split(|c: char| !c.is_ascii_digit())
         .filter(|s| !s.is_empty())
@@ -543,7 +557,26 @@ fn redact(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{redact, server_addr};
+    use super::{Level, redact, server, server_addr};
+    use crate::db::Backend;
+
+    #[test]
+    fn skip_locked_by_server_version() {
+        let level = |b, v| server(b, v).level;
+        assert_eq!(
+            level(Backend::MySql, "10.11.19-MariaDB-0+deb12u1"),
+            Level::Ok
+        );
+        assert_eq!(level(Backend::MySql, "10.5.2-MariaDB"), Level::Error);
+        assert_eq!(level(Backend::MySql, "8.0.36"), Level::Ok);
+        assert_eq!(level(Backend::MySql, "5.7.44"), Level::Error);
+        assert_eq!(level(Backend::MySql, "8.0.11-TiDB-v7.5.1"), Level::Error);
+        assert_eq!(level(Backend::MySql, "8.0.31-vitess"), Level::Error);
+        assert_eq!(level(Backend::Postgres, "15.19"), Level::Ok);
+        assert_eq!(level(Backend::Postgres, "9.4.26"), Level::Error);
+        let tidb = server(Backend::MySql, "8.0.11-TiDB-v7.5.1");
+        assert!(tidb.fix.unwrap().contains("SCALING.md"));
+    }
 
     #[test]
     fn server_addresses_and_redaction() {
