@@ -9,8 +9,14 @@
 //! SIGKILLed and restarted once, the database is cut off for 10 s once. Then every daemon runs
 //! fault-free until the work settles, and the audit fails the run on any violation.
 //!
+//! With `TIMEOUTD_CHAOS_BROKER=1` (`scripts/chaos --broker`) the daemons also relay their rows
+//! as RocketMQ timer messages and consume them (a topic and consumer group of the run's own, on
+//! the broker at `$TIMEOUTD_ROCKETMQ_NAMESRV`), and the broker is SIGKILLed once and restarted
+//! (`scripts/rocketmq kill-broker`, `start-broker`).
+//!
 //! Knobs (environment): `TIMEOUTD_CHAOS_SECONDS` (faulted time, default 120),
-//! `TIMEOUTD_CHAOS_ORDERS` (default 3000), `TIMEOUTD_CHAOS_SETTLE_SECONDS` (default 180).
+//! `TIMEOUTD_CHAOS_ORDERS` (default 3000), `TIMEOUTD_CHAOS_SETTLE_SECONDS` (default 180),
+//! `TIMEOUTD_CHAOS_BROKER` (0 or 1, default 0).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -29,7 +35,8 @@ use timeoutd_runtime::model::{Order, OrderItem, OrderStatus};
 use tokio::process::{Child, Command};
 
 use crate::fakes::Provider;
-use crate::support::{Env, timeoutd_bin};
+use crate::redis_server::PrivateRedis;
+use crate::support::{Env, free_port, timeoutd_bin};
 
 const SKUS: usize = 20;
 const UNITS_PER_SKU: i64 = 1_000_000;
@@ -55,15 +62,6 @@ async fn mariadb() {
 #[ignore = "the chaos run: scripts/chaos"]
 async fn postgres() {
     run(Backend::Postgres, "127.0.0.1:5432").await;
-}
-
-/// A free loopback port (bound, read, released).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -113,84 +111,6 @@ impl Proxy {
         if on {
             self.severed.notify_waiters();
         }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Redis, private, restartable.
-
-struct PrivateRedis {
-    port: u16,
-    dir: PathBuf,
-    child: Child,
-}
-
-impl PrivateRedis {
-    async fn start(dir: &Path) -> PrivateRedis {
-        let port = free_port();
-        let child = Self::spawn(port, dir);
-        let r = PrivateRedis {
-            port,
-            dir: dir.to_path_buf(),
-            child,
-        };
-        r.ready().await;
-        r
-    }
-
-    fn spawn(port: u16, dir: &Path) -> Child {
-        Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args([
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-                "--save",
-                "",
-            ])
-            .arg("--dir")
-            .arg(dir)
-            .stdout(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("redis-server (Debian's redis-server package)")
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    async fn ready(&self) {
-        let client = redis::Client::open(self.url()).unwrap();
-        for _ in 0..100 {
-            if let Ok(mut c) = client.get_multiplexed_async_connection().await
-                && redis::cmd("PING")
-                    .query_async::<String>(&mut c)
-                    .await
-                    .is_ok()
-            {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("the private redis-server on {} did not start", self.port);
-    }
-
-    async fn conn(&self) -> redis::aio::MultiplexedConnection {
-        redis::Client::open(self.url())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap()
-    }
-
-    /// SIGKILL, then the same server again on the same port and files.
-    async fn restart(&mut self) {
-        let _ = self.child.kill().await;
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        self.child = Self::spawn(self.port, &self.dir);
-        self.ready().await;
     }
 }
 
@@ -303,6 +223,29 @@ impl Daemons {
     }
 }
 
+/// The `[rocketmq]` section of a broker run: a topic and groups of this run's own; rows due more
+/// than 2 s ahead are relayed as timer messages, the outbox timer takes back a relayed row 3 s
+/// past its due time.
+fn broker_section(namesrv: &str, tag: &str) -> String {
+    format!(
+        "[rocketmq]\nnamesrv = \"{namesrv}\"\ntopic = \"CHAOS_{tag}\"\n\
+         consumer_group = \"CHAOS_{tag}_G\"\nproducer_group = \"CHAOS_{tag}_P\"\n\
+         transaction_group = \"CHAOS_{tag}_TX\"\nnotification_topic = \"CHAOS_{tag}_N\"\n\
+         relay_lead = \"2s\"\nfallback_after = \"3s\"\nconsume_from = \"first\"\n\
+         send_timeout = \"3s\"\n"
+    )
+}
+
+/// `scripts/rocketmq VERB` (the broker's store and ports from the environment scripts/chaos set).
+async fn broker_script(verb: &str) -> bool {
+    Command::new(crate::support::repo_root().join("scripts/rocketmq"))
+        .arg(verb)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .await
+        .is_ok_and(|s| s.success())
+}
+
 #[allow(clippy::too_many_arguments)]
 fn daemon_config(
     db_url: &str,
@@ -311,6 +254,7 @@ fn daemon_config(
     receiver: &str,
     http_port: u16,
     swap_plugin: &Path,
+    broker: &str,
 ) -> String {
     format!(
         r#"[database]
@@ -360,7 +304,7 @@ plugin = "{swap}"
 [merchants.swap.settings]
 grace = "2s"
 channel = "hook"
-"#,
+{broker}"#,
         swap = swap_plugin.display()
     )
 }
@@ -469,6 +413,18 @@ async fn run(backend: Backend, upstream: &'static str) {
     let seconds = knob("TIMEOUTD_CHAOS_SECONDS", 120);
     let orders = knob("TIMEOUTD_CHAOS_ORDERS", 3_000) as usize;
     let settle = Duration::from_secs(knob("TIMEOUTD_CHAOS_SETTLE_SECONDS", 180));
+    let with_broker = knob("TIMEOUTD_CHAOS_BROKER", 0) == 1;
+    let broker = if with_broker {
+        let namesrv =
+            std::env::var("TIMEOUTD_ROCKETMQ_NAMESRV").unwrap_or_else(|_| "127.0.0.1:19876".into());
+        assert!(
+            tokio::net::TcpStream::connect(&namesrv).await.is_ok(),
+            "no RocketMQ name server at {namesrv}: scripts/chaos --broker starts one"
+        );
+        broker_section(&namesrv, &format!("{:08x}", fastrand::u32(..)))
+    } else {
+        String::new()
+    };
     let env = Env::new(backend).await;
     let dir = env.dir.path().to_path_buf();
     let skus: Vec<(String, i64)> = (0..SKUS)
@@ -518,6 +474,7 @@ async fn run(backend: Backend, upstream: &'static str) {
                 &receiver_url,
                 port,
                 &swap_plugin,
+                &broker,
             ),
         )
         .unwrap();
@@ -527,7 +484,8 @@ async fn run(backend: Backend, upstream: &'static str) {
         daemons.start(i);
     }
     eprintln!(
-        "chaos: {backend:?}, {orders} orders over {seconds} s of faults, 3 daemons (logs in {})",
+        "chaos: {backend:?}{}, {orders} orders over {seconds} s of faults, 3 daemons (logs in {})",
+        if with_broker { " with the broker" } else { "" },
         dir.display()
     );
 
@@ -588,8 +546,9 @@ async fn run(backend: Backend, upstream: &'static str) {
 
     // The faults, on a schedule relative to the faulted time.
     let at = |share: f64| started + Duration::from_secs_f64(seconds as f64 * share);
-    let (redis_at, swap_at, cut_at) = (at(0.3), at(0.4), at(0.5));
+    let (redis_at, swap_at, cut_at, broker_at) = (at(0.3), at(0.4), at(0.5), at(0.7));
     let (mut redis_done, mut swap_done, mut cut_done) = (false, false, false);
+    let mut broker_done = !with_broker;
     let mut next_kill = Instant::now() + Duration::from_secs(fastrand::u64(5..=15));
     let mut next_burst = Instant::now() + Duration::from_secs(10);
     let mut events: Vec<String> = Vec::new();
@@ -627,6 +586,20 @@ async fn run(backend: Backend, upstream: &'static str) {
             proxy.set_cut(false);
             events.push(format!("{t:.0}s database cut off for 10 s"));
             cut_done = true;
+        }
+        if !broker_done && now >= broker_at {
+            assert!(
+                broker_script("kill-broker").await,
+                "scripts/rocketmq kill-broker"
+            );
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let up = broker_script("start-broker").await;
+            events.push(format!(
+                "{t:.0}s broker SIGKILLed, restarted 5 s later{}",
+                if up { "" } else { " (FAILED to come back)" }
+            ));
+            assert!(up, "scripts/rocketmq start-broker");
+            broker_done = true;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -671,6 +644,7 @@ async fn run(backend: Backend, upstream: &'static str) {
             "backend": format!("{backend:?}"),
             "orders": orders,
             "faulted_seconds": seconds,
+            "broker": with_broker,
             "settled_seconds": (settled_s * 10.0).round() / 10.0,
             "daemon_kills": daemons.kills,
             "events": events,
@@ -785,6 +759,22 @@ async fn audit(
     let paid = status.values().filter(|s| *s == "PAID").count();
     let closed = status.values().filter(|s| *s == "CLOSED").count();
     f.insert("orders", json!(status.len()));
+    let by_trigger: Vec<String> = rows(
+        env,
+        "SELECT trigger_kind, COUNT(*) FROM decision_log WHERE outcome = 'closed' \
+         GROUP BY trigger_kind ORDER BY trigger_kind",
+    )
+    .await
+    .iter()
+    .map(|r| {
+        format!(
+            "{} {}",
+            sqlx::Row::get::<String, _>(r, 0),
+            sqlx::Row::get::<i64, _>(r, 1)
+        )
+    })
+    .collect();
+    f.insert("closed by trigger", json!(by_trigger.join(", ")));
     f.insert("orders PAID / CLOSED", json!(format!("{paid} / {closed}")));
     let doubled = count(
         env,

@@ -695,3 +695,48 @@ impl ScratchRedis {
         }
     }
 }
+
+/// After Redis restarts, the daemon's connection comes back by itself: a request that meets the
+/// dead connection fails as transient (its effect is retried), the next one lands, and the
+/// idempotency marker written before the restart still refuses a replay. Found by
+/// scripts/chaos: a plain multiplexed connection stayed broken ("broken pipe") for the life of
+/// the process, and flash-sale stock and slots were never given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restart_is_survived_without_restarting_the_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = crate::redis_server::PrivateRedis::start(dir.path()).await;
+    let config = timeoutd::config::RedisConfig {
+        url: Some(server.url()),
+        cluster: Vec::new(),
+        marker_ttl: Duration::from_secs(60),
+    };
+    let flash = timeoutd::effects::FlashSale::connect(&config)
+        .await
+        .unwrap();
+    let key = "activity:{act-r}:stock";
+    let first = flash.restore_stock(key, 2, "m/r1/0/0").await.unwrap();
+    assert_eq!(first.note, None);
+    server.restart().await;
+    let mut landed = None;
+    for _ in 0..30 {
+        match flash.restore_stock(key, 3, "m/r2/0/0").await {
+            Ok(done) => {
+                landed = Some(done);
+                break;
+            }
+            Err(e) => {
+                assert!(
+                    matches!(e, timeoutd::effects::EffectError::Transient(_)),
+                    "{e:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    let landed = landed.expect("Redis is back, but the effect never reached it");
+    assert_eq!(landed.note, None);
+    let stock: i64 = server.conn().await.get(key).await.unwrap();
+    assert_eq!(stock, 5, "both restores applied once");
+    let replay = flash.restore_stock(key, 2, "m/r1/0/0").await.unwrap();
+    assert!(replay.note.is_some(), "the marker survived the restart");
+}

@@ -14,6 +14,7 @@ mod pipeline;
 mod plugin_cli;
 mod policy_api;
 mod polyglot;
+mod redis_server;
 mod retention;
 mod rocketmq;
 mod runtime;

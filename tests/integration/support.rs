@@ -409,6 +409,15 @@ pub fn order(id: &str, merchant: &str, deadline_ms: i64) -> Order {
     }
 }
 
+/// A free loopback port (bound, read, released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// Fixed epoch ms the manual-clock tests start from (2026-11-29T10:00:00Z).
 pub const T0: i64 = 1_795_946_400_000;
 

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
-use redis::aio::MultiplexedConnection;
+use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use timeoutd_runtime::model::Effect;
 
@@ -32,7 +32,11 @@ return 0
 
 #[derive(Clone)]
 enum Connection {
-    Single(MultiplexedConnection),
+    /// Reconnects by itself after the server restarts or the connection breaks (the request
+    /// that met the break fails, and its effect is retried); a plain multiplexed connection
+    /// stays broken for the life of the process (found by scripts/chaos: flash-sale effects
+    /// stuck on "broken pipe" after a Redis restart).
+    Single(ConnectionManager),
     Cluster(ClusterConnection),
 }
 
@@ -56,7 +60,7 @@ impl FlashSale {
                     .map_err(|e| format!("redis.url `{url}`: {e}"))?;
                 Connection::Single(
                     client
-                        .get_multiplexed_async_connection()
+                        .get_connection_manager()
                         .await
                         .map_err(|e| format!("redis `{url}`: {e}"))?,
                 )
