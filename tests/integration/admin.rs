@@ -573,3 +573,32 @@ async fn console_closes_an_overdue_order_in_headless_chromium() {
     );
     env.cleanup().await;
 }
+
+/// A listen address that is taken stops start-up naming the key it came from — `http.listen`
+/// or `admin.listen` — the address and the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taken_listen_address_names_its_key() {
+    let env = Env::new(timeoutd::db::Backend::Sqlite).await;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    for (section, key) in [
+        (format!("[http]\nlisten = \"{addr}\"\n"), "http.listen"),
+        (
+            format!("[admin]\nlisten = \"{addr}\"\n[admin.tokens]\nops = \"{TOKEN}\"\n"),
+            "admin.listen",
+        ),
+    ] {
+        let toml = format!("{section}[database]\nurl = \"{}\"\n{ACME}", env.url);
+        let config = timeoutd::config::Config::from_toml(&toml, env.dir.path(), &|_| None).unwrap();
+        let err = match Daemon::start(&config, Clock::Database).await {
+            Ok(_) => panic!("{key}: started on a taken address"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            err.starts_with(&format!("{key} {addr}: ")) && err.contains("in use"),
+            "{err}"
+        );
+    }
+    drop(taken);
+    env.cleanup().await;
+}

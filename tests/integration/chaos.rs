@@ -389,6 +389,38 @@ async fn reserve_flash(redis: &redis::Client, order: &Order) {
     panic!("Redis never came back for {}", order.id);
 }
 
+/// Writes the order as the order service does — its coupon, the order, its stock and its phase-0
+/// outbox row, in one transaction — straight to the database (not through the proxy: the shop
+/// is not what is under test), retried when the database picks it as a deadlock victim (its
+/// stock rows against a close giving the same SKUs back), as an order service must.
+async fn create(env: &Env, order: &Order) {
+    let mut last = None;
+    for attempt in 0..20u64 {
+        let written = async {
+            let mut tx = env.db.begin().await?;
+            if let Some(c) = &order.coupon {
+                env.db
+                    .backend()
+                    .query("INSERT INTO coupons (id, user_id, status) VALUES (?, ?, 'AVAILABLE')")
+                    .bind(c)
+                    .bind(&order.user)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            timeoutd::db::orders::create(&mut tx, order).await?;
+            tx.commit().await?;
+            Ok::<(), timeoutd::db::DbError>(())
+        }
+        .await;
+        match written {
+            Ok(()) => return,
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(10 * (attempt + 1))).await;
+    }
+    panic!("the shop could not write {}: {last:?}", order.id);
+}
+
 /// The payment system's paid callback to any live daemon, retried until one answers.
 async fn paid_callback(http: &reqwest::Client, ports: &[u16], id: &str) {
     for round in 0..200 {
@@ -514,9 +546,7 @@ async fn run(backend: Backend, upstream: &'static str) {
                 if order.flash_activity.is_some() {
                     reserve_flash(&redis_client, &order).await;
                 }
-                // As the order service writes it, straight to the database (not through the
-                // proxy: the shop is not what is under test).
-                env.create(&order).await;
+                create(&env, &order).await;
                 let f = fate();
                 fates.lock().unwrap().insert(order.id.clone(), f);
                 let window = order.deadline_ms - now;

@@ -30,9 +30,10 @@ pub enum StartError {
     /// The admin API's token could not be read or made (`admin.token_file`).
     #[error("{0}")]
     Admin(String),
-    /// The HTTP endpoint could not listen.
-    #[error("http.listen {0}: {1}")]
-    Listen(std::net::SocketAddr, std::io::Error),
+    /// An HTTP endpoint could not listen: the config key (`http.listen` or `admin.listen`), the
+    /// address and why (e.g. "Address already in use").
+    #[error("{0} {1}: {2}")]
+    Listen(&'static str, std::net::SocketAddr, std::io::Error),
 }
 
 /// A running daemon.
@@ -144,7 +145,7 @@ impl Daemon {
         if let Some(http) = &config.http {
             let listener = tokio::net::TcpListener::bind(http.listen)
                 .await
-                .map_err(|e| StartError::Listen(http.listen, e))?;
+                .map_err(|e| StartError::Listen("http.listen", http.listen, e))?;
             http_addr = listener.local_addr().ok();
             let state = crate::http::HttpState::new(db.clone(), effects.clone(), config);
             tasks.spawn(crate::http::serve(listener, state, rx.clone()));
@@ -182,7 +183,7 @@ impl Daemon {
         if let Some(admin) = &config.admin {
             let listener = tokio::net::TcpListener::bind(admin.listen)
                 .await
-                .map_err(|e| StartError::Listen(admin.listen, e))?;
+                .map_err(|e| StartError::Listen("admin.listen", admin.listen, e))?;
             admin_addr = listener.local_addr().ok();
             let (tokens, file) = crate::admin::tokens(admin).map_err(StartError::Admin)?;
             if let Some(file) = file {
