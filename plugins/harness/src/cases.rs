@@ -299,6 +299,7 @@ pub struct Case {
     /// What is expected.
     pub expect: Expect,
     after_ms: Option<u64>,
+    state: Option<Vec<u8>>,
 }
 
 /// A parsed, checked cases file.
@@ -367,6 +368,16 @@ impl CasesFile {
                 }
                 None => None,
             };
+            let state = match c.expect.state.as_deref().map(|t| hex::decode(t.trim())) {
+                Some(Ok(bytes)) => Some(bytes),
+                Some(Err(problem)) => {
+                    fail(format!(
+                        "expect: state: not hex ({problem}); write e.g. \"01\""
+                    ));
+                    None
+                }
+                None => None,
+            };
             if let (Some(order), Some(context)) = (order, context) {
                 cases.push(Case {
                     name: c.name,
@@ -374,6 +385,7 @@ impl CasesFile {
                     context,
                     expect: c.expect,
                     after_ms,
+                    state,
                 });
             }
         }
@@ -553,9 +565,6 @@ fn check_expect(e: &Expect) -> Vec<String> {
         .into_iter()
         .flatten(),
     );
-    if let Some(Err(problem)) = e.state.as_deref().map(hex::decode) {
-        problems.push(format!("state: not hex ({problem}); write e.g. \"01\""));
-    }
     if e.error_key.is_some() && e.error != Some(ErrorKind::BadSetting) {
         problems.push("`error_key` needs error = \"bad-setting\"".into());
     }
@@ -706,12 +715,12 @@ impl Case {
                 state,
                 poll_payment,
             } => {
-                if let Some(want) = &e.state
-                    && hex::decode(want.trim()).ok().as_ref() != Some(state)
+                if let Some(want) = &self.state
+                    && want != state
                 {
                     fail(format!(
                         "expected state \"{}\", got \"{}\"",
-                        want.trim(),
+                        hex::encode(want),
                         hex::encode(state)
                     ));
                 }
