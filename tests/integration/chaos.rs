@@ -55,13 +55,91 @@ fn knob(name: &str, default: u64) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "the chaos run: scripts/chaos"]
 async fn mariadb() {
-    run(Backend::MySql, "127.0.0.1:3306").await;
+    run(Backend::MySql, Topology::Single("127.0.0.1:3306")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "the chaos run: scripts/chaos"]
 async fn postgres() {
-    run(Backend::Postgres, "127.0.0.1:5432").await;
+    run(Backend::Postgres, Topology::Single("127.0.0.1:5432")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "the chaos run: scripts/chaos --backend galera"]
+async fn galera() {
+    run(Backend::MySql, Topology::Galera).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "the chaos run: scripts/chaos --backend patroni"]
+async fn patroni() {
+    run(Backend::Postgres, Topology::Patroni).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Where the database is, and how it fails.
+
+/// The database the run's daemons use, and the one database fault the run injects.
+#[derive(Debug, Clone, Copy)]
+enum Topology {
+    /// One server (`host:port`) behind a [`Proxy`]; the fault: cut off for 10 s.
+    Single(&'static str),
+    /// A three-node MariaDB Galera cluster (`scripts/galera`, its directory in
+    /// `TIMEOUTD_GALERA_DIR`), daemon i on node i + 1 (127.0.0.1:3411…3413), the shop and the
+    /// audit on node 1; the fault: node 3 SIGKILLed (a crashed host) and restarted 10 s later,
+    /// rejoining by IST.
+    Galera,
+    /// PostgreSQL under Patroni (`scripts/patroni`, its directory in `TIMEOUTD_PATRONI_DIR`):
+    /// a primary and a synchronous replica behind HAProxy (127.0.0.1:5440), which every daemon
+    /// and the shop use; the fault: the primary's host crashes (Patroni and PostgreSQL
+    /// SIGKILLed), the replica is promoted, and the old primary rejoins as a replica later.
+    Patroni,
+}
+
+/// A Galera node's or the Patroni HAProxy's address.
+const GALERA_NODES: [&str; 3] = ["127.0.0.1:3411", "127.0.0.1:3412", "127.0.0.1:3413"];
+const PATRONI_HAPROXY: &str = "127.0.0.1:5440";
+
+impl Topology {
+    /// The server the run's database is made on.
+    fn server_url(self, backend: Backend) -> String {
+        match self {
+            Topology::Single(_) => crate::support::server_url(backend),
+            Topology::Galera => format!("mysql://root@{}/test", GALERA_NODES[0]),
+            Topology::Patroni => format!("postgres://postgres@{PATRONI_HAPROXY}/postgres"),
+        }
+    }
+
+    /// The cluster's directory (scripts/galera or scripts/patroni), from the environment
+    /// scripts/chaos sets.
+    fn dir(self) -> String {
+        let var = match self {
+            Topology::Single(_) => return String::new(),
+            Topology::Galera => "TIMEOUTD_GALERA_DIR",
+            Topology::Patroni => "TIMEOUTD_PATRONI_DIR",
+        };
+        std::env::var(var).unwrap_or_else(|_| {
+            panic!("{var} is not set: scripts/chaos --backend {self:?} starts the cluster")
+        })
+    }
+
+    /// `scripts/galera|patroni VERB DIR [ARGS]`, asserted to succeed.
+    async fn script(self, verb: &str, args: &[&str]) {
+        let name = match self {
+            Topology::Single(_) => return,
+            Topology::Galera => "galera",
+            Topology::Patroni => "patroni",
+        };
+        let ok = Command::new(crate::support::repo_root().join("scripts").join(name))
+            .arg(verb)
+            .arg(self.dir())
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .await
+            .is_ok_and(|s| s.success());
+        assert!(ok, "scripts/{name} {verb} failed");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -391,11 +469,28 @@ async fn reserve_flash(redis: &redis::Client, order: &Order) {
 
 /// Writes the order as the order service does — its coupon, the order, its stock and its phase-0
 /// outbox row, in one transaction — straight to the database (not through the proxy: the shop
-/// is not what is under test), retried when the database picks it as a deadlock victim (its
-/// stock rows against a close giving the same SKUs back), as an order service must.
+/// is not what is under test), retried for up to a minute as an order service must: when the
+/// database picks it as a deadlock victim (its stock rows against a close giving the same SKUs
+/// back; on Galera, a certification conflict), and while a Galera node or a Patroni primary is
+/// replaced. A commit whose answer was lost may have landed: a retry first looks for the order.
 async fn create(env: &Env, order: &Order) {
     let mut last = None;
-    for attempt in 0..20u64 {
+    let until = Instant::now() + Duration::from_secs(60);
+    let mut attempt = 0u64;
+    while Instant::now() < until {
+        if attempt > 0 {
+            let found = env
+                .db
+                .backend()
+                .query("SELECT COUNT(*) FROM orders WHERE id = ?")
+                .bind(&order.id)
+                .fetch_one(env.db.pool())
+                .await
+                .map(|r| sqlx::Row::get::<i64, _>(&r, 0));
+            if matches!(found, Ok(1)) {
+                return;
+            }
+        }
         let written = async {
             let mut tx = env.db.begin().await?;
             if let Some(c) = &order.coupon {
@@ -416,9 +511,26 @@ async fn create(env: &Env, order: &Order) {
             Ok(()) => return,
             Err(e) => last = Some(e),
         }
-        tokio::time::sleep(Duration::from_millis(10 * (attempt + 1))).await;
+        attempt += 1;
+        tokio::time::sleep(Duration::from_millis((10 * attempt).min(500))).await;
     }
-    panic!("the shop could not write {}: {last:?}", order.id);
+    panic!(
+        "the shop could not write {} in a minute: {last:?}",
+        order.id
+    );
+}
+
+/// The database clock, retried for up to a minute (across a Galera node's or a primary's
+/// replacement).
+async fn db_now(env: &Env) -> i64 {
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        match env.db.now_ms().await {
+            Ok(now) => return now,
+            Err(e) if Instant::now() > until => panic!("the database clock: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
 }
 
 /// The payment system's paid callback to any live daemon, retried until one answers.
@@ -441,7 +553,7 @@ async fn paid_callback(http: &reqwest::Client, ports: &[u16], id: &str) {
 // ---------------------------------------------------------------------------------------------
 // The run.
 
-async fn run(backend: Backend, upstream: &'static str) {
+async fn run(backend: Backend, topology: Topology) {
     let seconds = knob("TIMEOUTD_CHAOS_SECONDS", 120);
     let orders = knob("TIMEOUTD_CHAOS_ORDERS", 3_000) as usize;
     let settle = Duration::from_secs(knob("TIMEOUTD_CHAOS_SETTLE_SECONDS", 180));
@@ -457,7 +569,7 @@ async fn run(backend: Backend, upstream: &'static str) {
     } else {
         String::new()
     };
-    let env = Env::new(backend).await;
+    let env = Env::new_on(backend, &topology.server_url(backend), "").await;
     let dir = env.dir.path().to_path_buf();
     let skus: Vec<(String, i64)> = (0..SKUS)
         .map(|s| (format!("sku-{s:02}"), UNITS_PER_SKU))
@@ -465,11 +577,25 @@ async fn run(backend: Backend, upstream: &'static str) {
     let sku_refs: Vec<(&str, i64)> = skus.iter().map(|(s, n)| (s.as_str(), *n)).collect();
     env.stock_up(&sku_refs).await;
 
-    let proxy = Proxy::start(upstream).await;
-    let db_url = env
-        .url
-        .replacen(upstream, &format!("127.0.0.1:{}", proxy.port), 1);
-    assert_ne!(db_url, env.url, "the database URL names {upstream}");
+    // Each daemon's database URL: through the proxy, to its own Galera node, or to HAProxy.
+    let (proxy, db_urls) = match topology {
+        Topology::Single(upstream) => {
+            let proxy = Proxy::start(upstream).await;
+            let db_url = env
+                .url
+                .replacen(upstream, &format!("127.0.0.1:{}", proxy.port), 1);
+            assert_ne!(db_url, env.url, "the database URL names {upstream}");
+            (Some(proxy), vec![db_url; 3])
+        }
+        Topology::Galera => (
+            None,
+            GALERA_NODES
+                .iter()
+                .map(|node| env.url.replacen(GALERA_NODES[0], node, 1))
+                .collect(),
+        ),
+        Topology::Patroni => (None, vec![env.url.clone(); 3]),
+    };
     let redis_dir = dir.join("redis");
     std::fs::create_dir_all(&redis_dir).unwrap();
     let mut redis = PrivateRedis::start(&redis_dir).await;
@@ -500,7 +626,7 @@ async fn run(backend: Backend, upstream: &'static str) {
         std::fs::write(
             &file,
             daemon_config(
-                &db_url,
+                &db_urls[i],
                 &redis.url(),
                 &provider.base_url,
                 &receiver_url,
@@ -516,7 +642,7 @@ async fn run(backend: Backend, upstream: &'static str) {
         daemons.start(i);
     }
     eprintln!(
-        "chaos: {backend:?}{}, {orders} orders over {seconds} s of faults, 3 daemons (logs in {})",
+        "chaos: {backend:?} ({topology:?}){}, {orders} orders over {seconds} s of faults, 3 daemons (logs in {})",
         if with_broker { " with the broker" } else { "" },
         dir.display()
     );
@@ -541,7 +667,7 @@ async fn run(backend: Backend, upstream: &'static str) {
             for n in 0..orders {
                 tokio::time::sleep_until(next).await;
                 next += gap;
-                let now = env.db.now_ms().await.unwrap();
+                let now = db_now(&env).await;
                 let order = new_order(n, now);
                 if order.flash_activity.is_some() {
                     reserve_flash(&redis_client, &order).await;
@@ -611,10 +737,7 @@ async fn run(backend: Backend, upstream: &'static str) {
             swap_done = true;
         }
         if !cut_done && now >= cut_at {
-            proxy.set_cut(true);
-            tokio::time::sleep(Duration::from_secs(10)).await;
-            proxy.set_cut(false);
-            events.push(format!("{t:.0}s database cut off for 10 s"));
+            events.push(database_fault(topology, proxy.as_ref(), t).await);
             cut_done = true;
         }
         if !broker_done && now >= broker_at {
@@ -672,6 +795,7 @@ async fn run(backend: Backend, upstream: &'static str) {
     let summary = json!({
         "chaos": {
             "backend": format!("{backend:?}"),
+            "topology": format!("{topology:?}"),
             "orders": orders,
             "faulted_seconds": seconds,
             "broker": with_broker,
@@ -694,6 +818,39 @@ async fn run(backend: Backend, upstream: &'static str) {
         dir.display(),
         report.violations.join("\n")
     );
+}
+
+/// The run's one database fault; returns the event line.
+async fn database_fault(topology: Topology, proxy: Option<&Proxy>, t: f64) -> String {
+    match topology {
+        Topology::Single(_) => {
+            let proxy = proxy.expect("a single server is behind the proxy");
+            proxy.set_cut(true);
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            proxy.set_cut(false);
+            format!("{t:.0}s database cut off for 10 s")
+        }
+        Topology::Galera => {
+            topology.script("kill-node", &["3"]).await;
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            let back = Instant::now();
+            topology.script("restart-node", &["3"]).await;
+            format!(
+                "{t:.0}s Galera node 3 SIGKILLed, restarted 10 s later (synced {:.1} s after)",
+                back.elapsed().as_secs_f64()
+            )
+        }
+        Topology::Patroni => {
+            let crash = Instant::now();
+            topology.script("failover", &[]).await;
+            let took = crash.elapsed().as_secs_f64();
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            topology.script("rejoin", &[]).await;
+            format!(
+                "{t:.0}s Patroni primary crashed, replica promoted and routed in {took:.1} s; old primary rejoined"
+            )
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -58,6 +58,63 @@ plugin = "missing/plugin.wasm"
     );
 }
 
+/// A shard list is checked shard by shard (a duplicate name, a URL without a database, a bad
+/// scheme), with the sections not yet available beside shards named, all in one report; a file
+/// with neither a URL nor shards says what to give.
+#[test]
+fn a_bad_shard_list_names_every_problem_by_its_index() {
+    let raw = r#"
+[database]
+routing = "mod"
+shard_lease = "500ms"
+[[database.shards]]
+name = "ds_0"
+url = "mysql://root@127.0.0.1:3306/shop_0"
+[[database.shards]]
+name = "ds_0"
+url = "mysql://root@127.0.0.1:3306"
+[[database.shards]]
+name = "ds_2"
+url = "oracle://x/y"
+[admin]
+listen = "127.0.0.1:0"
+tokens = { ops = "0123456789abcdef" }
+[merchants.a]
+plugin = "builtin:single-phase"
+"#;
+    let problems =
+        Config::from_toml(raw, std::path::Path::new("/nonexistent"), &|_| None).unwrap_err();
+    let keys: Vec<&str> = problems.problems.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "database.shards[1].name",
+            "database.shards[1].url",
+            "database.shards[2].url",
+            "database.shard_lease",
+            "admin",
+        ],
+        "{problems}"
+    );
+    let said = problems.to_string();
+    assert!(said.contains("`ds_0` names two shards"), "{said}");
+    assert!(
+        said.contains("[admin] is not available with database.shards"),
+        "{said}"
+    );
+    let neither = Config::from_toml(
+        "[database]
+[merchants.a]
+plugin = \"builtin:single-phase\"
+",
+        std::path::Path::new("."),
+        &|_| None,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(neither.contains("database.url: missing"), "{neither}");
+}
+
 #[test]
 fn unknown_keys_and_unitless_durations_are_refused() {
     let unknown = Config::from_toml(

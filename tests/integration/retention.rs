@@ -51,10 +51,10 @@ each_backend! {
 
         // Another daemon holds the lease: this one does nothing.
         let db = &env.db;
-        assert!(timeoutd::db::retention::take_lease(db, "retention", "other-daemon", T0, T0 + 60_000).await.unwrap());
+        assert!(timeoutd::db::maintenance_lease::take_lease(db, "retention", "other-daemon", T0, T0 + 60_000).await.unwrap());
         assert_eq!(timeoutd::retention::pass(db, &clock, &config.retention, "me", None).await.unwrap(), None);
         assert_eq!(count("order_timeout_msg", "old").await, 1, "nothing deleted without the lease");
-        timeoutd::db::retention::release_lease(db, "retention", "other-daemon").await.unwrap();
+        timeoutd::db::maintenance_lease::release_lease(db, "retention", "other-daemon").await.unwrap();
 
         let deleted = timeoutd::retention::pass(db, &clock, &config.retention, "me", None).await.unwrap().expect("the lease was free");
         let of = |t: &str| deleted.iter().find(|(table, _)| *table == t).unwrap().1;

@@ -85,7 +85,8 @@ pub struct Env {
     pub url: String,
     /// Scratch directory (SQLite file, plugin files).
     pub dir: tempfile::TempDir,
-    server_database: Option<(Backend, String)>,
+    /// The server's URL and the database made on it.
+    server_database: Option<(String, String)>,
 }
 
 impl Env {
@@ -97,12 +98,18 @@ impl Env {
     /// A fresh, migrated database created with `create_options` appended to its `CREATE
     /// DATABASE` (e.g. ` CHARACTER SET latin1`); ignored on SQLite.
     pub async fn new_with(backend: Backend, create_options: &str) -> Env {
+        Self::new_on(backend, &server_url(backend), create_options).await
+    }
+
+    /// As [`Env::new_with`], on the server at `server` (a URL naming a database the user may
+    /// create databases from): a Galera node, a Patroni cluster's HAProxy.
+    pub async fn new_on(backend: Backend, server: &str, create_options: &str) -> Env {
         let dir = tempfile::tempdir().unwrap();
         let (url, server_database) = match backend {
             Backend::Sqlite => (format!("sqlite://{}/t.db", dir.path().display()), None),
             Backend::MySql | Backend::Postgres => {
                 let name = format!("timeoutd_t_{:016x}", fastrand::u64(..));
-                let server = server_url(backend);
+                let server = server.to_string();
                 let admin = Db::connect(&server, 1)
                     .await
                     .unwrap_or_else(|e| panic!("{server} must be reachable: {e}"));
@@ -114,7 +121,7 @@ impl Env {
                 .unwrap();
                 admin.close().await;
                 let base = server.rsplit_once('/').map_or(server.as_str(), |(b, _)| b);
-                (format!("{base}/{name}"), Some((backend, name)))
+                (format!("{base}/{name}"), Some((server.clone(), name)))
             }
         };
         let db = Db::connect(&url, 8).await.unwrap();
@@ -130,8 +137,8 @@ impl Env {
     /// Drops a server test database.
     pub async fn cleanup(self) {
         self.db.close().await;
-        if let Some((backend, name)) = self.server_database {
-            let admin = Db::connect(&server_url(backend), 1).await.unwrap();
+        if let Some((server, name)) = self.server_database {
+            let admin = Db::connect(&server, 1).await.unwrap();
             sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {name}")))
                 .execute(admin.pool())
                 .await

@@ -346,7 +346,29 @@ fn validate(path: &std::path::Path) -> ExitCode {
 }
 
 async fn run(path: &std::path::Path, config: &Config) -> ExitCode {
+    if !config.database.shards.is_empty() {
+        return run_sharded(path, config).await;
+    }
     let daemon = match Daemon::start(config, Clock::Database).await {
+        Ok(d) => d,
+        Err(e @ daemon::StartError::Policies(crate::policies::SetupError::Plugins(_))) => {
+            eprintln!("{}: {e}", path.display());
+            return ExitCode::from(EXIT_BAD_CONFIG);
+        }
+        Err(e) => {
+            eprintln!("timeoutd: cannot start: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    wait_for_signal().await;
+    tracing::info!("signal received; draining");
+    daemon.stop().await;
+    ExitCode::SUCCESS
+}
+
+/// `run` over `[[database.shards]]` ([`crate::shards`]).
+async fn run_sharded(path: &std::path::Path, config: &Config) -> ExitCode {
+    let daemon = match crate::shards::Sharded::start(config, Clock::Database).await {
         Ok(d) => d,
         Err(e @ daemon::StartError::Policies(crate::policies::SetupError::Plugins(_))) => {
             eprintln!("{}: {e}", path.display());

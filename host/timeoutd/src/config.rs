@@ -83,20 +83,64 @@ pub struct Config {
     pub base_dir: PathBuf,
 }
 
-/// `[database]`.
+/// `[database]`: one database (`url`), or a list of shards (`[[database.shards]]`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatabaseConfig {
     /// `sqlite://PATH` (created if missing), `mysql://USER[:PASS]@HOST:PORT/DB` (MySQL 8 or
-    /// MariaDB 10.6+, for `SKIP LOCKED`) or `postgres://USER[:PASS]@HOST:PORT/DB`.
+    /// MariaDB 10.6+, for `SKIP LOCKED`) or `postgres://USER[:PASS]@HOST:PORT/DB`. Leave it out
+    /// when `shards` are listed.
+    #[serde(default)]
     pub url: String,
-    /// Pool size. (SQLite has one writer at a time whatever the pool size; extra connections
-    /// serve reads.)
+    /// Pool size (per shard when sharded). (SQLite has one writer at a time whatever the pool
+    /// size; extra connections serve reads.)
     #[serde(default = "defaults::max_connections")]
     pub max_connections: u32,
-    /// Apply the schema migrations at start-up.
+    /// Apply the schema migrations at start-up (to every shard when sharded).
     #[serde(default = "defaults::yes")]
     pub migrate: bool,
+    /// Application-level sharding, as ShardingSphere-JDBC users and the seeds' order service
+    /// split an order database: each shard is a database of its own holding its orders, their
+    /// stock and coupons, and timeoutd's tables, so a close stays one local transaction. Each
+    /// shard gets its own outbox timer, sweep, retention and ledger executor, run by whichever
+    /// daemon holds the shard's lease (`shard_lease`, a row of the shard's own
+    /// `maintenance_lease`); the HTTP endpoint routes an order to its shard by `routing`. The
+    /// list's order is the shard index the routing rule gives (`ds_0` first).
+    #[serde(default)]
+    pub shards: Vec<ShardConfig>,
+    /// How an order id names its shard (with `shards`): `hash_mod` (default) or `mod`.
+    #[serde(default)]
+    pub routing: Routing,
+    /// How long a daemon's hold on a shard lasts unrenewed (renewed every third of it). A daemon
+    /// that dies frees its shards after this; another daemon takes them over.
+    #[serde(default = "defaults::shard_lease", with = "duration")]
+    pub shard_lease: Duration,
+}
+
+/// `[[database.shards]]`: one shard of a sharded order database.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardConfig {
+    /// The shard's name in logs, metrics and errors (`ds_0`, as ShardingSphere names data
+    /// sources).
+    pub name: String,
+    /// The shard's database, as `database.url`.
+    pub url: String,
+}
+
+/// `database.routing`: the rule that maps an order id to a shard index in `0..N` (N shards),
+/// the same rule the order service shards by, so both put an order in one place.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Routing {
+    /// ShardingSphere's `HASH_MOD` on a string sharding value: `abs(id.hashCode()) % N`, with
+    /// Java's `String.hashCode` (UTF-16 units, `h = 31·h + c` in 32-bit wrapping arithmetic,
+    /// widened to a long before `abs`). Any id.
+    #[default]
+    HashMod,
+    /// ShardingSphere's `MOD` (and the seeds' `ds_${order_id % N}` inline rule): the id read as
+    /// a decimal integer, `id % N`. Ids that are not integers are refused (HTTP 400).
+    Mod,
 }
 
 /// `[outbox]`: claims due `order_timeout_msg` rows under a lease.
@@ -670,6 +714,9 @@ mod defaults {
     }
     pub fn lease() -> Duration {
         Duration::from_secs(30)
+    }
+    pub fn shard_lease() -> Duration {
+        Duration::from_secs(10)
     }
     pub fn idle_recheck() -> Duration {
         Duration::from_millis(250)

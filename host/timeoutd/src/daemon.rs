@@ -18,6 +18,13 @@ pub enum StartError {
     /// The database is unreachable or its schema could not be applied.
     #[error(transparent)]
     Db(#[from] DbError),
+    /// The database server cannot run timeoutd safely (a Spider or non-InnoDB table, an engine
+    /// without `SKIP LOCKED`): every reason, one per line ([`crate::db::engine`]).
+    #[error("the database cannot run timeoutd safely:\n  {}", .0.join("\n  "))]
+    Unsafe(Vec<String>),
+    /// A shard of `[[database.shards]]` could not be set up: its name and why.
+    #[error("shard {0}: {1}")]
+    Shard(String, String),
     /// The engine could not be built or a plugin could not be loaded.
     #[error(transparent)]
     Policies(#[from] crate::policies::SetupError),
@@ -62,6 +69,18 @@ impl Daemon {
         let db = Db::connect(&config.database.url, config.database.max_connections).await?;
         if config.database.migrate {
             db.migrate().await?;
+        }
+        let engine = crate::db::engine::inspect(&db).await?;
+        let refusals = engine.refusals();
+        if !refusals.is_empty() {
+            db.close().await;
+            return Err(StartError::Unsafe(refusals));
+        }
+        for warning in engine.warnings() {
+            tracing::warn!("{warning}");
+        }
+        if let Some(g) = &engine.galera {
+            tracing::info!(cluster_size = g.cluster_size, state = %g.state, "database is a Galera node; reads are causal (wsrep_sync_wait = 1)");
         }
         let transport = match &config.rocketmq {
             Some(r) => Some(crate::rocketmq::Transport::start(r).await?),

@@ -11,9 +11,11 @@ pub mod backlog;
 pub mod bench;
 pub mod demo;
 pub mod doctor;
+pub mod engine;
 pub mod fixtures;
 pub mod journal;
 pub mod ledger;
+pub mod maintenance_lease;
 mod migrate;
 pub use migrate::latest as latest_schema_version;
 pub mod orders;
@@ -50,6 +52,13 @@ impl Backend {
     /// # Errors
     /// A message naming the URL's scheme when it is not `sqlite:`, `mysql:` or `mariadb:`.
     pub fn of_url(url: &str) -> Result<Backend, DbError> {
+        if url.is_empty() {
+            return Err(DbError::Config(
+                "no database URL: this command works on one database (database.url); a config \
+                 with [[database.shards]] names several, so give it a config naming one shard"
+                    .to_string(),
+            ));
+        }
         let scheme = url.split(':').next().unwrap_or_default();
         match scheme {
             "sqlite" => Ok(Backend::Sqlite),
@@ -241,6 +250,10 @@ impl Db {
                                  SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
                             )
                             .await?;
+                            // A Galera node: causal reads (engine.rs says why).
+                            if engine::galera_on(conn).await {
+                                conn.execute(engine::GALERA_SESSION).await?;
+                            }
                         }
                         // READ COMMITTED is PostgreSQL's default.
                         Backend::Postgres => {}

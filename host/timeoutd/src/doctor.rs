@@ -78,7 +78,25 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Runs every check for `config`, in the order of the module's list.
 pub async fn examine(config: &Config) -> Vec<Finding> {
-    let mut findings = database(config).await;
+    let mut findings = Vec::new();
+    if config.database.shards.is_empty() {
+        findings.extend(database(config).await);
+    }
+    // Each shard as a database of its own, its findings named `database.shards.<name>…`.
+    for shard in &config.database.shards {
+        let mut one = config.clone();
+        one.database.url = shard.url.clone();
+        one.database.shards = Vec::new();
+        findings.extend(database(&one).await.into_iter().map(|mut f| {
+            f.what = f
+                .what
+                .replacen("database", &format!("database.shards.{}", shard.name), 1);
+            f.what = f
+                .what
+                .replacen("clock", &format!("database.shards.{}.clock", shard.name), 1);
+            f
+        }));
+    }
     findings.extend(redis(config).await);
     findings.extend(broker(config).await);
     findings.extend(plugins(config));
@@ -129,13 +147,44 @@ async fn database(config: &Config) -> Vec<Finding> {
         }
     };
     let mut out = vec![ok("database", format!("{url} reachable"))];
-    match probe::server_version(&db).await {
-        Ok(version) => out.push(server(db.backend(), &version)),
+    match crate::db::engine::inspect(&db).await {
+        Ok(engine) => {
+            out.push(server(db.backend(), &engine.version));
+            out.extend(engine.refusals().into_iter().map(|r| {
+                bad(
+                    Level::Error,
+                    "database.engine",
+                    r,
+                    "timeoutd refuses to start on this database (SCALING.md, \"Distributed engines\")",
+                )
+            }));
+            out.extend(engine.warnings().into_iter().map(|w| {
+                bad(
+                    Level::Warn,
+                    "database.galera",
+                    w,
+                    "check the node with SHOW STATUS LIKE 'wsrep%'",
+                )
+            }));
+            if let Some(g) = engine
+                .galera
+                .as_ref()
+                .filter(|_| engine.warnings().is_empty())
+            {
+                out.push(ok(
+                    "database.galera",
+                    format!(
+                        "a {} node of a {}-node cluster, {}; reads causal (wsrep_sync_wait = {})",
+                        g.state, g.cluster_size, g.status, g.sync_wait
+                    ),
+                ));
+            }
+        }
         Err(e) => out.push(bad(
             Level::Warn,
             "database.version",
             e.to_string(),
-            "grant the daemon's user access to the server's version",
+            "grant the daemon's user access to the server's version and information_schema",
         )),
     }
     let latest = crate::db::latest_schema_version(db.backend());
@@ -248,22 +297,10 @@ async fn database(config: &Config) -> Vec<Finding> {
 }
 
 /// The server version and whether it has `SELECT … FOR UPDATE SKIP LOCKED` (MariaDB 10.6,
-/// MySQL 8.0.1, PostgreSQL 9.5; SQLite has one writer and needs none). Distributed engines that
-/// speak the MySQL protocol and report a MySQL 8 version without its `SKIP LOCKED` are named
-/// (SCALING.md): TiDB (`…-TiDB-v…`; its planner has no `SKIP LOCKED` lock type) and Vitess
-/// (`…-vitess`; PlanetScale's refused the clause).
+/// MySQL 8.0.1, PostgreSQL 9.5; SQLite has one writer and needs none). Engines that report a
+/// MySQL 8 version without its `SKIP LOCKED` (TiDB, Vitess) are refused by
+/// [`crate::db::engine::Engine::refusals`].
 fn server(backend: Backend, version: &str) -> Finding {
-    let lower = version.to_ascii_lowercase();
-    if backend == Backend::MySql && (lower.contains("tidb") || lower.contains("vitess")) {
-        return bad(
-            Level::Error,
-            "database.version",
-            format!(
-                "{version}: a MySQL-compatible engine without SELECT … FOR UPDATE SKIP LOCKED as timeoutd uses it"
-            ),
-            "run timeoutd on MariaDB 10.6+, MySQL 8.0.1+ or PostgreSQL 9.5+ (one per shard; SCALING.md)",
-        );
-    }
     let numbers: Vec<u32> = version
         .split(|c: char| !c.is_ascii_digit())
         .filter(|s| !s.is_empty())
@@ -570,12 +607,8 @@ mod tests {
         assert_eq!(level(Backend::MySql, "10.5.2-MariaDB"), Level::Error);
         assert_eq!(level(Backend::MySql, "8.0.36"), Level::Ok);
         assert_eq!(level(Backend::MySql, "5.7.44"), Level::Error);
-        assert_eq!(level(Backend::MySql, "8.0.11-TiDB-v7.5.1"), Level::Error);
-        assert_eq!(level(Backend::MySql, "8.0.31-vitess"), Level::Error);
         assert_eq!(level(Backend::Postgres, "15.19"), Level::Ok);
         assert_eq!(level(Backend::Postgres, "9.4.26"), Level::Error);
-        let tidb = server(Backend::MySql, "8.0.11-TiDB-v7.5.1");
-        assert!(tidb.fix.unwrap().contains("SCALING.md"));
     }
 
     #[test]

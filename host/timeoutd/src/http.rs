@@ -24,7 +24,7 @@ use axum::{Json, Router};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use crate::config::{Config, PaidAfterClose};
+use crate::config::{Config, PaidAfterClose, Routing};
 use crate::db::{Db, orders};
 use crate::effects::EffectRunner;
 use crate::paid::Applied;
@@ -32,19 +32,27 @@ use crate::paid::Applied;
 /// What the handlers share.
 #[derive(Clone)]
 pub struct HttpState {
-    db: Db,
-    effects: EffectRunner,
+    /// The order database: one, or the shards of `[[database.shards]]` in order, each with its
+    /// name and its effect runner.
+    shards: Arc<Vec<(String, Db, EffectRunner)>>,
+    routing: Routing,
     resolutions: Arc<HashMap<String, PaidAfterClose>>,
     token: Option<String>,
     lease_ms: i64,
 }
 
 impl HttpState {
-    /// State for `config`'s merchants.
+    /// State for `config`'s merchants over one database.
     pub fn new(db: Db, effects: EffectRunner, config: &Config) -> Self {
+        Self::sharded(vec![(String::new(), db, effects)], config)
+    }
+
+    /// State over the shards of `[[database.shards]]` (name, database, effect runner, in the
+    /// list's order): each request goes to its order's shard by `database.routing`.
+    pub fn sharded(shards: Vec<(String, Db, EffectRunner)>, config: &Config) -> Self {
         HttpState {
-            db,
-            effects,
+            shards: Arc::new(shards),
+            routing: config.database.routing,
             resolutions: crate::effects::resolutions(config),
             token: config.http.as_ref().and_then(|h| h.callback_token.clone()),
             lease_ms: config
@@ -52,6 +60,23 @@ impl HttpState {
                 .as_ref()
                 .map_or(120_000, |h| h.payment_lease.as_millis() as i64),
         }
+    }
+
+    /// The database and effect runner holding `order_id`; with shards, `400` naming the id when
+    /// the routing rule cannot place it.
+    #[allow(clippy::result_large_err)]
+    fn shard(&self, order_id: &str) -> Result<(&Db, &EffectRunner), (StatusCode, Json<Value>)> {
+        let at = match self.shards.len() {
+            1 => 0,
+            n => crate::shards::route::shard_of(self.routing, order_id, n).map_err(|e| {
+                (
+                    StatusCode::BAD_REQUEST,
+                    Json(json!({ "error": e.to_string() })),
+                )
+            })?,
+        };
+        let (_, db, effects) = &self.shards[at];
+        Ok((db, effects))
     }
 }
 
@@ -201,9 +226,13 @@ async fn payment_attempt(
     if let Err(refused) = authorized(&state, &headers) {
         return refused;
     }
+    let (db, effects) = match state.shard(&order_id) {
+        Ok(shard) => shard,
+        Err(refused) => return refused,
+    };
     let attempt = async {
-        let now_ms = state.effects.clock().now_ms(&state.db).await?;
-        let mut conn = state.db.pool().acquire().await?;
+        let now_ms = effects.clock().now_ms(db).await?;
+        let mut conn = db.pool().acquire().await?;
         orders::take_payment_lease(&mut conn, &order_id, now_ms, now_ms + state.lease_ms).await
     };
     match attempt.await {
@@ -255,8 +284,12 @@ async fn handle_paid(
     state: &HttpState,
     order_id: &str,
 ) -> Result<(StatusCode, Json<Value>), crate::db::DbError> {
-    let clock = state.effects.clock();
-    match crate::paid::apply(&state.db, clock, &state.resolutions, order_id, "callback").await? {
+    let (db, effects) = match state.shard(order_id) {
+        Ok(shard) => shard,
+        Err(refused) => return Ok(refused),
+    };
+    let clock = effects.clock();
+    match crate::paid::apply(db, clock, &state.resolutions, order_id, "callback").await? {
         Applied::Missing => Ok((
             StatusCode::NOT_FOUND,
             Json(json!({ "error": format!("order `{order_id}` does not exist") })),
@@ -270,7 +303,7 @@ async fn handle_paid(
             Json(json!({ "status": "paid", "new": true })),
         )),
         Applied::AfterClose { resolution, new } => {
-            state.effects.run_for_order(order_id).await;
+            effects.run_for_order(order_id).await;
             Ok((
                 StatusCode::ACCEPTED,
                 Json(

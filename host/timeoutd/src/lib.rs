@@ -9,7 +9,7 @@
 //! `ARCHITECTURE.md` at the repository root): [`config`] (the file and its validation), [`db`] (schema and
 //! queries per table), [`clock`] (the only place time is read), [`policies`] (plugins per
 //! merchant), [`dispatch`] (trigger → decision → transaction), [`effects`] (carrying out ledger
-//! rows: notices, Redis, payments), [`http`] (payment callbacks), [`sources`] (outbox timer, sweep), [`shutdown`] (how loops wait), [`daemon`] (wiring), [`rocketmq`] (the RocketMQ transport), [`demo`], [`cli`] and [`plugin_cli`] (`timeoutd plugin check|test|replay`).
+//! rows: notices, Redis, payments), [`http`] (payment callbacks), [`sources`] (outbox timer, sweep), [`shutdown`] (how loops wait), [`daemon`] (wiring), [`shards`] (one process over a sharded order database), [`rocketmq`] (the RocketMQ transport), [`demo`], [`cli`] and [`plugin_cli`] (`timeoutd plugin check|test|replay`).
 
 #![warn(missing_docs)]
 #![recursion_limit = "256"]
@@ -40,6 +40,7 @@ pub mod retention;
 /// The backoff rule and the default retry settings (shared with the plugin harness).
 pub use timeoutd_runtime::retry;
 pub mod rocketmq;
+pub mod shards;
 pub mod shutdown;
 pub mod sources;
 pub mod telemetry;

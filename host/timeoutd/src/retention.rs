@@ -10,6 +10,7 @@ use tokio::sync::watch;
 
 use crate::clock::Clock;
 use crate::config::RetentionConfig;
+use crate::db::maintenance_lease;
 use crate::db::retention::{self, RULES, Rule};
 use crate::db::{Db, DbError};
 
@@ -62,7 +63,7 @@ pub async fn pass(
     shutdown: Option<&watch::Receiver<bool>>,
 ) -> Result<Option<Deleted>, DbError> {
     let now = clock.now_ms(db).await?;
-    if !retention::take_lease(db, LEASE, holder, now, now + LEASE_MS).await? {
+    if !maintenance_lease::take_lease(db, LEASE, holder, now, now + LEASE_MS).await? {
         return Ok(None);
     }
     let stopping = || shutdown.is_some_and(crate::shutdown::is_stopping);
@@ -78,7 +79,7 @@ pub async fn pass(
             }
             tokio::time::sleep(config.pause).await;
             let now = clock.now_ms(db).await?;
-            if !retention::take_lease(db, LEASE, holder, now, now + LEASE_MS).await? {
+            if !maintenance_lease::take_lease(db, LEASE, holder, now, now + LEASE_MS).await? {
                 tracing::warn!("retention lease lost mid-pass; stopping");
                 return Ok(Some(deleted));
             }
@@ -91,7 +92,7 @@ pub async fn pass(
         });
         deleted.push((rule.table, total));
     }
-    retention::release_lease(db, LEASE, holder).await?;
+    maintenance_lease::release_lease(db, LEASE, holder).await?;
     Ok(Some(deleted))
 }
 

@@ -57,11 +57,76 @@ impl std::error::Error for ConfigProblems {}
 /// Built-in plugin names accepted after `builtin:`.
 pub const BUILTIN_PLUGINS: &[&str] = &["single-phase", "two-phase"];
 
+/// `[database]`: one URL, or shards each with a URL and a unique name; every URL names a
+/// supported backend and (for a server) a database.
+fn database(c: &Config, p: &mut ConfigProblems) {
+    let d = &c.database;
+    match (d.url.is_empty(), d.shards.is_empty()) {
+        (true, true) => p.push(
+            "database.url",
+            "missing: give the database's URL, or list [[database.shards]]",
+        ),
+        (false, false) => p.push(
+            "database.shards",
+            "give either database.url or database.shards, not both",
+        ),
+        (false, true) => url(&d.url, "database.url", p),
+        (true, false) => {
+            let mut names = std::collections::BTreeSet::new();
+            for (i, shard) in d.shards.iter().enumerate() {
+                let at = format!("database.shards[{i}]");
+                if shard.name.trim().is_empty() {
+                    p.push(format!("{at}.name"), "must not be empty");
+                } else if !names.insert(shard.name.as_str()) {
+                    p.push(
+                        format!("{at}.name"),
+                        format!("`{}` names two shards", shard.name),
+                    );
+                }
+                url(&shard.url, &format!("{at}.url"), p);
+            }
+            if d.shard_lease < std::time::Duration::from_secs(1) {
+                p.push("database.shard_lease", "must be at least 1s");
+            }
+            for (key, set) in [
+                ("admin", c.admin.is_some()),
+                ("alerts", c.alerts.is_some()),
+                ("rocketmq", c.rocketmq.is_some()),
+            ] {
+                if set {
+                    p.push(
+                        key,
+                        format!(
+                            "[{key}] is not available with database.shards yet: run a daemon per \
+                             shard database (database.url) for it (SCALING.md)"
+                        ),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A database URL at `at`: a supported scheme, and for a server a database name.
+fn url(url: &str, at: &str, p: &mut ConfigProblems) {
+    match crate::db::Backend::of_url(url) {
+        Err(e) => p.push(at, e.to_string()),
+        Ok(crate::db::Backend::Sqlite) => {}
+        Ok(_) => {
+            let path = url.split_once("://").map_or("", |(_, rest)| rest);
+            let database = path
+                .split_once('/')
+                .map_or("", |(_, db)| db.split('?').next().unwrap_or(""));
+            if database.is_empty() {
+                p.push(at, format!("`{url}` names no database (…/DBNAME)"));
+            }
+        }
+    }
+}
+
 pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
     let mut p = ConfigProblems::default();
-    if let Err(e) = crate::db::Backend::of_url(&c.database.url) {
-        p.push("database.url", e.to_string());
-    }
+    database(c, &mut p);
     if c.database.max_connections == 0 {
         p.push("database.max_connections", "must be at least 1");
     }
@@ -298,23 +363,6 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
             "runtime.max_memory_mib",
             "must be at most 4096 (the engine reserves 4 GiB per memory)",
         );
-    }
-    if matches!(crate::db::Backend::of_url(&c.database.url), Ok(b) if b != crate::db::Backend::Sqlite)
-    {
-        let path = c
-            .database
-            .url
-            .split_once("://")
-            .map_or("", |(_, rest)| rest);
-        let database = path
-            .split_once('/')
-            .map_or("", |(_, db)| db.split('?').next().unwrap_or(""));
-        if database.is_empty() {
-            p.push(
-                "database.url",
-                format!("`{}` names no database (…/DBNAME)", c.database.url),
-            );
-        }
     }
     if c.effects.max_attempts == 0 {
         p.push("effects.max_attempts", "must be at least 1");

@@ -1,23 +1,9 @@
-//! The doctor's reads of the database: server version, applied schema version, character
-//! sets, and a write probe (rolled back).
+//! The doctor's reads of the database: applied schema version, character sets, and a write
+//! probe (rolled back). What the server is: [`super::engine`].
 
 use sqlx::Row;
 
 use super::{Backend, Db, DbError};
-
-/// The server's version string (`10.11.19-MariaDB-…`, `15.19 (Debian …)`, `3.46.0`).
-///
-/// # Errors
-/// [`DbError::Sql`] on query failure.
-pub async fn server_version(db: &Db) -> Result<String, DbError> {
-    let sql = match db.backend() {
-        Backend::Sqlite => "SELECT sqlite_version()",
-        Backend::MySql => "SELECT VERSION()",
-        Backend::Postgres => "SELECT current_setting('server_version')",
-    };
-    let row = db.backend().query(sql).fetch_one(db.pool()).await?;
-    Ok(row.try_get::<String, _>(0)?)
-}
 
 /// The highest schema migration applied, `None` on a database never migrated.
 ///

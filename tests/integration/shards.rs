@@ -1,0 +1,305 @@
+//! Application-level sharding (`[[database.shards]]`): two MariaDB databases as the shards of one
+//! order database, shared by `timeoutd run` daemons through each shard's lease.
+
+use std::time::Duration;
+
+use timeoutd::config::Routing;
+use timeoutd::db::Backend;
+use timeoutd::shards::route::shard_of;
+
+use crate::support::{Env, eventually, free_port, order, started_daemon};
+
+/// Which daemon (by pid) holds `env`'s shard lease now, if any.
+async fn holder(env: &Env) -> Option<u32> {
+    let now = env.db.now_ms().await.ok()?;
+    let row = env
+        .db
+        .backend()
+        .query("SELECT holder FROM maintenance_lease WHERE name = 'shard' AND until_ms >= ?")
+        .bind(now)
+        .fetch_optional(env.db.pool())
+        .await
+        .ok()??;
+    let holder: String = sqlx::Row::get(&row, 0);
+    holder.split("-pid").nth(1)?.split('-').next()?.parse().ok()
+}
+
+async fn count(env: &Env, sql: &'static str) -> i64 {
+    sqlx::Row::get(
+        &env.db
+            .backend()
+            .query(sql)
+            .fetch_one(env.db.pool())
+            .await
+            .unwrap(),
+        0,
+    )
+}
+
+/// Order ids of `n` orders, `per` routed to each of the two shards by `hash_mod`.
+fn ids(prefix: &str, per: usize) -> [Vec<String>; 2] {
+    let mut out = [Vec::new(), Vec::new()];
+    let mut i = 0;
+    while out[0].len() < per || out[1].len() < per {
+        let id = format!("{prefix}-{i:05}");
+        let at = shard_of(Routing::HashMod, &id, 2).unwrap();
+        if out[at].len() < per {
+            out[at].push(id);
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Two daemons over two shard databases: the first takes both shards, hands one to the second
+/// when it appears (⌈2 ÷ 2⌉ each), and when the holder of a shard is SIGKILLed the other takes
+/// it over within the lease; every order — routed to its shard by `hash_mod` as the order
+/// service writes it — is closed exactly once by its own shard (stock and coupons back once,
+/// one decision each), and a paid callback sent to either daemon lands in the order's shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemons_share_shards_by_lease_and_take_over_a_killed_holders_shard() {
+    let shards = [
+        Env::new(Backend::MySql).await,
+        Env::new(Backend::MySql).await,
+    ];
+    for env in &shards {
+        env.stock_up(&[("sku-a", 1_000), ("sku-b", 1_000)]).await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ports = [free_port(), free_port()];
+    let config = |port: u16| {
+        format!(
+            "[database]\nrouting = \"hash_mod\"\nshard_lease = \"2s\"\nmax_connections = 4\n\
+             [[database.shards]]\nname = \"ds_0\"\nurl = \"{}\"\n\
+             [[database.shards]]\nname = \"ds_1\"\nurl = \"{}\"\n\
+             [outbox]\nidle_recheck = \"200ms\"\nlease = \"3s\"\n\
+             [sweep]\ninterval = \"1s\"\ngrace = \"2s\"\n\
+             [http]\nlisten = \"127.0.0.1:{port}\"\n\
+             [runtime]\ndeadline = \"2s\"\n\
+             [merchants.acme]\nplugin = \"builtin:single-phase\"\n",
+            shards[0].url, shards[1].url
+        )
+    };
+    let files: Vec<_> = (0..2)
+        .map(|i| {
+            let f = dir.path().join(format!("d{i}.toml"));
+            std::fs::write(&f, config(ports[i])).unwrap();
+            f
+        })
+        .collect();
+    let logs: Vec<_> = (0..2)
+        .map(|i| dir.path().join(format!("d{i}.log")))
+        .collect();
+
+    // Daemon A alone takes both shards.
+    let mut a = started_daemon(&files[0], &[("RUST_LOG", "info")], &logs[0]).await;
+    let a_pid = a.id().unwrap();
+    eventually(Duration::from_secs(20), "A holds both shards", || async {
+        holder(&shards[0]).await == Some(a_pid) && holder(&shards[1]).await == Some(a_pid)
+    })
+    .await;
+    // B appears: A hands one shard over, each holds one.
+    let mut b = started_daemon(&files[1], &[("RUST_LOG", "info")], &logs[1]).await;
+    let b_pid = b.id().unwrap();
+    eventually(
+        Duration::from_secs(30),
+        "A and B hold a shard each",
+        || async {
+            let (h0, h1) = (holder(&shards[0]).await, holder(&shards[1]).await);
+            h0.is_some() && h1.is_some() && h0 != h1
+        },
+    )
+    .await;
+
+    // Orders in both shards, written where the routing rule puts them, lapsing in 2 s.
+    let now = shards[0].db.now_ms().await.unwrap();
+    let first = ids("so", 10);
+    for (at, ids) in first.iter().enumerate() {
+        for id in ids {
+            shards[at].create(&order(id, "acme", now + 2_000)).await;
+        }
+    }
+    // One order per shard is paid through the *other* shard's holder's endpoint.
+    let http = reqwest::Client::new();
+    for (at, port) in [(0, ports[1]), (1, ports[0])] {
+        let answer = http
+            .post(format!(
+                "http://127.0.0.1:{port}/v1/payments/{}/paid",
+                first[at][0]
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200, "{}", answer.text().await.unwrap());
+    }
+    for env in &shards {
+        eventually(
+            Duration::from_secs(30),
+            "the first orders settle",
+            || async {
+                count(env, "SELECT COUNT(*) FROM orders WHERE status = 'PENDING'").await == 0
+            },
+        )
+        .await;
+    }
+
+    // SIGKILL whoever holds ds_1; the other takes it over within the lease.
+    let victim = holder(&shards[1]).await.unwrap();
+    let survivor = if victim == a_pid { b_pid } else { a_pid };
+    if victim == a_pid {
+        a.kill().await.unwrap();
+    } else {
+        b.kill().await.unwrap();
+    }
+    let now = shards[0].db.now_ms().await.unwrap();
+    let second = ids("sk", 10);
+    for (at, ids) in second.iter().enumerate() {
+        for id in ids {
+            shards[at].create(&order(id, "acme", now + 1_000)).await;
+        }
+    }
+    eventually(
+        Duration::from_secs(30),
+        "the survivor holds both shards",
+        || async {
+            holder(&shards[0]).await == Some(survivor) && holder(&shards[1]).await == Some(survivor)
+        },
+    )
+    .await;
+    for env in &shards {
+        eventually(
+            Duration::from_secs(30),
+            "the second orders close",
+            || async {
+                count(env, "SELECT COUNT(*) FROM orders WHERE status = 'PENDING'").await == 0
+            },
+        )
+        .await;
+    }
+
+    // Each shard has exactly its own orders, each closed once, stock and coupons back once.
+    for (at, env) in shards.iter().enumerate() {
+        assert_eq!(count(env, "SELECT COUNT(*) FROM orders").await, 20);
+        assert_eq!(
+            count(env, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'").await,
+            1,
+            "shard {at}: the order paid through the other daemon's endpoint"
+        );
+        assert_eq!(
+            count(env, "SELECT COUNT(*) FROM orders WHERE status = 'CLOSED'").await,
+            19
+        );
+        assert_eq!(
+            count(
+                env,
+                "SELECT COUNT(*) FROM (SELECT order_id FROM decision_log WHERE outcome = 'closed' \
+                 GROUP BY order_id HAVING COUNT(*) > 1) twice"
+            )
+            .await,
+            0,
+            "shard {at}: an order closed twice"
+        );
+        assert_eq!(
+            count(
+                env,
+                "SELECT COUNT(DISTINCT order_id) FROM decision_log WHERE outcome = 'closed'"
+            )
+            .await,
+            19
+        );
+        // 20 orders took 2 × sku-a and 1 × sku-b each; the 19 closes gave theirs back once.
+        assert_eq!(
+            count(env, "SELECT available FROM sku_stock WHERE sku = 'sku-a'").await,
+            1_000 - 2
+        );
+        assert_eq!(
+            count(env, "SELECT available FROM sku_stock WHERE sku = 'sku-b'").await,
+            1_000 - 1
+        );
+        assert_eq!(
+            count(
+                env,
+                "SELECT COUNT(*) FROM coupons WHERE status = 'AVAILABLE'"
+            )
+            .await,
+            19
+        );
+    }
+    let _ = if victim == a_pid {
+        crate::support::sigterm(&mut b, Duration::from_secs(10)).await
+    } else {
+        crate::support::sigterm(&mut a, Duration::from_secs(10)).await
+    };
+    let [s0, s1] = shards;
+    s0.cleanup().await;
+    s1.cleanup().await;
+}
+
+/// A sharded config's routing refuses an id the rule cannot place (`mod` and a non-integer id)
+/// with 400 naming it, and an order of the other shard is found there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_endpoint_routes_by_mod_and_refuses_an_id_it_cannot_place() {
+    let shards = [
+        Env::new(Backend::MySql).await,
+        Env::new(Backend::MySql).await,
+    ];
+    for env in &shards {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let file = dir.path().join("d.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[database]\nrouting = \"mod\"\n\
+             [[database.shards]]\nname = \"ds_0\"\nurl = \"{}\"\n\
+             [[database.shards]]\nname = \"ds_1\"\nurl = \"{}\"\n\
+             [http]\nlisten = \"127.0.0.1:{port}\"\n\
+             [merchants.acme]\nplugin = \"builtin:single-phase\"\n",
+            shards[0].url, shards[1].url
+        ),
+    )
+    .unwrap();
+    let log = dir.path().join("d.log");
+    let mut daemon = started_daemon(&file, &[], &log).await;
+    let now = shards[0].db.now_ms().await.unwrap();
+    // 1001 % 2 = 1, 1002 % 2 = 0: each written to its shard, far from its deadline.
+    shards[1]
+        .create(&order("1001", "acme", now + 600_000))
+        .await;
+    shards[0]
+        .create(&order("1002", "acme", now + 600_000))
+        .await;
+    let http = reqwest::Client::new();
+    let pay = |id: &'static str| {
+        let http = http.clone();
+        async move {
+            http.post(format!("http://127.0.0.1:{port}/v1/payments/{id}/paid"))
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(pay("1001").await.status(), 200);
+    assert_eq!(pay("1002").await.status(), 200);
+    let refused = pay("c-1").await;
+    assert_eq!(refused.status(), 400);
+    assert!(
+        refused
+            .text()
+            .await
+            .unwrap()
+            .contains("order id `c-1` is not an integer")
+    );
+    for env in &shards {
+        assert_eq!(
+            count(env, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'").await,
+            1
+        );
+    }
+    crate::support::sigterm(&mut daemon, Duration::from_secs(10)).await;
+    let [s0, s1] = shards;
+    s0.cleanup().await;
+    s1.cleanup().await;
+}
