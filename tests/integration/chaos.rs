@@ -65,6 +65,12 @@ async fn postgres() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "the chaos run: scripts/chaos --backend shards"]
+async fn shards() {
+    run(Backend::MySql, Topology::Shards("127.0.0.1:3306")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "the chaos run: scripts/chaos --backend galera"]
 async fn galera() {
     run(Backend::MySql, Topology::Galera).await;
@@ -84,6 +90,11 @@ async fn patroni() {
 enum Topology {
     /// One server (`host:port`) behind a [`Proxy`]; the fault: cut off for 10 s.
     Single(&'static str),
+    /// Two databases on one server (`host:port`, behind a [`Proxy`]) as the two shards of one
+    /// order database (`[[database.shards]]`, `hash_mod`): every daemon runs the sharded
+    /// config, the shop writes each order to its shard, the audit runs across both; the fault:
+    /// cut off for 10 s (both shards at once).
+    Shards(&'static str),
     /// A three-node MariaDB Galera cluster (`scripts/galera`, its directory in
     /// `TIMEOUTD_GALERA_DIR`), daemon i on node i + 1 (127.0.0.1:3411…3413), the shop and the
     /// audit on node 1; the fault: node 3 SIGKILLed (a crashed host) and restarted 10 s later,
@@ -104,7 +115,7 @@ impl Topology {
     /// The server the run's database is made on.
     fn server_url(self, backend: Backend) -> String {
         match self {
-            Topology::Single(_) => crate::support::server_url(backend),
+            Topology::Single(_) | Topology::Shards(_) => crate::support::server_url(backend),
             Topology::Galera => format!("mysql://root@{}/test", GALERA_NODES[0]),
             Topology::Patroni => format!("postgres://postgres@{PATRONI_HAPROXY}/postgres"),
         }
@@ -114,7 +125,7 @@ impl Topology {
     /// scripts/chaos sets.
     fn dir(self) -> String {
         let var = match self {
-            Topology::Single(_) => return String::new(),
+            Topology::Single(_) | Topology::Shards(_) => return String::new(),
             Topology::Galera => "TIMEOUTD_GALERA_DIR",
             Topology::Patroni => "TIMEOUTD_PATRONI_DIR",
         };
@@ -126,7 +137,7 @@ impl Topology {
     /// `scripts/galera|patroni VERB DIR [ARGS]`, asserted to succeed.
     async fn script(self, verb: &str, args: &[&str]) {
         let name = match self {
-            Topology::Single(_) => return,
+            Topology::Single(_) | Topology::Shards(_) => return,
             Topology::Galera => "galera",
             Topology::Patroni => "patroni",
         };
@@ -326,7 +337,7 @@ async fn broker_script(verb: &str) -> bool {
 
 #[allow(clippy::too_many_arguments)]
 fn daemon_config(
-    db_url: &str,
+    database: &str,
     redis_url: &str,
     provider: &str,
     receiver: &str,
@@ -336,10 +347,9 @@ fn daemon_config(
 ) -> String {
     format!(
         r#"[database]
-url = "{db_url}"
 max_connections = 8
 migrate = false
-[outbox]
+{database}[outbox]
 lease = "5s"
 idle_recheck = "200ms"
 [sweep]
@@ -569,32 +579,57 @@ async fn run(backend: Backend, topology: Topology) {
     } else {
         String::new()
     };
-    let env = Env::new_on(backend, &topology.server_url(backend), "").await;
+    let mut shards = vec![Env::new_on(backend, &topology.server_url(backend), "").await];
+    if let Topology::Shards(_) = topology {
+        shards.push(Env::new_on(backend, &topology.server_url(backend), "").await);
+    }
+    let env = &shards[0];
     let dir = env.dir.path().to_path_buf();
     let skus: Vec<(String, i64)> = (0..SKUS)
         .map(|s| (format!("sku-{s:02}"), UNITS_PER_SKU))
         .collect();
     let sku_refs: Vec<(&str, i64)> = skus.iter().map(|(s, n)| (s.as_str(), *n)).collect();
-    env.stock_up(&sku_refs).await;
+    for shard in &shards {
+        shard.stock_up(&sku_refs).await;
+    }
 
-    // Each daemon's database URL: through the proxy, to its own Galera node, or to HAProxy.
-    let (proxy, db_urls) = match topology {
-        Topology::Single(upstream) => {
+    // Each daemon's `[database]`: through the proxy (to one database or to both shards), to
+    // its own Galera node, or to HAProxy.
+    let url = |url: &str| format!("url = \"{url}\"\n");
+    let (proxy, databases) = match topology {
+        Topology::Single(upstream) | Topology::Shards(upstream) => {
             let proxy = Proxy::start(upstream).await;
-            let db_url = env
-                .url
-                .replacen(upstream, &format!("127.0.0.1:{}", proxy.port), 1);
-            assert_ne!(db_url, env.url, "the database URL names {upstream}");
-            (Some(proxy), vec![db_url; 3])
+            let through = |env: &Env| {
+                let db_url = env
+                    .url
+                    .replacen(upstream, &format!("127.0.0.1:{}", proxy.port), 1);
+                assert_ne!(db_url, env.url, "the database URL names {upstream}");
+                db_url
+            };
+            let database = if shards.len() == 1 {
+                url(&through(env))
+            } else {
+                shards
+                    .iter()
+                    .enumerate()
+                    .map(|(i, env)| {
+                        format!(
+                            "[[database.shards]]\nname = \"ds_{i}\"\nurl = \"{}\"\n",
+                            through(env)
+                        )
+                    })
+                    .collect::<String>()
+            };
+            (Some(proxy), vec![database; 3])
         }
         Topology::Galera => (
             None,
             GALERA_NODES
                 .iter()
-                .map(|node| env.url.replacen(GALERA_NODES[0], node, 1))
+                .map(|node| url(&env.url.replacen(GALERA_NODES[0], node, 1)))
                 .collect(),
         ),
-        Topology::Patroni => (None, vec![env.url.clone(); 3]),
+        Topology::Patroni => (None, vec![url(&env.url); 3]),
     };
     let redis_dir = dir.join("redis");
     std::fs::create_dir_all(&redis_dir).unwrap();
@@ -620,13 +655,13 @@ async fn run(backend: Backend, topology: Topology) {
         logs: dir.clone(),
         kills: 0,
     };
-    for i in 0..3 {
+    for (i, database) in databases.iter().enumerate() {
         let port = free_port();
         let file = dir.join(format!("daemon-{i}.toml"));
         std::fs::write(
             &file,
             daemon_config(
-                &db_urls[i],
+                database,
                 &redis.url(),
                 &provider.base_url,
                 &receiver_url,
@@ -652,9 +687,9 @@ async fn run(backend: Backend, topology: Topology) {
     let faults_until = started + Duration::from_secs(seconds);
     let creation = Duration::from_secs(seconds) * 3 / 5;
     let fates: Arc<Mutex<BTreeMap<String, Fate>>> = Arc::default();
-    let env = Arc::new(env);
+    let shards = Arc::new(shards);
     let shop = {
-        let env = env.clone();
+        let shards = shards.clone();
         let fates = fates.clone();
         let books = provider.books.clone();
         let ports = daemons.http_ports.clone();
@@ -667,12 +702,19 @@ async fn run(backend: Backend, topology: Topology) {
             for n in 0..orders {
                 tokio::time::sleep_until(next).await;
                 next += gap;
-                let now = db_now(&env).await;
+                let now = db_now(&shards[0]).await;
                 let order = new_order(n, now);
                 if order.flash_activity.is_some() {
                     reserve_flash(&redis_client, &order).await;
                 }
-                create(&env, &order).await;
+                // Where the order service puts it (the daemons route by the same rule).
+                let at = timeoutd::shards::route::shard_of(
+                    timeoutd::config::Routing::HashMod,
+                    &order.id,
+                    shards.len(),
+                )
+                .unwrap();
+                create(&shards[at], &order).await;
                 let f = fate();
                 fates.lock().unwrap().insert(order.id.clone(), f);
                 let window = order.deadline_ms - now;
@@ -770,18 +812,22 @@ async fn run(backend: Backend, topology: Topology) {
     // Settle: every daemon up, no faults, until nothing is left to do.
     let settle_start = Instant::now();
     loop {
-        let left = env
-            .db
-            .backend()
-            .query(
-                "SELECT (SELECT COUNT(*) FROM orders WHERE status = 'PENDING') \
-                 + (SELECT COUNT(*) FROM effect_ledger WHERE status = 'PENDING') \
-                 + (SELECT COUNT(*) FROM order_timeout_msg WHERE status <> 'PROCESSED')",
-            )
-            .fetch_one(env.db.pool())
-            .await
-            .map(|r| sqlx::Row::get::<i64, _>(&r, 0))
-            .unwrap_or(i64::MAX);
+        let mut left = 0i64;
+        for env in shards.iter() {
+            left = left.saturating_add(
+                env.db
+                    .backend()
+                    .query(
+                        "SELECT (SELECT COUNT(*) FROM orders WHERE status = 'PENDING') \
+                         + (SELECT COUNT(*) FROM effect_ledger WHERE status = 'PENDING') \
+                         + (SELECT COUNT(*) FROM order_timeout_msg WHERE status <> 'PROCESSED')",
+                    )
+                    .fetch_one(env.db.pool())
+                    .await
+                    .map(|r| sqlx::Row::get::<i64, _>(&r, 0))
+                    .unwrap_or(i64::MAX),
+            );
+        }
         if left == 0 || settle_start.elapsed() > settle {
             break;
         }
@@ -791,7 +837,7 @@ async fn run(backend: Backend, topology: Topology) {
     daemons.stop_all().await;
 
     let fates = fates.lock().unwrap().clone();
-    let report = audit(&env, &redis, &provider, &inbox, &fates).await;
+    let report = audit(&shards, &redis, &provider, &inbox, &fates).await;
     let summary = json!({
         "chaos": {
             "backend": format!("{backend:?}"),
@@ -808,9 +854,12 @@ async fn run(backend: Backend, topology: Topology) {
     });
     println!("{summary}");
     println!("{}", report.table());
-    let env = Arc::try_unwrap(env).unwrap_or_else(|_| panic!("the shop still holds the env"));
+    let shards =
+        Arc::try_unwrap(shards).unwrap_or_else(|_| panic!("the shop still holds the shards"));
     if report.violations.is_empty() {
-        env.cleanup().await;
+        for env in shards {
+            env.cleanup().await;
+        }
     }
     assert!(
         report.violations.is_empty(),
@@ -823,7 +872,7 @@ async fn run(backend: Backend, topology: Topology) {
 /// The run's one database fault; returns the event line.
 async fn database_fault(topology: Topology, proxy: Option<&Proxy>, t: f64) -> String {
     match topology {
-        Topology::Single(_) => {
+        Topology::Single(_) | Topology::Shards(_) => {
             let proxy = proxy.expect("a single server is behind the proxy");
             proxy.set_cut(true);
             tokio::time::sleep(Duration::from_secs(10)).await;
@@ -877,17 +926,29 @@ impl Report {
     }
 }
 
-async fn rows(env: &Env, sql: &'static str) -> Vec<sqlx::any::AnyRow> {
-    env.db
-        .backend()
-        .query(sql)
-        .fetch_all(env.db.pool())
-        .await
-        .unwrap()
+/// `sql`'s rows from every shard (one database but for [`Topology::Shards`]), one after another.
+async fn rows(shards: &[Env], sql: &'static str) -> Vec<sqlx::any::AnyRow> {
+    let mut out = Vec::new();
+    for env in shards {
+        out.extend(
+            env.db
+                .backend()
+                .query(sql)
+                .fetch_all(env.db.pool())
+                .await
+                .unwrap(),
+        );
+    }
+    out
 }
 
-async fn count(env: &Env, sql: &'static str) -> i64 {
-    sqlx::Row::get(&rows(env, sql).await[0], 0)
+/// A `COUNT(*)`-like `sql`, summed over the shards.
+async fn count(shards: &[Env], sql: &'static str) -> i64 {
+    rows(shards, sql)
+        .await
+        .iter()
+        .map(|r| sqlx::Row::get::<i64, _>(r, 0))
+        .sum()
 }
 
 fn percentile(sorted: &[i64], p: f64) -> i64 {
@@ -898,7 +959,7 @@ fn percentile(sorted: &[i64], p: f64) -> i64 {
 }
 
 async fn audit(
-    env: &Env,
+    env: &[Env],
     redis: &PrivateRedis,
     provider: &Provider,
     inbox: &Inbox,
@@ -1024,10 +1085,13 @@ async fn audit(
         *held.entry(sqlx::Row::get(&r, 0)).or_default() += sqlx::Row::get::<i64, _>(&r, 1);
     }
     let mut stock_off = 0;
+    // Each shard was stocked with UNITS_PER_SKU of every SKU.
+    let mut available: BTreeMap<String, i64> = BTreeMap::new();
     for r in rows(env, "SELECT sku, available FROM sku_stock").await {
-        let sku: String = sqlx::Row::get(&r, 0);
-        let available: i64 = sqlx::Row::get(&r, 1);
-        let want = UNITS_PER_SKU - held.get(&sku).copied().unwrap_or(0);
+        *available.entry(sqlx::Row::get(&r, 0)).or_default() += sqlx::Row::get::<i64, _>(&r, 1);
+    }
+    for (sku, available) in available {
+        let want = UNITS_PER_SKU * env.len() as i64 - held.get(&sku).copied().unwrap_or(0);
         if available != want {
             stock_off += 1;
             v.push(format!("{sku}: {available} units available, want {want}"));
