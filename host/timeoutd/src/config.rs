@@ -716,7 +716,7 @@ mod defaults {
         Duration::from_secs(30)
     }
     pub fn shard_lease() -> Duration {
-        Duration::from_secs(10)
+        Duration::from_secs(5)
     }
     pub fn idle_recheck() -> Duration {
         Duration::from_millis(250)

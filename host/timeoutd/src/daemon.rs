@@ -63,6 +63,19 @@ impl Daemon {
     /// [`StartError`] naming what could not be set up.
     pub async fn start(config: &Config, clock: Clock) -> Result<Daemon, StartError> {
         let policies = crate::policies::load(config)?;
+        Self::start_with(config, clock, policies).await
+    }
+
+    /// As [`Daemon::start`], with the merchants' plugins already loaded: a sharded process
+    /// ([`crate::shards`]) loads them once and starts a daemon per shard it takes, at once.
+    ///
+    /// # Errors
+    /// [`StartError`] naming what could not be set up.
+    pub async fn start_with(
+        config: &Config,
+        clock: Clock,
+        policies: Arc<crate::policies::Policies>,
+    ) -> Result<Daemon, StartError> {
         for warning in crate::effects::unexecuted(config) {
             tracing::warn!("{warning}");
         }
@@ -223,14 +236,11 @@ impl Daemon {
             tasks.spawn(crate::admin::serve(listener, state, rx.clone()));
         }
         if !config.runtime.watch_plugins.is_zero() {
-            let (policies, every, mut stop) =
-                (policies.clone(), config.runtime.watch_plugins, rx.clone());
-            tasks.spawn(async move {
-                while !crate::shutdown::sleep_or_shutdown(every, &mut stop).await {
-                    let p = policies.clone();
-                    let _ = tokio::task::spawn_blocking(move || p.reload(false)).await;
-                }
-            });
+            tasks.spawn(crate::policies::watch(
+                policies.clone(),
+                config.runtime.watch_plugins,
+                rx.clone(),
+            ));
         }
         tasks.spawn(crate::effects::worker::run(effects, effects_wake, rx));
         tracing::info!(merchants = config.merchants.len(), backend = ?db.backend(), "timeoutd started");

@@ -110,6 +110,19 @@ pub fn load(config: &Config) -> Result<Arc<Policies>, SetupError> {
         .map_err(SetupError::Plugins)
 }
 
+/// Reloads `policies` every `every` (`runtime.watch_plugins`) until `shutdown` turns true: a
+/// changed plugin file is taken when it loads, refused (the old version serving on) when not.
+pub async fn watch(
+    policies: Arc<Policies>,
+    every: std::time::Duration,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    while !crate::shutdown::sleep_or_shutdown(every, &mut shutdown).await {
+        let p = policies.clone();
+        let _ = tokio::task::spawn_blocking(move || p.reload(false)).await;
+    }
+}
+
 /// The engine limits a config asks for. The pool's memory slots are sized for the largest cap
 /// any merchant's plugin is given.
 pub fn limits(config: &Config) -> RuntimeLimits {

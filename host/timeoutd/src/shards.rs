@@ -20,6 +20,7 @@
 
 pub mod route;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -63,9 +64,9 @@ impl Sharded {
     /// # Errors
     /// [`StartError`] naming the shard that could not be set up (`shard ds_1: …`).
     pub async fn start(config: &Config, clock: Clock) -> Result<Sharded, StartError> {
-        // Every merchant's plugin loads before any shard is taken (a shard's daemon loads its
-        // own; a bad file must stop start-up, not a shard's work later).
-        drop(crate::policies::load(config)?);
+        // Every merchant's plugin loads once, before any shard is taken: a bad file stops
+        // start-up, and a shard taken over later starts deciding at once (no compile).
+        let policies = crate::policies::load(config)?;
         let mut shards = Vec::new();
         let mut front = Vec::new();
         for s in &config.database.shards {
@@ -89,6 +90,8 @@ impl Sharded {
             // Migrated above, once; the listeners are the process's, not the shard's.
             own.database.migrate = false;
             own.http = None;
+            // One watcher for the process (below), not one per shard.
+            own.runtime.watch_plugins = Duration::ZERO;
             let effects = EffectRunner::from_config(db.clone(), clock.clone(), &own)
                 .await
                 .map_err(|e| named(format!("effects: {e}")))?;
@@ -112,6 +115,13 @@ impl Sharded {
             let state = crate::http::HttpState::sharded(front, config);
             tasks.spawn(crate::http::serve(listener, state, rx.clone()));
         }
+        if !config.runtime.watch_plugins.is_zero() {
+            tasks.spawn(crate::policies::watch(
+                policies.clone(),
+                config.runtime.watch_plugins,
+                rx.clone(),
+            ));
+        }
         let (held_tx, held) = watch::channel(Vec::new());
         let holder = format!(
             "{}-pid{}-{:08x}",
@@ -121,6 +131,7 @@ impl Sharded {
         );
         tasks.spawn(supervise(
             shards,
+            policies,
             holder,
             clock,
             config.database.shard_lease,
@@ -174,6 +185,7 @@ fn hostname() -> String {
 /// shards up to it.
 async fn supervise(
     mut shards: Vec<Shard>,
+    policies: Arc<crate::policies::Policies>,
     holder: String,
     clock: Clock,
     lease: Duration,
@@ -230,7 +242,7 @@ async fn supervise(
             if !renew(s, &holder, &clock, lease_ms).await {
                 continue;
             }
-            match Daemon::start(&s.config, clock.clone()).await {
+            match Daemon::start_with(&s.config, clock.clone(), policies.clone()).await {
                 Ok(d) => {
                     tracing::info!(shard = %s.name, "shard taken");
                     s.running = Some(d);
