@@ -1007,21 +1007,18 @@ async fn audit(
     let paid = status.values().filter(|s| *s == "PAID").count();
     let closed = status.values().filter(|s| *s == "CLOSED").count();
     f.insert("orders", json!(status.len()));
-    let by_trigger: Vec<String> = rows(
+    // Summed over the shards.
+    let mut by_kind: BTreeMap<String, i64> = BTreeMap::new();
+    for r in rows(
         env,
         "SELECT trigger_kind, COUNT(*) FROM decision_log WHERE outcome = 'closed' \
          GROUP BY trigger_kind ORDER BY trigger_kind",
     )
     .await
-    .iter()
-    .map(|r| {
-        format!(
-            "{} {}",
-            sqlx::Row::get::<String, _>(r, 0),
-            sqlx::Row::get::<i64, _>(r, 1)
-        )
-    })
-    .collect();
+    {
+        *by_kind.entry(sqlx::Row::get(&r, 0)).or_default() += sqlx::Row::get::<i64, _>(&r, 1);
+    }
+    let by_trigger: Vec<String> = by_kind.iter().map(|(k, n)| format!("{k} {n}")).collect();
     f.insert("closed by trigger", json!(by_trigger.join(", ")));
     f.insert("orders PAID / CLOSED", json!(format!("{paid} / {closed}")));
     let doubled = count(
