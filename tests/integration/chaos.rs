@@ -1070,28 +1070,31 @@ async fn audit(
     );
     f.insert("paid after close (refunded)", json!(late_paid.len()));
 
-    // SQL stock and coupons exactly conserved: what PAID orders hold, and nothing else.
-    let mut held: HashMap<String, i64> = HashMap::new();
-    for r in rows(
-        env,
-        "SELECT i.sku, i.quantity FROM order_items i JOIN orders o ON o.id = i.order_id \
-         WHERE o.status = 'PAID'",
-    )
-    .await
-    {
-        *held.entry(sqlx::Row::get(&r, 0)).or_default() += sqlx::Row::get::<i64, _>(&r, 1);
-    }
+    // SQL stock and coupons exactly conserved, shard by shard: what its PAID orders hold, and
+    // nothing else (each shard was stocked with UNITS_PER_SKU of every SKU).
     let mut stock_off = 0;
-    // Each shard was stocked with UNITS_PER_SKU of every SKU.
-    let mut available: BTreeMap<String, i64> = BTreeMap::new();
-    for r in rows(env, "SELECT sku, available FROM sku_stock").await {
-        *available.entry(sqlx::Row::get(&r, 0)).or_default() += sqlx::Row::get::<i64, _>(&r, 1);
-    }
-    for (sku, available) in available {
-        let want = UNITS_PER_SKU * env.len() as i64 - held.get(&sku).copied().unwrap_or(0);
-        if available != want {
-            stock_off += 1;
-            v.push(format!("{sku}: {available} units available, want {want}"));
+    for (at, shard) in env.iter().enumerate() {
+        let shard = std::slice::from_ref(shard);
+        let mut held: HashMap<String, i64> = HashMap::new();
+        for r in rows(
+            shard,
+            "SELECT i.sku, i.quantity FROM order_items i JOIN orders o ON o.id = i.order_id \
+             WHERE o.status = 'PAID'",
+        )
+        .await
+        {
+            *held.entry(sqlx::Row::get(&r, 0)).or_default() += sqlx::Row::get::<i64, _>(&r, 1);
+        }
+        for r in rows(shard, "SELECT sku, available FROM sku_stock").await {
+            let sku: String = sqlx::Row::get(&r, 0);
+            let available: i64 = sqlx::Row::get(&r, 1);
+            let want = UNITS_PER_SKU - held.get(&sku).copied().unwrap_or(0);
+            if available != want {
+                stock_off += 1;
+                v.push(format!(
+                    "shard {at}: {sku}: {available} units available, want {want}"
+                ));
+            }
         }
     }
     f.insert(

@@ -92,8 +92,9 @@ pub struct DatabaseConfig {
     /// when `shards` are listed.
     #[serde(default)]
     pub url: String,
-    /// Pool size (per shard when sharded). (SQLite has one writer at a time whatever the pool
-    /// size; extra connections serve reads.)
+    /// Pool size. Sharded: per shard for the HTTP endpoint and the shard's lease, and as much
+    /// again for each shard this process works. (SQLite has one writer at a time whatever the
+    /// pool size; extra connections serve reads.)
     #[serde(default = "defaults::max_connections")]
     pub max_connections: u32,
     /// Apply the schema migrations at start-up (to every shard when sharded).
@@ -135,7 +136,9 @@ pub struct ShardConfig {
 pub enum Routing {
     /// ShardingSphere's `HASH_MOD` on a string sharding value: `abs(id.hashCode()) % N`, with
     /// Java's `String.hashCode` (UTF-16 units, `h = 31·h + c` in 32-bit wrapping arithmetic,
-    /// widened to a long before `abs`). Any id.
+    /// widened to a long before `abs`). Any id. An order service sharding a `BIGINT` column
+    /// with `HASH_MOD` hashes a `Long` (`Long.hashCode`), not its decimal text: use `mod` for
+    /// integer ids sharded by value.
     #[default]
     HashMod,
     /// ShardingSphere's `MOD` (and the seeds' `ds_${order_id % N}` inline rule): the id read as

@@ -43,6 +43,37 @@ pub enum StartError {
     Listen(&'static str, std::net::SocketAddr, std::io::Error),
 }
 
+/// Checks that the database can run timeoutd safely ([`crate::db::engine`]), applies the
+/// migrations when `migrate`, and checks again: refused before any DDL reaches, say, a Spider
+/// front, and refused after when a migration made it so. Logs the engine's warnings.
+///
+/// # Errors
+/// [`StartError::Unsafe`] with every reason; [`StartError::Db`] when the database cannot be
+/// read or migrated.
+pub(crate) async fn prepare(db: &Db, migrate: bool) -> Result<(), StartError> {
+    let check = async || -> Result<crate::db::engine::Engine, StartError> {
+        let engine = crate::db::engine::inspect(db).await?;
+        let refusals = engine.refusals();
+        if refusals.is_empty() {
+            Ok(engine)
+        } else {
+            Err(StartError::Unsafe(refusals))
+        }
+    };
+    let mut engine = check().await?;
+    if migrate {
+        db.migrate().await?;
+        engine = check().await?;
+    }
+    for warning in engine.warnings() {
+        tracing::warn!("{warning}");
+    }
+    if let Some(g) = &engine.galera {
+        tracing::info!(cluster_size = g.cluster_size, state = %g.state, "database is a Galera node; reads are causal (wsrep_sync_wait = 1)");
+    }
+    Ok(())
+}
+
 /// A running daemon.
 pub struct Daemon {
     db: Db,
@@ -80,20 +111,9 @@ impl Daemon {
             tracing::warn!("{warning}");
         }
         let db = Db::connect(&config.database.url, config.database.max_connections).await?;
-        if config.database.migrate {
-            db.migrate().await?;
-        }
-        let engine = crate::db::engine::inspect(&db).await?;
-        let refusals = engine.refusals();
-        if !refusals.is_empty() {
+        if let Err(e) = prepare(&db, config.database.migrate).await {
             db.close().await;
-            return Err(StartError::Unsafe(refusals));
-        }
-        for warning in engine.warnings() {
-            tracing::warn!("{warning}");
-        }
-        if let Some(g) = &engine.galera {
-            tracing::info!(cluster_size = g.cluster_size, state = %g.state, "database is a Galera node; reads are causal (wsrep_sync_wait = 1)");
+            return Err(e);
         }
         let transport = match &config.rocketmq {
             Some(r) => Some(crate::rocketmq::Transport::start(r).await?),

@@ -210,6 +210,19 @@ impl Db {
     /// # Errors
     /// [`DbError`] when the URL is unsupported or the server refuses.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Db, DbError> {
+        Self::open(url, max_connections, false).await
+    }
+
+    /// As [`Db::connect`], without connecting: the first query opens the first connection (a
+    /// shard that is down at start-up is retried by its worker instead of stopping the process).
+    ///
+    /// # Errors
+    /// [`DbError::Config`] when the URL is unsupported or malformed.
+    pub async fn connect_lazy(url: &str, max_connections: u32) -> Result<Db, DbError> {
+        Self::open(url, max_connections, true).await
+    }
+
+    async fn open(url: &str, max_connections: u32, lazy: bool) -> Result<Db, DbError> {
         sqlx::any::install_default_drivers();
         let backend = Backend::of_url(url)?;
         let url = match backend {
@@ -251,7 +264,7 @@ impl Db {
                             )
                             .await?;
                             // A Galera node: causal reads (engine.rs says why).
-                            if engine::galera_on(conn).await {
+                            if engine::galera_on(conn).await? {
                                 conn.execute(engine::GALERA_SESSION).await?;
                             }
                         }
@@ -260,9 +273,12 @@ impl Db {
                     }
                     Ok(())
                 })
-            })
-            .connect_with(options)
-            .await?;
+            });
+        let pool = if lazy {
+            pool.connect_lazy_with(options)
+        } else {
+            pool.connect_with(options).await?
+        };
         Ok(Db {
             pool,
             backend,

@@ -4,37 +4,48 @@
 //!
 //! Each shard is a whole timeoutd database (orders, stock, coupons, outbox, ledger), so a close
 //! stays one local transaction. Work is divided by **shard leases**: a row `shard` in each
-//! shard's own `maintenance_lease`, taken by a conditional update, renewed every third of
+//! shard's own `maintenance_lease`, taken by a conditional update and renewed every third of
 //! `database.shard_lease`. The holder runs that shard's outbox timer, sweep, retention and
-//! ledger executor (a [`Daemon`] over the shard's URL); nobody else does, so no shard is swept
-//! twice, and a shard whose holder dies is taken by another daemon when its lease lapses, so
-//! none is left without one. The shard lease decides who works; the claims and the
-//! compare-and-set still decide what happens: a daemon that stalled past its lease and still
-//! works a shard for a moment can only lose its claims and find orders already closed.
+//! ledger executor (a [`Daemon`] over the shard's URL). A shard whose holder dies is taken by
+//! another daemon when its lease lapses, so none is left without one; and a holder that cannot
+//! renew stops its own work one renewal before the lease can lapse (**self-fencing**, timed on
+//! the monotonic clock from before its last successful renewal), so no shard is worked — or
+//! swept — by two daemons beyond a moment of clock skew. The claims and the compare-and-set
+//! still decide what happens, so even that moment can only cost a lost claim or an order found
+//! already closed.
 //!
-//! Daemons share the shards fairly: each announces itself with a `daemon:<id>` lease in every
-//! shard it reaches, reads how many daemons are present, holds at most ⌈shards ÷ daemons⌉
-//! shards and gives up the surplus (its shard daemon stopped first, then the lease released).
-//! Orders addressed by id (the HTTP endpoint's paid callback and payment attempts) are routed
-//! to their shard by `database.routing` ([`route`]), whoever holds it.
+//! Each shard has a **worker task** of its own in every process, so a shard that is down or slow
+//! delays only its own worker: every database call is bounded by one renewal interval, and a
+//! shard's daemon is given a bounded time to drain when it stops (then its tasks are aborted;
+//! their transactions roll back).
+//!
+//! Daemons share the shards fairly: each announces itself with a `daemon:<id>` row in every shard
+//! it reaches, the workers read how many daemons are present, and a process holds at most
+//! ⌈shards ÷ daemons⌉ shards, handing a surplus over (its work stopped first, then the lease
+//! released). A worker takes nothing on its first round, so daemons starting together see each
+//! other before taking. Orders addressed by id (the HTTP endpoint's paid callback and payment
+//! attempts) are routed to their shard by `database.routing` ([`route`]), whoever holds it.
 
 pub mod route;
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::clock::Clock;
+use crate::clock::{Clock, Stopwatch};
 use crate::config::Config;
 use crate::daemon::{Daemon, StartError};
 use crate::db::{Db, maintenance_lease};
 use crate::effects::EffectRunner;
+use crate::policies::Policies;
 
 /// The lease each shard's worker holds (a row of the shard's `maintenance_lease`).
 const SHARD_LEASE: &str = "shard";
-/// The prefix of each daemon's presence lease.
+/// The prefix of each daemon's presence row.
 const PRESENCE: &str = "daemon:";
 
 /// A running sharded daemon.
@@ -42,24 +53,79 @@ pub struct Sharded {
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<()>,
     http_addr: Option<std::net::SocketAddr>,
-    held: watch::Receiver<Vec<String>>,
+    pool: Arc<Share>,
     dbs: Vec<Db>,
 }
 
-/// One shard as the supervisor sees it.
+/// What one process's shard workers share.
+struct Share {
+    shards: usize,
+    /// Shards this process works now.
+    held: AtomicUsize,
+    /// Per shard, the daemons its presence rows showed at its worker's last round (0: unknown).
+    seen: Mutex<Vec<i64>>,
+    /// The names of the shards held, for [`Sharded::held`].
+    names: Mutex<BTreeSet<String>>,
+}
+
+impl Share {
+    /// ⌈shards ÷ daemons present⌉, the daemons counted as the most any shard showed.
+    fn fair(&self) -> usize {
+        let daemons = self.seen.lock().unwrap().iter().copied().max().unwrap_or(1);
+        self.shards
+            .div_ceil(usize::try_from(daemons).unwrap_or(1).max(1))
+    }
+
+    /// Books one more shard if this process is under its fair share.
+    fn reserve(&self) -> bool {
+        let fair = self.fair();
+        self.held
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |h| {
+                (h < fair).then_some(h + 1)
+            })
+            .is_ok()
+    }
+
+    /// Gives one shard up if this process is over its fair share.
+    fn surplus(&self) -> bool {
+        let fair = self.fair();
+        self.held
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |h| {
+                (h > fair).then(|| h - 1)
+            })
+            .is_ok()
+    }
+
+    fn release(&self) {
+        self.held.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// One shard as its worker sees it.
 struct Shard {
+    index: usize,
     name: String,
+    /// The worker's pool (lazy: a shard down at start-up is retried).
     db: Db,
     /// The shard's own config: `database.url` set to the shard's, no listeners.
     config: Config,
-    /// The shard's daemon while this process holds the shard.
-    running: Option<Daemon>,
+    migrate: bool,
+}
+
+/// Who this process is in the lease rows.
+#[derive(Clone)]
+struct Me {
+    /// `host-pidN-xxxxxxxx` (the `holder` column).
+    holder: String,
+    /// `daemon:<16 hex>` (the presence row's name; short, for `name VARCHAR(64)`).
+    presence: String,
 }
 
 impl Sharded {
-    /// Connects to every shard (migrating each when `database.migrate`, and refusing a shard
-    /// the engine check refuses), opens the HTTP endpoint routing by order id, and starts the
-    /// supervisor that takes, keeps and shares the shards.
+    /// Loads the plugins, opens a lazy pool per shard and checks every shard it reaches (a
+    /// shard the engine check refuses stops start-up; one that is down is retried by its
+    /// worker), opens the HTTP endpoint routing by order id, and starts a worker per shard that
+    /// takes, keeps and shares it.
     ///
     /// # Errors
     /// [`StartError`] naming the shard that could not be set up (`shard ds_1: …`).
@@ -67,40 +133,49 @@ impl Sharded {
         // Every merchant's plugin loads once, before any shard is taken: a bad file stops
         // start-up, and a shard taken over later starts deciding at once (no compile).
         let policies = crate::policies::load(config)?;
+        let lease = config.database.shard_lease;
         let mut shards = Vec::new();
         let mut front = Vec::new();
-        for s in &config.database.shards {
+        for (index, s) in config.database.shards.iter().enumerate() {
             let named = |e: String| StartError::Shard(s.name.clone(), e);
-            let db = Db::connect(&s.url, config.database.max_connections)
+            let db = Db::connect_lazy(&s.url, config.database.max_connections)
                 .await
                 .map_err(|e| named(e.to_string()))?;
-            if config.database.migrate {
-                db.migrate().await.map_err(|e| named(e.to_string()))?;
-            }
-            let engine = crate::db::engine::inspect(&db)
-                .await
-                .map_err(|e| named(e.to_string()))?;
-            let refusals = engine.refusals();
-            if !refusals.is_empty() {
-                return Err(named(StartError::Unsafe(refusals).to_string()));
-            }
+            let migrate = match tokio::time::timeout(
+                lease,
+                crate::daemon::prepare(&db, config.database.migrate),
+            )
+            .await
+            {
+                Ok(Ok(())) => false,
+                Ok(Err(e @ StartError::Unsafe(_))) => return Err(named(e.to_string())),
+                Ok(Err(e)) => {
+                    tracing::error!(shard = %s.name, error = %e, "shard not reachable at start; its worker retries");
+                    config.database.migrate
+                }
+                Err(_) => {
+                    tracing::error!(shard = %s.name, "shard did not answer within database.shard_lease at start; its worker retries");
+                    config.database.migrate
+                }
+            };
             let mut own = config.clone();
             own.database.url = s.url.clone();
             own.database.shards = Vec::new();
-            // Migrated above, once; the listeners are the process's, not the shard's.
+            // Checked and migrated by the worker; the listeners are the process's.
             own.database.migrate = false;
             own.http = None;
-            // One watcher for the process (below), not one per shard.
+            // One plugin watcher for the process (below), not one per shard.
             own.runtime.watch_plugins = Duration::ZERO;
             let effects = EffectRunner::from_config(db.clone(), clock.clone(), &own)
                 .await
                 .map_err(|e| named(format!("effects: {e}")))?;
             front.push((s.name.clone(), db.clone(), effects));
             shards.push(Shard {
+                index,
                 name: s.name.clone(),
                 db,
                 config: own,
-                running: None,
+                migrate,
             });
         }
         let dbs = shards.iter().map(|s| s.db.clone()).collect();
@@ -122,32 +197,39 @@ impl Sharded {
                 rx.clone(),
             ));
         }
-        let (held_tx, held) = watch::channel(Vec::new());
-        let holder = format!(
-            "{}-pid{}-{:08x}",
-            hostname(),
-            std::process::id(),
-            fastrand::u32(..)
-        );
-        tasks.spawn(supervise(
-            shards,
-            policies,
-            holder,
-            clock,
-            config.database.shard_lease,
-            held_tx,
-            rx,
-        ));
+        let host: String = hostname().chars().take(48).collect();
+        let me = Me {
+            holder: format!("{host}-pid{}-{:08x}", std::process::id(), fastrand::u32(..)),
+            presence: format!("{PRESENCE}{:016x}", fastrand::u64(..)),
+        };
+        let pool = Arc::new(Share {
+            shards: shards.len(),
+            held: AtomicUsize::new(0),
+            seen: Mutex::new(vec![0; shards.len()]),
+            names: Mutex::new(BTreeSet::new()),
+        });
+        for shard in shards {
+            tasks.spawn(work(
+                shard,
+                pool.clone(),
+                policies.clone(),
+                me.clone(),
+                clock.clone(),
+                lease,
+                rx.clone(),
+            ));
+        }
         tracing::info!(
             shards = config.database.shards.len(),
             routing = ?config.database.routing,
+            holder = %me.holder,
             "timeoutd started (sharded)"
         );
         Ok(Sharded {
             shutdown,
             tasks,
             http_addr,
-            held,
+            pool,
             dbs,
         })
     }
@@ -157,13 +239,13 @@ impl Sharded {
         self.http_addr
     }
 
-    /// The names of the shards this process holds now.
+    /// The names of the shards this process works now.
     pub fn held(&self) -> Vec<String> {
-        self.held.borrow().clone()
+        self.pool.names.lock().unwrap().iter().cloned().collect()
     }
 
-    /// Stops the supervisor (each held shard's daemon drained and its lease released) and the
-    /// HTTP endpoint.
+    /// Stops every worker (each held shard's daemon drained and its lease released, this
+    /// daemon's presence removed) and the HTTP endpoint.
     pub async fn stop(mut self) {
         let _ = self.shutdown.send(true);
         while self.tasks.join_next().await.is_some() {}
@@ -180,107 +262,242 @@ fn hostname() -> String {
         .unwrap_or_else(|_| "host".to_string())
 }
 
-/// The supervisor: every third of the lease, announce this daemon, renew the shards it holds
-/// (stopping the work of any it lost), give up a surplus over its fair share, and take free
-/// shards up to it.
-async fn supervise(
-    mut shards: Vec<Shard>,
-    policies: Arc<crate::policies::Policies>,
-    holder: String,
+/// One shard's worker: every third of the lease, announce this daemon in the shard, then renew
+/// the shard if held (stopping its work before the lease can lapse when renewals fail, and
+/// handing it over when this process holds more than its share), or take it if free and this
+/// process is under its share.
+async fn work(
+    shard: Shard,
+    pool: Arc<Share>,
+    policies: Arc<Policies>,
+    me: Me,
     clock: Clock,
     lease: Duration,
-    held: watch::Sender<Vec<String>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let tick = crate::lease::renew_every(lease);
     let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-    let presence = format!("{PRESENCE}{holder}");
+    let tick_ms = i64::try_from(tick.as_millis()).unwrap_or(i64::MAX);
+    let mut migrate = shard.migrate;
+    let mut ready = !migrate;
+    let mut running: Option<Daemon> = None;
+    // Started before the last successful renewal's request: the lease runs from no earlier.
+    let mut renewed = Stopwatch::start();
+    let mut first = true;
     loop {
-        // Presence, and how many daemons share the shards.
-        let mut daemons = 1;
-        for s in &shards {
-            let Ok(now) = clock.now_ms(&s.db).await else {
-                continue;
-            };
-            if maintenance_lease::take_lease(&s.db, &presence, &holder, now, now + lease_ms)
-                .await
-                .is_ok()
-                && let Ok(n) = maintenance_lease::live_holders(&s.db, PRESENCE, now).await
-            {
-                daemons = daemons.max(n);
-            }
-        }
-        let fair = shards
-            .len()
-            .div_ceil(usize::try_from(daemons).unwrap_or(1).max(1));
-        // Renew what is held; a shard whose renewal is refused or fails is no longer ours.
-        for s in shards.iter_mut().filter(|s| s.running.is_some()) {
-            if !renew(s, &holder, &clock, lease_ms).await {
-                tracing::warn!(shard = %s.name, "shard lease lost; stopping its work");
-                if let Some(d) = s.running.take() {
-                    d.stop().await;
-                }
-            }
-        }
-        // Give up the surplus, last shards first: stop the work, then free the lease.
-        let mut holding = shards.iter().filter(|s| s.running.is_some()).count();
-        for s in shards.iter_mut().rev() {
-            if holding <= fair {
-                break;
-            }
-            if let Some(d) = s.running.take() {
-                d.stop().await;
-                let _ = maintenance_lease::release_lease(&s.db, SHARD_LEASE, &holder).await;
-                tracing::info!(shard = %s.name, daemons, "shard handed over (fair share {fair})");
-                holding -= 1;
-            }
-        }
-        // Take free shards up to the fair share.
-        for s in shards.iter_mut().filter(|s| s.running.is_none()) {
-            if holding >= fair {
-                break;
-            }
-            if !renew(s, &holder, &clock, lease_ms).await {
-                continue;
-            }
-            match Daemon::start_with(&s.config, clock.clone(), policies.clone()).await {
-                Ok(d) => {
-                    tracing::info!(shard = %s.name, "shard taken");
-                    s.running = Some(d);
-                    holding += 1;
-                }
-                Err(e) => {
-                    tracing::error!(shard = %s.name, error = %e, "shard taken but its work could not start; freeing it");
-                    let _ = maintenance_lease::release_lease(&s.db, SHARD_LEASE, &holder).await;
-                }
-            }
-        }
-        held.send_replace(
-            shards
-                .iter()
-                .filter(|s| s.running.is_some())
-                .map(|s| s.name.clone())
-                .collect(),
-        );
-        if crate::shutdown::sleep_or_shutdown(crate::lease::renew_every(lease), &mut shutdown).await
+        if let Some(n) = bounded(
+            &shard.name,
+            tick,
+            "presence",
+            heartbeat(&shard.db, &me, &clock, lease_ms),
+        )
+        .await
         {
+            pool.seen.lock().unwrap()[shard.index] = n;
+        }
+        if !ready {
+            match tokio::time::timeout(lease, crate::daemon::prepare(&shard.db, migrate)).await {
+                Ok(Ok(())) => (ready, migrate) = (true, false),
+                Ok(Err(e)) => {
+                    tracing::error!(shard = %shard.name, error = %e, "shard cannot be worked yet")
+                }
+                Err(_) => {
+                    tracing::warn!(shard = %shard.name, "shard check: no answer within {lease:?}")
+                }
+            }
+        }
+        if let Some(daemon) = running.take() {
+            let asked = Stopwatch::start();
+            let kept = bounded(
+                &shard.name,
+                tick,
+                "shard lease renewal",
+                renew(&shard.db, &me, &clock, lease_ms),
+            )
+            .await
+                == Some(true);
+            if kept {
+                renewed = asked;
+            }
+            if !kept && renewed.elapsed_ms() >= lease_ms - tick_ms {
+                // One more failed round and the lease may lapse under another holder.
+                tracing::warn!(shard = %shard.name, "shard lease not renewed; stopping its work before it lapses");
+                stop(daemon, tick).await;
+                pool.release();
+                pool.names.lock().unwrap().remove(&shard.name);
+            } else if kept && pool.surplus() {
+                // Handed over: the lease was just renewed, so the drain has most of a lease.
+                stop(daemon, lease / 2).await;
+                let _ = bounded(
+                    &shard.name,
+                    tick,
+                    "shard lease release",
+                    maintenance_lease::release_lease(&shard.db, SHARD_LEASE, &me.holder),
+                )
+                .await;
+                pool.names.lock().unwrap().remove(&shard.name);
+                tracing::info!(shard = %shard.name, "shard handed over (over this daemon's fair share)");
+            } else {
+                running = Some(daemon);
+            }
+        } else if !first && ready && pool.reserve() {
+            let asked = Stopwatch::start();
+            let taken = bounded(
+                &shard.name,
+                tick,
+                "shard lease",
+                renew(&shard.db, &me, &clock, lease_ms),
+            )
+            .await
+                == Some(true);
+            let started = if taken {
+                renewed = asked;
+                match tokio::time::timeout(
+                    lease / 2,
+                    Daemon::start_with(&shard.config, clock.clone(), policies.clone()),
+                )
+                .await
+                {
+                    Ok(Ok(d)) => Some(d),
+                    Ok(Err(e)) => {
+                        tracing::error!(shard = %shard.name, error = %e, "shard taken but its work could not start; freeing it");
+                        None
+                    }
+                    Err(_) => {
+                        tracing::error!(shard = %shard.name, "shard's work did not start within half a lease; freeing it");
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            match started {
+                Some(d) => {
+                    tracing::info!(shard = %shard.name, "shard taken");
+                    pool.names.lock().unwrap().insert(shard.name.clone());
+                    running = Some(d);
+                }
+                None => {
+                    pool.release();
+                    if taken {
+                        let _ = bounded(
+                            &shard.name,
+                            tick,
+                            "shard lease release",
+                            maintenance_lease::release_lease(&shard.db, SHARD_LEASE, &me.holder),
+                        )
+                        .await;
+                    }
+                }
+            }
+        }
+        first = false;
+        if crate::shutdown::sleep_or_shutdown(tick, &mut shutdown).await {
             break;
         }
     }
-    for s in &mut shards {
-        if let Some(d) = s.running.take() {
-            d.stop().await;
-            let _ = maintenance_lease::release_lease(&s.db, SHARD_LEASE, &holder).await;
+    if let Some(daemon) = running.take() {
+        stop(daemon, lease).await;
+        pool.release();
+        let _ = bounded(
+            &shard.name,
+            tick,
+            "shard lease release",
+            maintenance_lease::release_lease(&shard.db, SHARD_LEASE, &me.holder),
+        )
+        .await;
+    }
+    let _ = bounded(
+        &shard.name,
+        tick,
+        "presence removal",
+        maintenance_lease::delete_lease(&shard.db, &me.presence, &me.holder),
+    )
+    .await;
+}
+
+/// `f`, given at most `tick`: its value, or `None` after logging why not.
+async fn bounded<T, E: std::fmt::Display>(
+    shard: &str,
+    tick: Duration,
+    what: &str,
+    f: impl std::future::Future<Output = Result<T, E>>,
+) -> Option<T> {
+    match tokio::time::timeout(tick, f).await {
+        Ok(Ok(v)) => Some(v),
+        Ok(Err(e)) => {
+            tracing::warn!(shard, error = %e, "{what} failed");
+            None
         }
-        let _ = maintenance_lease::release_lease(&s.db, &presence, &holder).await;
+        Err(_) => {
+            tracing::warn!(shard, "{what}: no answer within {tick:?}");
+            None
+        }
     }
 }
 
-/// Takes or renews `s`'s shard lease for `holder`, by the shard's own clock.
-async fn renew(s: &Shard, holder: &str, clock: &Clock, lease_ms: i64) -> bool {
-    let Ok(now) = clock.now_ms(&s.db).await else {
-        return false;
-    };
-    maintenance_lease::take_lease(&s.db, SHARD_LEASE, holder, now, now + lease_ms)
-        .await
-        .unwrap_or(false)
+/// Stops a shard's daemon, waiting at most `limit` for it to drain; past that its tasks are
+/// aborted (their open transactions roll back; their claims lapse with their leases).
+async fn stop(daemon: Daemon, limit: Duration) {
+    if tokio::time::timeout(limit, daemon.stop()).await.is_err() {
+        tracing::warn!("a shard's work did not drain within {limit:?}; aborted");
+    }
+}
+
+/// Announces this daemon in the shard for a lease, prunes presence rows lapsed for ten leases,
+/// and returns how many daemons are present.
+async fn heartbeat(
+    db: &Db,
+    me: &Me,
+    clock: &Clock,
+    lease_ms: i64,
+) -> Result<i64, crate::db::DbError> {
+    let now = clock.now_ms(db).await?;
+    maintenance_lease::take_lease(db, &me.presence, &me.holder, now, now + lease_ms).await?;
+    maintenance_lease::prune(db, PRESENCE, now - 10 * lease_ms).await?;
+    maintenance_lease::live_holders(db, PRESENCE, now).await
+}
+
+/// Takes or renews the shard's lease for this daemon, by the shard's own clock.
+async fn renew(db: &Db, me: &Me, clock: &Clock, lease_ms: i64) -> Result<bool, crate::db::DbError> {
+    let now = clock.now_ms(db).await?;
+    maintenance_lease::take_lease(db, SHARD_LEASE, &me.holder, now, now + lease_ms).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn share(shards: usize) -> Share {
+        Share {
+            shards,
+            held: AtomicUsize::new(0),
+            seen: Mutex::new(vec![0; shards]),
+            names: Mutex::new(BTreeSet::new()),
+        }
+    }
+
+    #[test]
+    fn a_process_takes_up_to_its_fair_share_and_hands_over_the_surplus() {
+        let s = share(5);
+        // Alone (no presence read yet counts as one daemon): all five.
+        assert_eq!(s.fair(), 5);
+        for _ in 0..5 {
+            assert!(s.reserve());
+        }
+        assert!(!s.reserve(), "never more than the fair share");
+        // A second daemon shows up in any shard's presence rows: ⌈5 ÷ 2⌉ = 3.
+        s.seen.lock().unwrap()[3] = 2;
+        assert!(s.surplus());
+        assert!(s.surplus());
+        assert!(!s.surplus(), "keeps its fair share");
+        assert_eq!(s.held.load(Ordering::SeqCst), 3);
+        // Three daemons: ⌈5 ÷ 3⌉ = 2; and 2 × 3 ≥ 5, so no shard is left over.
+        s.seen.lock().unwrap()[0] = 3;
+        assert_eq!(s.fair(), 2);
+        assert!(s.surplus());
+        assert!(!s.reserve());
+        s.release();
+        assert!(s.reserve(), "a shard given back frees a place");
+    }
 }

@@ -73,7 +73,14 @@ fn database(c: &Config, p: &mut ConfigProblems) {
         (false, true) => url(&d.url, "database.url", p),
         (true, false) => {
             let mut names = std::collections::BTreeSet::new();
+            let mut urls = std::collections::BTreeSet::new();
             for (i, shard) in d.shards.iter().enumerate() {
+                if !urls.insert(shard.url.as_str()) {
+                    p.push(
+                        format!("{at}.url", at = format!("database.shards[{i}]")),
+                        "names the same database as an earlier shard",
+                    );
+                }
                 let at = format!("database.shards[{i}]");
                 if shard.name.trim().is_empty() {
                     p.push(format!("{at}.name"), "must not be empty");

@@ -114,13 +114,13 @@ pub async fn inspect(db: &Db) -> Result<Engine, DbError> {
     .iter()
     .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<String, _>(1)?)))
     .collect::<Result<_, DbError>>()?;
-    if galera_on(&mut conn).await {
-        let cluster_size = global_status(&mut conn, "WSREP_CLUSTER_SIZE")
+    if galera_on(&mut conn).await? {
+        let cluster_size = global_status(&mut conn, "wsrep_cluster_size")
             .await?
             .parse()
             .unwrap_or(0);
-        let state = global_status(&mut conn, "WSREP_LOCAL_STATE_COMMENT").await?;
-        let status = global_status(&mut conn, "WSREP_CLUSTER_STATUS").await?;
+        let state = global_status(&mut conn, "wsrep_local_state_comment").await?;
+        let status = global_status(&mut conn, "wsrep_cluster_status").await?;
         let sync_wait = sqlx::query("SELECT CAST(@@SESSION.wsrep_sync_wait AS SIGNED)")
             .fetch_one(&mut *conn)
             .await?
@@ -135,28 +135,35 @@ pub async fn inspect(db: &Db) -> Result<Engine, DbError> {
     Ok(engine)
 }
 
-/// A MariaDB global status variable (`SHOW GLOBAL STATUS`), empty when absent.
+/// A global status variable (`SHOW GLOBAL STATUS LIKE …`, which MariaDB, MySQL and Percona
+/// XtraDB Cluster all answer), empty when absent.
 async fn global_status(conn: &mut sqlx::AnyConnection, name: &str) -> Result<String, DbError> {
-    Ok(sqlx::query(
-        "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = ?",
+    Ok(
+        // Text protocol: not every server prepares SHOW statements.
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "SHOW GLOBAL STATUS LIKE '{name}'"
+        )))
+        .fetch_optional(conn)
+        .await?
+        .map(|r| r.try_get::<String, _>(1))
+        .transpose()?
+        .unwrap_or_default(),
     )
-    .bind(name.to_string())
-    .fetch_optional(conn)
-    .await?
-    .map(|r| r.try_get::<String, _>(0))
-    .transpose()?
-    .unwrap_or_default())
 }
 
-/// Whether this MySQL-protocol connection is to a Galera node with replication on. `false` on
-/// MySQL (no `wsrep_on` variable) and on a MariaDB built with wsrep but not clustered.
-pub(crate) async fn galera_on(conn: &mut sqlx::AnyConnection) -> bool {
-    sqlx::query("SELECT CAST(@@GLOBAL.wsrep_on AS SIGNED)")
-        .fetch_one(conn)
-        .await
-        .ok()
-        .and_then(|r| r.try_get::<i64, _>(0).ok())
-        == Some(1)
+/// Whether this MySQL-protocol connection is to a Galera node with replication on:
+/// `SHOW GLOBAL VARIABLES LIKE 'wsrep_on'`, which a node not yet synced or outside the primary
+/// component still answers, and MySQL (no such variable) answers with no row. `false` also on
+/// a MariaDB built with wsrep but not clustered (`OFF`).
+///
+/// # Errors
+/// The query's failure (the connection is then not used).
+pub(crate) async fn galera_on(conn: &mut sqlx::AnyConnection) -> Result<bool, sqlx::Error> {
+    Ok(sqlx::raw_sql("SHOW GLOBAL VARIABLES LIKE 'wsrep_on'")
+        .fetch_optional(conn)
+        .await?
+        .and_then(|r| r.try_get::<String, _>(1).ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("ON")))
 }
 
 /// The session setting every connection to a Galera node gets: causal reads.

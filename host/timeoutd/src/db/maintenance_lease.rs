@@ -94,3 +94,35 @@ pub async fn live_holders(db: &Db, prefix: &str, now_ms: i64) -> Result<i64, DbE
         .await?
         .try_get::<i64, _>(0)?)
 }
+
+/// Deletes the lease `name` if `holder` holds it (a daemon's presence row at shutdown).
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn delete_lease(db: &Db, name: &str, holder: &str) -> Result<(), DbError> {
+    let _gate = db.write_gate().await;
+    db.backend()
+        .query("DELETE FROM maintenance_lease WHERE name = ? AND holder = ?")
+        .bind(name.to_string())
+        .bind(holder.to_string())
+        .execute(db.pool())
+        .await?;
+    Ok(())
+}
+
+/// Deletes leases named `prefix…` that lapsed before `before_ms` (presence rows of daemons
+/// that died); returns how many.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn prune(db: &Db, prefix: &str, before_ms: i64) -> Result<u64, DbError> {
+    let _gate = db.write_gate().await;
+    Ok(db
+        .backend()
+        .query("DELETE FROM maintenance_lease WHERE name LIKE ? AND until_ms < ?")
+        .bind(format!("{prefix}%"))
+        .bind(before_ms)
+        .execute(db.pool())
+        .await?
+        .rows_affected())
+}
