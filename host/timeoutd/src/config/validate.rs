@@ -77,7 +77,7 @@ fn database(c: &Config, p: &mut ConfigProblems) {
             for (i, shard) in d.shards.iter().enumerate() {
                 if !urls.insert(shard.url.as_str()) {
                     p.push(
-                        format!("{at}.url", at = format!("database.shards[{i}]")),
+                        format!("database.shards[{i}].url"),
                         "names the same database as an earlier shard",
                     );
                 }
