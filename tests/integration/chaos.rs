@@ -708,7 +708,7 @@ async fn run(backend: Backend, topology: Topology) {
                     reserve_flash(&redis_client, &order).await;
                 }
                 // Where the order service puts it (the daemons route by the same rule).
-                let at = timeoutd::shards::route::shard_of(
+                let at = timeoutd::config::routing::shard_of(
                     timeoutd::config::Routing::HashMod,
                     &order.id,
                     shards.len(),

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use timeoutd::config::Routing;
+use timeoutd::config::routing::shard_of;
 use timeoutd::db::Backend;
-use timeoutd::shards::route::shard_of;
 
 use crate::support::{Env, eventually, free_port, order, started_daemon};
 

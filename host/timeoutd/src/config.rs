@@ -13,6 +13,7 @@
 mod duration;
 pub mod interpolate;
 mod rocketmq;
+pub mod routing;
 mod validate;
 
 use std::collections::BTreeMap;

@@ -68,7 +68,7 @@ impl HttpState {
     fn shard(&self, order_id: &str) -> Result<(&Db, &EffectRunner), (StatusCode, Json<Value>)> {
         let at = match self.shards.len() {
             1 => 0,
-            n => crate::shards::route::shard_of(self.routing, order_id, n).map_err(|e| {
+            n => crate::config::routing::shard_of(self.routing, order_id, n).map_err(|e| {
                 (
                     StatusCode::BAD_REQUEST,
                     Json(json!({ "error": e.to_string() })),

@@ -24,9 +24,7 @@
 //! ⌈shards ÷ daemons⌉ shards, handing a surplus over (its work stopped first, then the lease
 //! released). A worker takes nothing on its first round, so daemons starting together see each
 //! other before taking. Orders addressed by id (the HTTP endpoint's paid callback and payment
-//! attempts) are routed to their shard by `database.routing` ([`route`]), whoever holds it.
-
-pub mod route;
+//! attempts) are routed to their shard by `database.routing` ([`crate::config::routing`]), whoever holds it.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};

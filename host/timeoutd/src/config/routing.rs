@@ -1,7 +1,8 @@
 //! `database.routing`: which shard an order id belongs to — the rule the order service shards
-//! by, so timeoutd looks for an order where the order service wrote it.
+//! by, so timeoutd looks for an order where the order service wrote it. Used by the HTTP
+//! endpoint (`http.rs`) and the tests' shops; the shards themselves are worked by `shards.rs`.
 
-use crate::config::Routing;
+use super::Routing;
 
 /// Why an order id names no shard.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
