@@ -346,11 +346,22 @@ fn validate(path: &std::path::Path) -> ExitCode {
 }
 
 async fn run(path: &std::path::Path, config: &Config) -> ExitCode {
-    if !config.database.shards.is_empty() {
-        return run_sharded(path, config).await;
+    // One database, or a sharded one ([`crate::shards`]).
+    enum Running {
+        One(Daemon),
+        Sharded(crate::shards::Sharded),
     }
-    let daemon = match Daemon::start(config, Clock::Database).await {
-        Ok(d) => d,
+    let started = if config.database.shards.is_empty() {
+        Daemon::start(config, Clock::Database)
+            .await
+            .map(Running::One)
+    } else {
+        crate::shards::Sharded::start(config, Clock::Database)
+            .await
+            .map(Running::Sharded)
+    };
+    let running = match started {
+        Ok(r) => r,
         Err(e @ daemon::StartError::Policies(crate::policies::SetupError::Plugins(_))) => {
             eprintln!("{}: {e}", path.display());
             return ExitCode::from(EXIT_BAD_CONFIG);
@@ -362,26 +373,10 @@ async fn run(path: &std::path::Path, config: &Config) -> ExitCode {
     };
     wait_for_signal().await;
     tracing::info!("signal received; draining");
-    daemon.stop().await;
-    ExitCode::SUCCESS
-}
-
-/// `run` over `[[database.shards]]` ([`crate::shards`]).
-async fn run_sharded(path: &std::path::Path, config: &Config) -> ExitCode {
-    let daemon = match crate::shards::Sharded::start(config, Clock::Database).await {
-        Ok(d) => d,
-        Err(e @ daemon::StartError::Policies(crate::policies::SetupError::Plugins(_))) => {
-            eprintln!("{}: {e}", path.display());
-            return ExitCode::from(EXIT_BAD_CONFIG);
-        }
-        Err(e) => {
-            eprintln!("timeoutd: cannot start: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    wait_for_signal().await;
-    tracing::info!("signal received; draining");
-    daemon.stop().await;
+    match running {
+        Running::One(d) => d.stop().await,
+        Running::Sharded(s) => s.stop().await,
+    }
     ExitCode::SUCCESS
 }
 

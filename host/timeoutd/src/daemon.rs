@@ -255,13 +255,7 @@ impl Daemon {
             );
             tasks.spawn(crate::admin::serve(listener, state, rx.clone()));
         }
-        if !config.runtime.watch_plugins.is_zero() {
-            tasks.spawn(crate::policies::watch(
-                policies.clone(),
-                config.runtime.watch_plugins,
-                rx.clone(),
-            ));
-        }
+        tasks.spawn(crate::policies::watch(policies.clone(), config, rx.clone()));
         tasks.spawn(crate::effects::worker::run(effects, effects_wake, rx));
         tracing::info!(merchants = config.merchants.len(), backend = ?db.backend(), "timeoutd started");
         Ok(Daemon {

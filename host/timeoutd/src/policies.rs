@@ -110,16 +110,23 @@ pub fn load(config: &Config) -> Result<Arc<Policies>, SetupError> {
         .map_err(SetupError::Plugins)
 }
 
-/// Reloads `policies` every `every` (`runtime.watch_plugins`) until `shutdown` turns true: a
-/// changed plugin file is taken when it loads, refused (the old version serving on) when not.
-pub async fn watch(
+/// Reloads `policies` every `runtime.watch_plugins` until `shutdown` turns true (returns at
+/// once when that is 0, off): a changed plugin file is taken when it loads, refused (the old
+/// version serving on) when not.
+pub fn watch(
     policies: Arc<Policies>,
-    every: std::time::Duration,
+    config: &Config,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
-) {
-    while !crate::shutdown::sleep_or_shutdown(every, &mut shutdown).await {
-        let p = policies.clone();
-        let _ = tokio::task::spawn_blocking(move || p.reload(false)).await;
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let every = config.runtime.watch_plugins;
+    async move {
+        if every.is_zero() {
+            return;
+        }
+        while !crate::shutdown::sleep_or_shutdown(every, &mut shutdown).await {
+            let p = policies.clone();
+            let _ = tokio::task::spawn_blocking(move || p.reload(false)).await;
+        }
     }
 }
 

@@ -188,13 +188,7 @@ impl Sharded {
             let state = crate::http::HttpState::sharded(front, config);
             tasks.spawn(crate::http::serve(listener, state, rx.clone()));
         }
-        if !config.runtime.watch_plugins.is_zero() {
-            tasks.spawn(crate::policies::watch(
-                policies.clone(),
-                config.runtime.watch_plugins,
-                rx.clone(),
-            ));
-        }
+        tasks.spawn(crate::policies::watch(policies.clone(), config, rx.clone()));
         let host: String = hostname().chars().take(48).collect();
         let me = Me {
             holder: format!("{host}-pid{}-{:08x}", std::process::id(), fastrand::u32(..)),
@@ -276,6 +270,25 @@ async fn work(
     let tick = crate::lease::renew_every(lease);
     let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
     let tick_ms = i64::try_from(tick.as_millis()).unwrap_or(i64::MAX);
+    // Take or renew the shard's lease (by the shard's own clock); give it up.
+    let hold = || async {
+        bounded(&shard.name, tick, "shard lease", async {
+            let now = clock.now_ms(&shard.db).await?;
+            maintenance_lease::take_lease(&shard.db, SHARD_LEASE, &me.holder, now, now + lease_ms)
+                .await
+        })
+        .await
+            == Some(true)
+    };
+    let let_go = || async {
+        bounded(
+            &shard.name,
+            tick,
+            "shard lease release",
+            maintenance_lease::release_lease(&shard.db, SHARD_LEASE, &me.holder),
+        )
+        .await;
+    };
     let mut migrate = shard.migrate;
     let mut ready = !migrate;
     let mut running: Option<Daemon> = None;
@@ -306,14 +319,7 @@ async fn work(
         }
         if let Some(daemon) = running.take() {
             let asked = Stopwatch::start();
-            let kept = bounded(
-                &shard.name,
-                tick,
-                "shard lease renewal",
-                renew(&shard.db, &me, &clock, lease_ms),
-            )
-            .await
-                == Some(true);
+            let kept = hold().await;
             if kept {
                 renewed = asked;
             }
@@ -326,13 +332,7 @@ async fn work(
             } else if kept && pool.surplus() {
                 // Handed over: the lease was just renewed, so the drain has most of a lease.
                 stop(daemon, lease / 2).await;
-                let _ = bounded(
-                    &shard.name,
-                    tick,
-                    "shard lease release",
-                    maintenance_lease::release_lease(&shard.db, SHARD_LEASE, &me.holder),
-                )
-                .await;
+                let_go().await;
                 pool.names.lock().unwrap().remove(&shard.name);
                 tracing::info!(shard = %shard.name, "shard handed over (over this daemon's fair share)");
             } else {
@@ -340,14 +340,7 @@ async fn work(
             }
         } else if !first && ready && pool.reserve() {
             let asked = Stopwatch::start();
-            let taken = bounded(
-                &shard.name,
-                tick,
-                "shard lease",
-                renew(&shard.db, &me, &clock, lease_ms),
-            )
-            .await
-                == Some(true);
+            let taken = hold().await;
             let started = if taken {
                 renewed = asked;
                 match tokio::time::timeout(
@@ -378,13 +371,7 @@ async fn work(
                 None => {
                     pool.release();
                     if taken {
-                        let _ = bounded(
-                            &shard.name,
-                            tick,
-                            "shard lease release",
-                            maintenance_lease::release_lease(&shard.db, SHARD_LEASE, &me.holder),
-                        )
-                        .await;
+                        let_go().await;
                     }
                 }
             }
@@ -397,13 +384,7 @@ async fn work(
     if let Some(daemon) = running.take() {
         stop(daemon, lease).await;
         pool.release();
-        let _ = bounded(
-            &shard.name,
-            tick,
-            "shard lease release",
-            maintenance_lease::release_lease(&shard.db, SHARD_LEASE, &me.holder),
-        )
-        .await;
+        let_go().await;
     }
     let _ = bounded(
         &shard.name,
@@ -454,12 +435,6 @@ async fn heartbeat(
     maintenance_lease::take_lease(db, &me.presence, &me.holder, now, now + lease_ms).await?;
     maintenance_lease::prune(db, PRESENCE, now - 10 * lease_ms).await?;
     maintenance_lease::live_holders(db, PRESENCE, now).await
-}
-
-/// Takes or renews the shard's lease for this daemon, by the shard's own clock.
-async fn renew(db: &Db, me: &Me, clock: &Clock, lease_ms: i64) -> Result<bool, crate::db::DbError> {
-    let now = clock.now_ms(db).await?;
-    maintenance_lease::take_lease(db, SHARD_LEASE, &me.holder, now, now + lease_ms).await
 }
 
 #[cfg(test)]
