@@ -74,6 +74,28 @@ pub(crate) async fn prepare(db: &Db, migrate: bool) -> Result<(), StartError> {
     Ok(())
 }
 
+/// Opens `http.listen`, when configured, serving the payment callbacks with `state()`; returns
+/// the address bound (port 0 resolved).
+///
+/// # Errors
+/// [`StartError::Listen`] when the address cannot be bound.
+pub(crate) async fn serve_http(
+    config: &Config,
+    state: impl FnOnce() -> crate::http::HttpState,
+    tasks: &mut JoinSet<()>,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<Option<std::net::SocketAddr>, StartError> {
+    let Some(http) = &config.http else {
+        return Ok(None);
+    };
+    let listener = tokio::net::TcpListener::bind(http.listen)
+        .await
+        .map_err(|e| StartError::Listen("http.listen", http.listen, e))?;
+    let addr = listener.local_addr().ok();
+    tasks.spawn(crate::http::serve(listener, state(), shutdown.clone()));
+    Ok(addr)
+}
+
 /// A running daemon.
 pub struct Daemon {
     db: Db,
@@ -193,15 +215,13 @@ impl Daemon {
                 rx.clone(),
             ));
         }
-        let mut http_addr = None;
-        if let Some(http) = &config.http {
-            let listener = tokio::net::TcpListener::bind(http.listen)
-                .await
-                .map_err(|e| StartError::Listen("http.listen", http.listen, e))?;
-            http_addr = listener.local_addr().ok();
-            let state = crate::http::HttpState::new(db.clone(), effects.clone(), config);
-            tasks.spawn(crate::http::serve(listener, state, rx.clone()));
-        }
+        let http_addr = serve_http(
+            config,
+            || crate::http::HttpState::new(db.clone(), effects.clone(), config),
+            &mut tasks,
+            &rx,
+        )
+        .await?;
         let (sample_tx, sample_rx) = watch::channel(crate::gauges::Sample::default());
         if observed {
             let intervals = [

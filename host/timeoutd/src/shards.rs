@@ -179,15 +179,13 @@ impl Sharded {
         let dbs = shards.iter().map(|s| s.db.clone()).collect();
         let (shutdown, rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
-        let mut http_addr = None;
-        if let Some(http) = &config.http {
-            let listener = tokio::net::TcpListener::bind(http.listen)
-                .await
-                .map_err(|e| StartError::Listen("http.listen", http.listen, e))?;
-            http_addr = listener.local_addr().ok();
-            let state = crate::http::HttpState::sharded(front, config);
-            tasks.spawn(crate::http::serve(listener, state, rx.clone()));
-        }
+        let http_addr = crate::daemon::serve_http(
+            config,
+            || crate::http::HttpState::sharded(front, config),
+            &mut tasks,
+            &rx,
+        )
+        .await?;
         tasks.spawn(crate::policies::watch(policies.clone(), config, rx.clone()));
         let host: String = hostname().chars().take(48).collect();
         let me = Me {
