@@ -20,7 +20,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -34,7 +33,7 @@ use timeoutd::db::Backend;
 use timeoutd_runtime::model::{Order, OrderItem, OrderStatus};
 use tokio::process::{Child, Command};
 
-use crate::fakes::Provider;
+use crate::fakes::{Provider, Proxy};
 use crate::redis_server::PrivateRedis;
 use crate::support::{Env, free_port, timeoutd_bin};
 
@@ -155,53 +154,6 @@ impl Topology {
 
 // ---------------------------------------------------------------------------------------------
 // The database, behind a proxy that can be cut.
-
-/// A TCP proxy to the database. While `cut`, new connections are refused (accepted and dropped)
-/// and every open one is torn down, as when the database host goes away.
-struct Proxy {
-    port: u16,
-    cut: Arc<AtomicBool>,
-    severed: Arc<tokio::sync::Notify>,
-}
-
-impl Proxy {
-    async fn start(upstream: &'static str) -> Proxy {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let cut = Arc::new(AtomicBool::new(false));
-        let severed = Arc::new(tokio::sync::Notify::new());
-        let (c, s) = (cut.clone(), severed.clone());
-        tokio::spawn(async move {
-            loop {
-                let Ok((mut inbound, _)) = listener.accept().await else {
-                    continue;
-                };
-                if c.load(Ordering::SeqCst) {
-                    drop(inbound);
-                    continue;
-                }
-                let s = s.clone();
-                tokio::spawn(async move {
-                    let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await else {
-                        return;
-                    };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                        () = s.notified() => {}
-                    }
-                });
-            }
-        });
-        Proxy { port, cut, severed }
-    }
-
-    fn set_cut(&self, on: bool) {
-        self.cut.store(on, Ordering::SeqCst);
-        if on {
-            self.severed.notify_waiters();
-        }
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // The webhook receiver: 20 % fail, 5 % hang.

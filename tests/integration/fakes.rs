@@ -1,9 +1,10 @@
 //! Small real servers on loopback that behave like the services timeoutd talks to: a payment
-//! provider (idempotency keys honoured, "already paid", 503s and hangs on demand) and a webhook
-//! receiver.
+//! provider (idempotency keys honoured, "already paid", 503s and hangs on demand), a webhook
+//! receiver, an OTLP collector, and a TCP proxy to a database that can be cut.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::extract::{Path, State};
@@ -269,5 +270,79 @@ impl Collector {
             .filter(|b| b.windows(16).any(|w| w == raw.as_slice()))
             .map(|b| String::from_utf8_lossy(b).into_owned())
             .collect()
+    }
+}
+
+/// A TCP proxy to the database. While `cut`, new connections are refused (accepted and dropped)
+/// and every open one is torn down, as when the database host goes away.
+pub struct Proxy {
+    /// The port it listens on (127.0.0.1).
+    pub port: u16,
+    cut: Arc<AtomicBool>,
+    hang: Arc<AtomicBool>,
+    severed: Arc<tokio::sync::Notify>,
+}
+
+impl Proxy {
+    /// Listens on a free loopback port, forwarding to `upstream` (`host:port`).
+    pub async fn start(upstream: &'static str) -> Proxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = Arc::new(AtomicBool::new(false));
+        let hang = Arc::new(AtomicBool::new(false));
+        let severed = Arc::new(tokio::sync::Notify::new());
+        let (c, h, s) = (cut.clone(), hang.clone(), severed.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    continue;
+                };
+                if c.load(Ordering::SeqCst) {
+                    drop(inbound);
+                    continue;
+                }
+                if h.load(Ordering::SeqCst) {
+                    // A black hole: the connection is taken and never answered.
+                    tokio::spawn(async move {
+                        tokio::time::sleep(std::time::Duration::from_secs(120)).await;
+                        drop(inbound);
+                    });
+                    continue;
+                }
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        () = s.notified() => {}
+                    }
+                });
+            }
+        });
+        Proxy {
+            port,
+            cut,
+            hang,
+            severed,
+        }
+    }
+
+    /// Cuts (refuses new, tears down open connections) or restores.
+    pub fn set_cut(&self, on: bool) {
+        self.cut.store(on, Ordering::SeqCst);
+        if on {
+            self.severed.notify_waiters();
+        }
+    }
+
+    /// Makes the database a black hole (open connections torn down, new ones taken and never
+    /// answered, as behind a dead host whose packets are dropped) or restores it.
+    pub fn set_hang(&self, on: bool) {
+        self.hang.store(on, Ordering::SeqCst);
+        if on {
+            self.severed.notify_waiters();
+        }
     }
 }

@@ -303,3 +303,146 @@ async fn the_endpoint_routes_by_mod_and_refuses_an_id_it_cannot_place() {
     s0.cleanup().await;
     s1.cleanup().await;
 }
+
+/// A shard that goes dark (its database a black hole: connections taken and never answered)
+/// costs only its own work: its holder stops working it one renewal before its lease can lapse
+/// (and says so), while the other shard keeps its holder — never taken over, its orders closed on
+/// time — through three leases of the outage; when the shard comes back it is taken again and
+/// its orders, written during the outage, are closed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dark_shard_stops_only_its_own_work() {
+    let shards = [
+        Env::new(Backend::MySql).await,
+        Env::new(Backend::MySql).await,
+    ];
+    for env in &shards {
+        env.stock_up(&[("sku-a", 1_000), ("sku-b", 1_000)]).await;
+    }
+    let proxy = crate::fakes::Proxy::start("127.0.0.1:3306").await;
+    let dark_url =
+        shards[1]
+            .url
+            .replacen("127.0.0.1:3306", &format!("127.0.0.1:{}", proxy.port), 1);
+    let dir = tempfile::tempdir().unwrap();
+    let files: Vec<_> = (0..2)
+        .map(|i| {
+            let f = dir.path().join(format!("d{i}.toml"));
+            std::fs::write(
+                &f,
+                format!(
+                    "[database]\nshard_lease = \"2s\"\nmax_connections = 4\n\
+                     [[database.shards]]\nname = \"ds_0\"\nurl = \"{}\"\n\
+                     [[database.shards]]\nname = \"ds_1\"\nurl = \"{dark_url}\"\n\
+                     [outbox]\nidle_recheck = \"200ms\"\nlease = \"3s\"\n\
+                     [sweep]\ninterval = \"1s\"\ngrace = \"2s\"\n\
+                     [runtime]\ndeadline = \"2s\"\n\
+                     [merchants.acme]\nplugin = \"builtin:single-phase\"\n",
+                    shards[0].url
+                ),
+            )
+            .unwrap();
+            f
+        })
+        .collect();
+    let logs: Vec<_> = (0..2)
+        .map(|i| dir.path().join(format!("d{i}.log")))
+        .collect();
+    let mut daemons = Vec::new();
+    for i in 0..2 {
+        daemons.push(started_daemon(&files[i], &[("RUST_LOG", "info")], &logs[i]).await);
+    }
+    eventually(
+        Duration::from_secs(30),
+        "each daemon holds a shard",
+        || async {
+            let (h0, h1) = (holder(&shards[0]).await, holder(&shards[1]).await);
+            h0.is_some() && h1.is_some() && h0 != h1
+        },
+    )
+    .await;
+    let keeper = holder(&shards[0]).await.unwrap();
+    let dark_holder = holder(&shards[1]).await.unwrap();
+    let dark_log = &logs[daemons
+        .iter()
+        .position(|d| d.id() == Some(dark_holder))
+        .unwrap()];
+
+    proxy.set_hang(true);
+    let now = shards[0].db.now_ms().await.unwrap();
+    let [lit, dark] = ids("dk", 5);
+    for id in &lit {
+        shards[0].create(&order(id, "acme", now + 1_000)).await;
+    }
+    for id in &dark {
+        shards[1].create(&order(id, "acme", now + 1_000)).await;
+    }
+    // Three leases of darkness: ds_0 keeps its holder throughout.
+    for _ in 0..30 {
+        assert_eq!(
+            holder(&shards[0]).await,
+            Some(keeper),
+            "ds_0 changed hands while only ds_1 was dark"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        count(
+            &shards[0],
+            "SELECT COUNT(*) FROM orders WHERE status = 'CLOSED'"
+        )
+        .await,
+        5,
+        "ds_0's orders closed on time while ds_1 was dark"
+    );
+    assert_eq!(
+        count(
+            &shards[1],
+            "SELECT COUNT(*) FROM orders WHERE status = 'PENDING'"
+        )
+        .await,
+        5,
+        "nothing closes ds_1's orders while it is dark"
+    );
+    let said = std::fs::read_to_string(dark_log).unwrap();
+    assert!(
+        said.contains("shard lease not renewed; stopping its work before it lapses"),
+        "the dark shard's holder fences itself:\n{said}"
+    );
+
+    proxy.set_hang(false);
+    eventually(
+        Duration::from_secs(30),
+        "ds_1's orders close after it is back",
+        || async {
+            count(
+                &shards[1],
+                "SELECT COUNT(*) FROM orders WHERE status = 'CLOSED'",
+            )
+            .await
+                == 5
+        },
+    )
+    .await;
+    for env in &shards {
+        assert_eq!(
+            count(
+                env,
+                "SELECT COUNT(*) FROM (SELECT order_id FROM decision_log WHERE outcome = 'closed' \
+                 GROUP BY order_id HAVING COUNT(*) > 1) twice"
+            )
+            .await,
+            0
+        );
+        assert_eq!(
+            count(env, "SELECT available FROM sku_stock WHERE sku = 'sku-a'").await,
+            1_000,
+            "every unit back once"
+        );
+    }
+    for d in &mut daemons {
+        crate::support::sigterm(d, Duration::from_secs(15)).await;
+    }
+    let [s0, s1] = shards;
+    s0.cleanup().await;
+    s1.cleanup().await;
+}
