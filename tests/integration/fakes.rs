@@ -309,14 +309,22 @@ impl Proxy {
                     });
                     continue;
                 }
-                let s = s.clone();
+                let (s, c, h) = (s.clone(), c.clone(), h.clone());
                 tokio::spawn(async move {
+                    // Listen for the cut before looking at the flags: a cut set in between is
+                    // seen by one or the other, never missed.
+                    let severed = s.notified();
+                    tokio::pin!(severed);
+                    severed.as_mut().enable();
+                    if c.load(Ordering::SeqCst) || h.load(Ordering::SeqCst) {
+                        return;
+                    }
                     let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await else {
                         return;
                     };
                     tokio::select! {
                         _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                        () = s.notified() => {}
+                        () = severed => {}
                     }
                 });
             }

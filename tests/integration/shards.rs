@@ -360,6 +360,20 @@ async fn a_dark_shard_stops_only_its_own_work() {
         },
     )
     .await;
+    // Holding the lease is not yet working the shard: wait until both have started their
+    // shard's work.
+    eventually(
+        Duration::from_secs(30),
+        "each daemon works its shard",
+        || async {
+            logs.iter().all(|log| {
+                std::fs::read_to_string(log)
+                    .unwrap_or_default()
+                    .contains("shard taken")
+            })
+        },
+    )
+    .await;
     let keeper = holder(&shards[0]).await.unwrap();
     let dark_holder = holder(&shards[1]).await.unwrap();
     let dark_log = &logs[daemons

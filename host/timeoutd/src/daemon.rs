@@ -137,6 +137,21 @@ impl Daemon {
             db.close().await;
             return Err(e);
         }
+        Self::start_prepared(config, clock, policies, db).await
+    }
+
+    /// As [`Daemon::start_with`], on `db`, a pool of its own over a database already checked
+    /// (and migrated) by [`prepare`]: a shard's worker starts the shard's daemon this way, with
+    /// no round trip before its sources run.
+    ///
+    /// # Errors
+    /// [`StartError`] naming what could not be set up.
+    pub(crate) async fn start_prepared(
+        config: &Config,
+        clock: Clock,
+        policies: Arc<crate::policies::Policies>,
+        db: Db,
+    ) -> Result<Daemon, StartError> {
         let transport = match &config.rocketmq {
             Some(r) => Some(crate::rocketmq::Transport::start(r).await?),
             None => None,

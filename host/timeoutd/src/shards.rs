@@ -8,16 +8,17 @@
 //! `database.shard_lease`. The holder runs that shard's outbox timer, sweep, retention and
 //! ledger executor (a [`Daemon`] over the shard's URL). A shard whose holder dies is taken by
 //! another daemon when its lease lapses, so none is left without one; and a holder that cannot
-//! renew stops its own work one renewal before the lease can lapse (**self-fencing**, timed on
-//! the monotonic clock from before its last successful renewal), so no shard is worked — or
+//! renew stops its own work before the lease can lapse (**self-fencing**: fenced a round before
+//! the lease's end, timed on the monotonic clock from before its last successful renewal, with
+//! every call and the drain bounded so the work is gone by then), so no shard is worked — or
 //! swept — by two daemons beyond a moment of clock skew. The claims and the compare-and-set
 //! still decide what happens, so even that moment can only cost a lost claim or an order found
 //! already closed.
 //!
 //! Each shard has a **worker task** of its own in every process, so a shard that is down or slow
-//! delays only its own worker: every database call is bounded by one renewal interval, and a
-//! shard's daemon is given a bounded time to drain when it stops (then its tasks are aborted;
-//! their transactions roll back).
+//! delays only its own worker: every database call is bounded by a third of a renewal round,
+//! and a shard's daemon is given a bounded time to drain when it stops (then its tasks are
+//! aborted; their transactions roll back).
 //!
 //! Daemons share the shards fairly: each announces itself with a `daemon:<id>` row in every shard
 //! it reaches, the workers read how many daemons are present, and a process holds at most
@@ -266,11 +267,16 @@ async fn work(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let tick = crate::lease::renew_every(lease);
+    // Each database call (and a fenced shard's drain) gets a third of a round, so a round with
+    // a failed renewal ends, and a fenced shard's work is stopped, by ⅔ of a round past the
+    // fence: a lease of three rounds, renewed at 0, is fenced at 2 rounds and stopped by 2⅓,
+    // before it can lapse at 3.
+    let call = tick / 3;
     let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
     let tick_ms = i64::try_from(tick.as_millis()).unwrap_or(i64::MAX);
     // Take or renew the shard's lease (by the shard's own clock); give it up.
     let hold = || async {
-        bounded(&shard.name, tick, "shard lease", async {
+        bounded(&shard.name, call, "shard lease", async {
             let now = clock.now_ms(&shard.db).await?;
             maintenance_lease::take_lease(&shard.db, SHARD_LEASE, &me.holder, now, now + lease_ms)
                 .await
@@ -281,7 +287,7 @@ async fn work(
     let let_go = || async {
         bounded(
             &shard.name,
-            tick,
+            call,
             "shard lease release",
             maintenance_lease::release_lease(&shard.db, SHARD_LEASE, &me.holder),
         )
@@ -296,7 +302,7 @@ async fn work(
     loop {
         if let Some(n) = bounded(
             &shard.name,
-            tick,
+            call,
             "presence",
             heartbeat(&shard.db, &me, &clock, lease_ms),
         )
@@ -324,7 +330,7 @@ async fn work(
             if !kept && renewed.elapsed_ms() >= lease_ms - tick_ms {
                 // One more failed round and the lease may lapse under another holder.
                 tracing::warn!(shard = %shard.name, "shard lease not renewed; stopping its work before it lapses");
-                stop(daemon, tick).await;
+                stop(daemon, call).await;
                 pool.release();
                 pool.names.lock().unwrap().remove(&shard.name);
             } else if kept && pool.surplus() {
@@ -341,19 +347,27 @@ async fn work(
             let taken = hold().await;
             let started = if taken {
                 renewed = asked;
-                match tokio::time::timeout(
-                    lease / 2,
-                    Daemon::start_with(&shard.config, clock.clone(), policies.clone()),
-                )
-                .await
-                {
+                // Checked by `prepare` above: a pool of the daemon's own (lazy, no round trip),
+                // and the start bounded by the fence point of the lease just taken.
+                let until_fence = Duration::from_millis(
+                    u64::try_from(lease_ms - tick_ms - renewed.elapsed_ms()).unwrap_or(0),
+                );
+                let start = async {
+                    let db = Db::connect_lazy(
+                        &shard.config.database.url,
+                        shard.config.database.max_connections,
+                    )
+                    .await?;
+                    Daemon::start_prepared(&shard.config, clock.clone(), policies.clone(), db).await
+                };
+                match tokio::time::timeout(until_fence, start).await {
                     Ok(Ok(d)) => Some(d),
                     Ok(Err(e)) => {
                         tracing::error!(shard = %shard.name, error = %e, "shard taken but its work could not start; freeing it");
                         None
                     }
                     Err(_) => {
-                        tracing::error!(shard = %shard.name, "shard's work did not start within half a lease; freeing it");
+                        tracing::error!(shard = %shard.name, "shard's work did not start before its lease's fence point; freeing it");
                         None
                     }
                 }
@@ -380,7 +394,8 @@ async fn work(
         }
     }
     if let Some(daemon) = running.take() {
-        stop(daemon, lease).await;
+        // Renewed at most a round ago: half a lease to drain stays inside it.
+        stop(daemon, lease / 2).await;
         pool.release();
         let_go().await;
     }
