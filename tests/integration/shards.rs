@@ -36,6 +36,23 @@ async fn count(env: &Env, sql: &'static str) -> i64 {
     )
 }
 
+/// Two fresh MariaDB databases, each stocked with `units` of `sku-a` and `sku-b`.
+async fn two_shards(units: i64) -> [Env; 2] {
+    let shards = [
+        Env::new(Backend::MySql).await,
+        Env::new(Backend::MySql).await,
+    ];
+    for env in &shards {
+        env.stock_up(&[("sku-a", units), ("sku-b", units)]).await;
+    }
+    shards
+}
+
+async fn drop_shards([s0, s1]: [Env; 2]) {
+    s0.cleanup().await;
+    s1.cleanup().await;
+}
+
 /// Order ids of `n` orders, `per` routed to each of the two shards by `hash_mod`.
 fn ids(prefix: &str, per: usize) -> [Vec<String>; 2] {
     let mut out = [Vec::new(), Vec::new()];
@@ -58,13 +75,7 @@ fn ids(prefix: &str, per: usize) -> [Vec<String>; 2] {
 /// one decision each), and a paid callback sent to either daemon lands in the order's shard.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn daemons_share_shards_by_lease_and_take_over_a_killed_holders_shard() {
-    let shards = [
-        Env::new(Backend::MySql).await,
-        Env::new(Backend::MySql).await,
-    ];
-    for env in &shards {
-        env.stock_up(&[("sku-a", 1_000), ("sku-b", 1_000)]).await;
-    }
+    let shards = two_shards(1_000).await;
     let dir = tempfile::tempdir().unwrap();
     let ports = [free_port(), free_port()];
     let config = |port: u16| {
@@ -230,22 +241,14 @@ async fn daemons_share_shards_by_lease_and_take_over_a_killed_holders_shard() {
     } else {
         crate::support::sigterm(&mut a, Duration::from_secs(10)).await
     };
-    let [s0, s1] = shards;
-    s0.cleanup().await;
-    s1.cleanup().await;
+    drop_shards(shards).await;
 }
 
 /// A sharded config's routing refuses an id the rule cannot place (`mod` and a non-integer id)
 /// with 400 naming it, and an order of the other shard is found there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_endpoint_routes_by_mod_and_refuses_an_id_it_cannot_place() {
-    let shards = [
-        Env::new(Backend::MySql).await,
-        Env::new(Backend::MySql).await,
-    ];
-    for env in &shards {
-        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
-    }
+    let shards = two_shards(10).await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let file = dir.path().join("d.toml");
@@ -299,25 +302,17 @@ async fn the_endpoint_routes_by_mod_and_refuses_an_id_it_cannot_place() {
         );
     }
     crate::support::sigterm(&mut daemon, Duration::from_secs(10)).await;
-    let [s0, s1] = shards;
-    s0.cleanup().await;
-    s1.cleanup().await;
+    drop_shards(shards).await;
 }
 
 /// A shard that goes dark (its database a black hole: connections taken and never answered)
-/// costs only its own work: its holder stops working it one renewal before its lease can lapse
-/// (and says so), while the other shard keeps its holder — never taken over, its orders closed on
+/// costs only its own work: its holder stops working it before its lease can lapse (and says
+/// so), while the other shard keeps its holder — never taken over, its orders closed on
 /// time — through three leases of the outage; when the shard comes back it is taken again and
 /// its orders, written during the outage, are closed once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dark_shard_stops_only_its_own_work() {
-    let shards = [
-        Env::new(Backend::MySql).await,
-        Env::new(Backend::MySql).await,
-    ];
-    for env in &shards {
-        env.stock_up(&[("sku-a", 1_000), ("sku-b", 1_000)]).await;
-    }
+    let shards = two_shards(1_000).await;
     let proxy = crate::fakes::Proxy::start("127.0.0.1:3306").await;
     let dark_url =
         shards[1]
@@ -456,7 +451,5 @@ async fn a_dark_shard_stops_only_its_own_work() {
     for d in &mut daemons {
         crate::support::sigterm(d, Duration::from_secs(15)).await;
     }
-    let [s0, s1] = shards;
-    s0.cleanup().await;
-    s1.cleanup().await;
+    drop_shards(shards).await;
 }
