@@ -189,6 +189,19 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         ),
         None => None,
     };
+    // Broker paths: the deadline is set before the daemons start. Their relay publishes every
+    // row due within `timer_max` at once, so rows still at the seed's day-ahead due time would
+    // go out as day-ahead timer messages (and come back only through the fallback); the lead
+    // (at least 15 s) covers the start. The outbox path sets it after, so the start does not
+    // eat into its 3 s lead.
+    let db = Db::connect(&url, 2).await?;
+    let deadline_ms = if args.path.is_broker() {
+        let deadline_ms = db.now_ms().await? + lead_ms;
+        seed::set_deadline(&db, deadline_ms, args.spread_ms).await?;
+        Some(deadline_ms)
+    } else {
+        None
+    };
     let mut daemons = Vec::new();
     for _ in 0..args.daemons.max(1) {
         daemons.push(
@@ -197,9 +210,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
                 .context("starting the daemon")?,
         );
     }
-    let db = Db::connect(&url, 2).await?;
-    let deadline_ms = db.now_ms().await? + lead_ms;
-    seed::set_deadline(&db, deadline_ms, args.spread_ms).await?;
+    let deadline_ms = match deadline_ms {
+        Some(set) => set,
+        None => {
+            let deadline_ms = db.now_ms().await? + lead_ms;
+            seed::set_deadline(&db, deadline_ms, args.spread_ms).await?;
+            deadline_ms
+        }
+    };
     for daemon in &daemons {
         daemon.waker().notify_one();
     }
