@@ -86,7 +86,13 @@ pub struct RocketMqConfig {
     /// Longest delay between relay attempts of a row whose sends keep failing.
     #[serde(default = "defaults::relay_retry_max", with = "duration")]
     pub relay_retry_max: Duration,
-    /// Listener threads of this daemon's consumer (each handles one batch at a time).
+    /// Listener calls each of this daemon's consumers runs at once (the client's
+    /// `consume_thread_min` and `consume_thread_max`); each call blocks a thread until its
+    /// messages' group is committed. Calls that queue while `groups_in_flight` groups are busy
+    /// are merged into the next group, so more calls make bigger groups under a burst: a
+    /// flash sale's hot SKUs are then updated once per group instead of the small groups
+    /// queueing on those rows' locks. 16 → 64 took a 10,000-message burst from about 1,800 to
+    /// 2,900 closes/s, all closed by message instead of 44 % (README, "Performance").
     #[serde(default = "defaults::consume_threads")]
     pub consume_threads: u32,
     /// Most messages the broker client hands one listener call
@@ -252,7 +258,7 @@ mod defaults {
         4
     }
     pub fn consume_threads() -> u32 {
-        16
+        64
     }
     pub fn route_refresh() -> Duration {
         Duration::from_secs(30)

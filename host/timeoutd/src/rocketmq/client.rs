@@ -340,7 +340,11 @@ impl Transport {
             .consumer_group(group)
             .name_server_addr(self.config.namesrv.as_str())
             .client_config(self.client_config()?)
-            .consume_thread_min(1)
+            // rocketmq-client-rust 1.0.0 runs at most `consume_thread_min` listener calls at once
+            // (its consume semaphore; `consume_thread_max` only sizes the scheduler's workers,
+            // consume_message_concurrently_service.rs). With 1, a burst's calls ran one at a time:
+            // nothing for the coalescer to merge, one commit per small pull result.
+            .consume_thread_min(self.config.consume_threads)
             .consume_thread_max(self.config.consume_threads)
             .consume_message_batch_max_size(self.config.consume_batch.max(1))
             .max_reconsume_times(self.config.max_reconsume as i32)
@@ -441,12 +445,14 @@ pub(super) fn spawn_client_runtime(
         .name("rocketmq-client".into())
         .spawn(move || {
             let built = (|| {
+                // Three consumers (timeouts, paid callbacks, the DLQ drain) may each block
+                // `consume_threads` listener calls at once.
                 let mut config = RuntimeConfig::for_parallelism("rocketmq-client", 2)
-                    .with_max_blocking_threads(consume_threads.max(4) * 2 + 16)
+                    .with_max_blocking_threads(consume_threads.max(4) * 3 + 16)
                     .map_err(|e| format!("runtime config: {e:?}"))?;
                 // Listeners and transaction callbacks run on the metadata-io lane.
                 let lane = &mut config.blocking_lane_policies.metadata_io;
-                lane.max_concurrency = consume_threads.max(4) + 8;
+                lane.max_concurrency = consume_threads.max(4) * 3 + 8;
                 lane.max_queue_depth = 65_536;
                 lane.queue_timeout = Duration::from_secs(60);
                 lane.task_timeout = Duration::from_secs(120);

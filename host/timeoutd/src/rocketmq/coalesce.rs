@@ -92,7 +92,14 @@ async fn merge(
                 .iter_mut()
                 .flat_map(|c| std::mem::take(&mut c.messages))
                 .collect();
+            let started = std::time::Instant::now();
             let mut acks = consumer.handle_each(&all).await.into_iter();
+            tracing::debug!(
+                messages = all.len(),
+                calls = lengths.len(),
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "broker message group handled"
+            );
             for (call, len) in calls.into_iter().zip(lengths) {
                 // A caller gone (its listener thread stopped) needs no answer.
                 let _ = call.reply.send(acks.by_ref().take(len).collect());
