@@ -195,10 +195,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     // (at least 15 s) covers the start. The outbox path sets it after, so the start does not
     // eat into its 3 s lead.
     let db = Db::connect(&url, 2).await?;
-    let deadline_ms = if args.path.is_broker() {
+    let put_deadline = || async {
         let deadline_ms = db.now_ms().await? + lead_ms;
         seed::set_deadline(&db, deadline_ms, args.spread_ms).await?;
-        Some(deadline_ms)
+        anyhow::Ok(deadline_ms)
+    };
+    let set_early = if args.path.is_broker() {
+        Some(put_deadline().await?)
     } else {
         None
     };
@@ -210,13 +213,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
                 .context("starting the daemon")?,
         );
     }
-    let deadline_ms = match deadline_ms {
+    let deadline_ms = match set_early {
         Some(set) => set,
-        None => {
-            let deadline_ms = db.now_ms().await? + lead_ms;
-            seed::set_deadline(&db, deadline_ms, args.spread_ms).await?;
-            deadline_ms
-        }
+        None => put_deadline().await?,
     };
     for daemon in &daemons {
         daemon.waker().notify_one();
