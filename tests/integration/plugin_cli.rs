@@ -8,7 +8,7 @@ use timeoutd::db::Backend;
 use timeoutd::dispatch::Outcome;
 use timeoutd::policies::builtin;
 
-use crate::support::{Env, FUTURE_API_WASM, T0, order, repo_root, timeoutd_bin};
+use crate::support::{Env, FUTURE_API_WASM, HOSTILE_WASM, T0, order, repo_root, timeoutd_bin};
 
 fn plugin_cmd(args: &[&std::ffi::OsStr]) -> Output {
     Command::new(timeoutd_bin())
@@ -47,9 +47,18 @@ fn check_reports_version_world_and_size_and_refuses_what_would_not_load() {
         "exported",
         "compile:",
         &format!("{} bytes", builtin("two-phase").unwrap().len()),
+        "imports:     timeout:policy/",
     ] {
         assert!(all.contains(want), "missing `{want}` in\n{all}");
     }
+    // Built without `std`: no WASI imports, so no hint; a plugin built with `std` gets one.
+    assert!(!all.contains("WASI interfaces"), "{all}");
+    let with_std = file(dir.path(), "hostile.wasm", HOSTILE_WASM);
+    let all = text(&plugin_cmd(&["check".as_ref(), with_std.as_os_str()]));
+    assert!(
+        all.contains("wasi:cli/") && all.contains("WASI interfaces, set up for every"),
+        "{all}"
+    );
 
     let future = file(dir.path(), "future.wasm", FUTURE_API_WASM);
     let out = plugin_cmd(&["check".as_ref(), future.as_os_str()]);

@@ -10,7 +10,7 @@ use timeoutd_runtime::{
     inspect,
 };
 
-use crate::support::{FUTURE_API_WASM, HOSTILE_WASM, T0, order};
+use crate::support::{FUTURE_API_WASM, HOSTILE_NO_STD_WASM, HOSTILE_WASM, T0, order};
 
 fn engine() -> PolicyEngine {
     let limits = RuntimeLimits {
@@ -140,25 +140,62 @@ fn a_missing_setting_is_a_policy_error_naming_the_key() {
 #[test]
 fn traps_are_classified_and_discard_only_their_store() {
     let engine = engine();
-    let plugin = hostile(&engine);
     let o = order("o4", "evil", T0);
-    for (mode, want) in [
-        ("spin", TrapKind::Deadline),
-        ("grow", TrapKind::Memory),
-        ("panic", TrapKind::Fault),
-        ("recurse", TrapKind::Fault),
-    ] {
-        match plugin.decide(&o, &ctx(T0, 0, &[("mode", mode)])) {
-            Err(DecideError::Trap { kind, plugin, .. }) => {
-                assert_eq!(kind, want, "mode {mode}");
-                assert_eq!(plugin, "hostile");
+    // Built with `std` and without it (the SDK's own allocator and panic handler).
+    for (variant, bytes) in [("std", HOSTILE_WASM), ("no std", HOSTILE_NO_STD_WASM)] {
+        let plugin = engine.load("hostile", bytes).unwrap();
+        for (mode, want) in [
+            ("spin", TrapKind::Deadline),
+            ("grow", TrapKind::Memory),
+            ("panic", TrapKind::Fault),
+            ("recurse", TrapKind::Fault),
+        ] {
+            match plugin.decide(&o, &ctx(T0, 0, &[("mode", mode)])) {
+                Err(DecideError::Trap { kind, plugin, .. }) => {
+                    assert_eq!(kind, want, "{variant}, mode {mode}");
+                    assert_eq!(plugin, "hostile");
+                }
+                other => panic!("{variant}, mode {mode}: {other:?}"),
             }
-            other => panic!("mode {mode}: {other:?}"),
+            // The same plugin keeps serving.
+            let ok = plugin.decide(&o, &ctx(T0, 0, &[("mode", "ok")])).unwrap();
+            assert_eq!(ok.kind(), "cancel", "{variant}");
         }
-        // The same plugin keeps serving.
-        let ok = plugin.decide(&o, &ctx(T0, 0, &[("mode", "ok")])).unwrap();
-        assert_eq!(ok.kind(), "cancel");
     }
+}
+
+/// Without `std`, the SDK's panic handler writes the panic's message to the daemon's log
+/// through the host (tagged with the plugin and the order) before trapping.
+#[test]
+fn a_plugin_without_std_logs_its_panic_through_the_host() {
+    let engine = engine();
+    let plugin = engine.load("hostile", HOSTILE_NO_STD_WASM).unwrap();
+    let log = crate::support::LogCapture::default();
+    let answer = tracing::subscriber::with_default(log.subscriber(), || {
+        plugin.decide(
+            &order("o-panics", "evil", T0),
+            &ctx(T0, 0, &[("mode", "panic")]),
+        )
+    });
+    assert!(
+        matches!(
+            answer,
+            Err(DecideError::Trap {
+                kind: TrapKind::Fault,
+                ..
+            })
+        ),
+        "{answer:?}"
+    );
+    let text = log.text();
+    assert!(
+        text.contains("ERROR")
+            && text.contains("plugin panicked: panicked at")
+            && text.contains("hostile plugin panics on order o-panics")
+            && text.contains("plugin=\"hostile\"")
+            && text.contains("order=\"o-panics\""),
+        "{text}"
+    );
 }
 
 #[test]
@@ -218,6 +255,38 @@ fn the_sdk_stamps_its_api_version_into_every_plugin() {
         assert!(found.core_modules >= 1, "{name}: {found:?}");
     }
     assert_eq!(API_VERSION_SECTION, "timeout:policy-api");
+}
+
+/// The example plugins are built without Rust's `std`: their components import nothing but
+/// `timeout:policy` and hold one core module, so a fresh instance sets up no WASI. The same
+/// plugin code with `std` imports WASI, which the inspection sees.
+#[test]
+fn the_example_plugins_import_no_wasi() {
+    for name in ["single-phase", "two-phase"] {
+        let found = inspect(name, builtin(name).unwrap()).unwrap();
+        assert!(
+            !found.imports.is_empty()
+                && found
+                    .imports
+                    .iter()
+                    .all(|i| i.starts_with("timeout:policy/")),
+            "{name}: {:?}",
+            found.imports
+        );
+        assert_eq!(found.core_modules, 1, "{name}");
+    }
+    let with_std = inspect("hostile", HOSTILE_WASM).unwrap();
+    let without = inspect("hostile", HOSTILE_NO_STD_WASM).unwrap();
+    assert!(
+        with_std.imports.iter().any(|i| i.starts_with("wasi:")),
+        "{:?}",
+        with_std.imports
+    );
+    assert!(
+        without.imports.iter().all(|i| !i.starts_with("wasi:")),
+        "{:?}",
+        without.imports
+    );
 }
 
 #[test]

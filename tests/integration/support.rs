@@ -15,6 +15,10 @@ use timeoutd_runtime::model::{Order, OrderItem, OrderStatus};
 /// The misbehaving test plugin, built by `build.rs`.
 pub const HOSTILE_WASM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hostile.wasm"));
 
+/// The same plugin built without Rust's `std` (the SDK's allocator and panic handler).
+pub const HOSTILE_NO_STD_WASM: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/hostile_no_std.wasm"));
+
 /// A plugin stamped `timeout:policy@9.0.0` (`plugins/future-api`), built by `build.rs`.
 pub const FUTURE_API_WASM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/future_api.wasm"));
 
@@ -551,4 +555,36 @@ pub async fn doctor(file: PathBuf) -> (Option<i32>, String) {
         out.status.code(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
     )
+}
+
+/// Captures what `tracing` logs while its [`LogCapture::subscriber`] is the default (a thread's,
+/// with `tracing::subscriber::with_default`), as the daemon's plain-text log would show it.
+#[derive(Clone, Default)]
+pub struct LogCapture(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl LogCapture {
+    /// A plain-text subscriber writing into this capture, every level.
+    pub fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync + use<> {
+        let sink = self.clone();
+        tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_max_level(tracing::Level::TRACE)
+            .with_writer(move || sink.clone())
+            .finish()
+    }
+
+    /// Everything captured so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for LogCapture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }

@@ -3,7 +3,8 @@
 //! `<crate_name>.wasm` (dashes become underscores), ready for `include_bytes!`.
 //!
 //! The plugins are built by a nested cargo with the workspace's `plugin` profile into their own
-//! target directory, `<target>/plugins-wasm` (or `$TIMEOUTD_PLUGIN_TARGET_DIR`), so the outer
+//! target directory, `<target>/plugins-wasm` (or `$TIMEOUTD_PLUGIN_TARGET_DIR`; builds without
+//! `std` in `<target>/plugins-wasm-no-std` or `$TIMEOUTD_PLUGIN_TARGET_DIR/no-std`), so the outer
 //! build's flags, wrappers (clippy) and target never leak into the guest build and repeated
 //! builds are incremental.
 
@@ -17,6 +18,34 @@ use std::process::Command;
 /// (the message says how to add it) — or a built component cannot be copied. Build scripts
 /// report failure by panicking.
 pub fn build(plugins: &[&str]) {
+    build_variant(plugins, Variant::Default);
+}
+
+/// Builds `plugins` with `--no-default-features` (for plugins whose default feature `std`
+/// switches Rust's `std` on, as `hostile`'s does) and copies each component to `OUT_DIR` as
+/// `<crate_name>_no_std.wasm`. Their own target directory, `<target>/plugins-wasm-no-std`,
+/// keeps them from overwriting the default build's files.
+///
+/// # Panics
+/// As [`build`].
+pub fn build_without_std(plugins: &[&str]) {
+    build_variant(plugins, Variant::WithoutStd);
+}
+
+/// Which features a nested build selects.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    /// The plugins' default features.
+    Default,
+    /// `--no-default-features`.
+    WithoutStd,
+}
+
+fn build_variant(plugins: &[&str], variant: Variant) {
+    let (dir_name, suffix) = match variant {
+        Variant::Default => ("plugins-wasm", ""),
+        Variant::WithoutStd => ("plugins-wasm-no-std", "_no_std"),
+    };
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("run from build.rs"));
     let root = workspace_root(&manifest);
     println!("cargo:rerun-if-changed={}", root.join("wit").display());
@@ -25,10 +54,9 @@ pub fn build(plugins: &[&str]) {
         "cargo:rerun-if-changed={}",
         root.join("Cargo.toml").display()
     );
-    println!(
-        "cargo:rerun-if-changed={}",
-        root.join("plugins/sdk").display()
-    );
+    for sdk in ["plugins/sdk", "plugins/sdk-0.1"] {
+        println!("cargo:rerun-if-changed={}", root.join(sdk).display());
+    }
     for p in plugins {
         println!(
             "cargo:rerun-if-changed={}",
@@ -38,9 +66,11 @@ pub fn build(plugins: &[&str]) {
     println!("cargo:rerun-if-env-changed=TIMEOUTD_PLUGIN_TARGET_DIR");
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("run from build.rs"));
     // OUT_DIR is <target>/<profile>/build/<pkg>-<hash>/out: one plugin build per target dir.
-    let target_dir = std::env::var_os("TIMEOUTD_PLUGIN_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| out.ancestors().nth(4).unwrap_or(&out).join("plugins-wasm"));
+    let target_dir = match std::env::var_os("TIMEOUTD_PLUGIN_TARGET_DIR") {
+        Some(dir) if variant == Variant::Default => PathBuf::from(dir),
+        Some(dir) => PathBuf::from(dir).join("no-std"),
+        None => out.ancestors().nth(4).unwrap_or(&out).join(dir_name),
+    };
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(&root)
@@ -49,6 +79,9 @@ pub fn build(plugins: &[&str]) {
         .arg(&target_dir);
     for p in plugins {
         cmd.args(["-p", p]);
+    }
+    if variant == Variant::WithoutStd {
+        cmd.arg("--no-default-features");
     }
     for var in [
         "RUSTFLAGS",
@@ -70,7 +103,8 @@ pub fn build(plugins: &[&str]) {
     for p in plugins {
         let file = format!("{}.wasm", p.replace('-', "_"));
         let built = target_dir.join("wasm32-wasip2/plugin").join(&file);
-        std::fs::copy(&built, out.join(&file))
+        let copied = format!("{}{suffix}.wasm", p.replace('-', "_"));
+        std::fs::copy(&built, out.join(&copied))
             .unwrap_or_else(|e| panic!("copy {} into OUT_DIR: {e}", built.display()));
     }
 }

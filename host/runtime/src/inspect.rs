@@ -25,6 +25,11 @@ pub struct Inspection {
     pub stamped_api_version: Option<String>,
     /// Core modules nested in the component (at any depth).
     pub core_modules: usize,
+    /// What the component imports, by name (`timeout:policy/host@0.1.0`, `wasi:cli/stdin@0.2.6`),
+    /// in file order: its own imports, not those of components nested in it. A fresh instance
+    /// sets up every imported function; a Rust plugin built with `std` imports a dozen WASI
+    /// interfaces it never calls (the SDKs' "Without `std`").
+    pub imports: Vec<String>,
     /// Size of the file, bytes.
     pub size_bytes: usize,
 }
@@ -49,12 +54,19 @@ pub fn inspect(plugin: &str, bytes: &[u8]) -> Result<Inspection, LoadError> {
     };
     let mut stamps: Vec<String> = Vec::new();
     let mut core_modules = 0;
-    let mut first = true;
+    let mut imports = Vec::new();
+    // Nesting depth: 1 inside the outermost component (each `Version` opens a module or
+    // component, each `End` closes one).
+    let mut depth = 0usize;
     for payload in Parser::new(0).parse_all(bytes) {
         let payload = payload.map_err(|e| malformed(e.offset(), e.message().to_string()))?;
+        match &payload {
+            Payload::Version { .. } => depth += 1,
+            Payload::End(_) => depth = depth.saturating_sub(1),
+            _ => {}
+        }
         match payload {
-            Payload::Version { encoding, .. } if first => {
-                first = false;
+            Payload::Version { encoding, .. } if depth == 1 => {
                 if encoding == Encoding::Module {
                     return Err(LoadError::NotAComponent {
                         plugin: plugin.to_string(),
@@ -66,6 +78,13 @@ pub fn inspect(plugin: &str, bytes: &[u8]) -> Result<Inspection, LoadError> {
                 encoding: Encoding::Module,
                 ..
             } => core_modules += 1,
+            Payload::ComponentImportSection(section) if depth == 1 => {
+                for import in section {
+                    let import =
+                        import.map_err(|e| malformed(e.offset(), e.message().to_string()))?;
+                    imports.push(import.name.name.to_string());
+                }
+            }
             Payload::CustomSection(section) if section.name() == API_VERSION_SECTION => {
                 let data = section.data();
                 let version = std::str::from_utf8(data)
@@ -102,6 +121,7 @@ pub fn inspect(plugin: &str, bytes: &[u8]) -> Result<Inspection, LoadError> {
     Ok(Inspection {
         stamped_api_version: stamps.pop(),
         core_modules,
+        imports,
         size_bytes: bytes.len(),
     })
 }

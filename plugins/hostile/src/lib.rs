@@ -16,6 +16,14 @@
 //!   setting of the first call this instance served, cached in a `static` (module-level state a
 //!   warm instance keeps: it must never reach another merchant);
 //! - anything else — a well-behaved single-phase close.
+//!
+//! Built with `--no-default-features` it does without Rust's `std` (the SDK's allocator, panic
+//! handler and `cabi_realloc` instead), so the same misbehaviour tests that runtime too; `clock`,
+//! `snoop` and `remember` need `std` and then answer `ignore` saying so.
+
+#![cfg_attr(not(feature = "std"), no_std)]
+
+use timeoutd_policy_sdk::prelude::*;
 
 use timeoutd_policy_sdk::{
     Cancel, CheckVerdict, Context, Decision, Effect, Guest, Order, PolicyError, Settings, Wait,
@@ -36,14 +44,14 @@ impl Guest for Hostile {
             "spin" => {
                 let mut n: u64 = 0;
                 loop {
-                    n = std::hint::black_box(n.wrapping_add(1));
+                    n = core::hint::black_box(n.wrapping_add(1));
                 }
             }
             "grow" => {
                 let mut hoard: Vec<Vec<u8>> = Vec::new();
                 loop {
                     hoard.push(vec![1u8; 16 << 20]);
-                    std::hint::black_box(&hoard);
+                    core::hint::black_box(&hoard);
                 }
             }
             "panic" => panic!("hostile plugin panics on order {}", order.id),
@@ -57,6 +65,7 @@ impl Guest for Hostile {
                     .map(|_| Effect::RestoreStock((order.items[0].sku.clone(), 0)))
                     .collect(),
             ),
+            #[cfg(feature = "std")]
             "clock" => {
                 // Reads the guest's WASI clock, which the host sets to `now`: what the test checks.
                 #[expect(
@@ -69,6 +78,7 @@ impl Guest for Hostile {
                     .unwrap_or(0);
                 Ok(Decision::Ignore(now.to_string()))
             }
+            #[cfg(feature = "std")]
             "snoop" => Ok(Decision::Ignore(format!(
                 "env={} fs={} tcp={}",
                 std::env::vars().count(),
@@ -82,6 +92,7 @@ impl Guest for Hostile {
                 effects.push(Effect::ReleaseCoupon("cpn-other".into()));
                 cancel(effects)
             }
+            #[cfg(feature = "std")]
             "remember" => {
                 static FIRST_TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
                 let tag = FIRST_TAG.get_or_init(|| Settings(&ctx.settings).text("tag", "").into());
@@ -95,6 +106,10 @@ impl Guest for Hostile {
                 next_phase: ctx.phase,
                 reminder: None,
             })),
+            #[cfg(not(feature = "std"))]
+            mode @ ("clock" | "snoop" | "remember") => {
+                Ok(Decision::Ignore(format!("mode `{mode}` needs std")))
+            }
             _ => cancel(release_everything(&order, true, None)),
         }
     }
@@ -108,7 +123,7 @@ impl Guest for Hostile {
 /// inlining.
 #[allow(unconditional_recursion)]
 fn recurse(depth: u64) -> u64 {
-    let frame = std::hint::black_box([depth; 16]);
+    let frame = core::hint::black_box([depth; 16]);
     recurse(depth + 1) + frame[depth as usize % 16]
 }
 

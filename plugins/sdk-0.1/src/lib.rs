@@ -15,8 +15,26 @@
 //! refuses a version it does not run, naming both.
 //! Plugins are pure: they see the order and the context (whose `now-ms` is the database clock)
 //! and return a decision. The host checks every effect against the order.
+//!
+//! **Without `std`.** With `default-features = false` a plugin builds without Rust's `std` on
+//! `wasm32-wasip2`, as with the 0.2 SDK (whose file this SDK includes): it declares
+//! `#![no_std]`, takes `String`, `Vec`, `format!`, `vec!` from [`prelude`], and its component
+//! imports no WASI.
 
+#![cfg_attr(all(target_family = "wasm", not(feature = "std")), no_std)]
 #![warn(missing_docs)]
+
+extern crate alloc;
+
+// The allocator, `cabi_realloc` and panic handler of a plugin without `std`: one file for both
+// SDKs, kept in the 0.2 SDK.
+#[cfg(all(target_family = "wasm", not(feature = "std")))]
+#[path = "../../sdk/src/without_std.rs"]
+mod without_std;
+
+#[path = "../../sdk/src/prelude.rs"]
+pub mod prelude;
+use prelude::*;
 
 /// Bindings generated from `wit/v0.1.0` (they carry the WIT's own documentation).
 #[allow(missing_docs)]

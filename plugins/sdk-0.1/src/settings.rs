@@ -1,6 +1,7 @@
 //! Typed access to the merchant settings a plugin receives in its context.
 
 use crate::PolicyError;
+use crate::prelude::*;
 
 /// The merchant's settings (`context.settings`), looked up by key.
 pub struct Settings<'a>(pub &'a [(String, String)]);

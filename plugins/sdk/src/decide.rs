@@ -1,5 +1,6 @@
 //! Building decisions: waits to an instant, cancels, the standard effects of a close.
 
+use crate::prelude::*;
 use crate::{
     Cancel, Context, Decision, Effect, Notice, Order, ReleaseFlashSlot, RestoreFlashStock,
     RestoreStock, Wait,

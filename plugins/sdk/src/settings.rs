@@ -1,6 +1,7 @@
 //! Typed access to the merchant settings a plugin receives, with the defaults its manifest
 //! declares.
 
+use crate::prelude::*;
 use crate::{PolicyError, Setting};
 
 /// The merchant's settings (`context.settings`), falling back to the declared defaults.

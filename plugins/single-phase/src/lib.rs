@@ -7,6 +7,9 @@
 //! - `reason` — close reason recorded with the order, default `payment window lapsed`;
 //! - `max_checks` — check-backs answered `unknown` before committing, default 3.
 
+#![no_std]
+
+use timeoutd_policy_sdk::prelude::*;
 use timeoutd_policy_sdk::{
     CheckVerdict, Context, Decision, Guest, Notice, Order, OrderStatus, PolicyError, Settings,
     Wait, release_everything, standard_check,

@@ -10,6 +10,9 @@
 //! - `closed_template` — default `order-closed`;
 //! - `max_checks` — check-backs answered `unknown` before committing, default 3.
 
+#![no_std]
+
+use timeoutd_policy_sdk::prelude::*;
 use timeoutd_policy_sdk::{
     Cancel, CheckVerdict, Context, Decision, Guest, Level, Notice, Order, OrderStatus, PolicyError,
     Settings, Wait, log, release_everything, standard_check,

@@ -33,6 +33,27 @@ pub(super) fn run(file: &Path, limits: &RuntimeLimits) -> ExitCode {
         "component:   yes ({} core module(s))",
         inspection.core_modules
     );
+    let wasi = inspection
+        .imports
+        .iter()
+        .filter(|i| i.starts_with("wasi:"))
+        .count();
+    println!(
+        "imports:     {}{}",
+        if inspection.imports.is_empty() {
+            "nothing".to_string()
+        } else {
+            inspection.imports.join(", ")
+        },
+        if wasi > 0 {
+            format!(
+                "\n             ({wasi} WASI interfaces, set up for every fresh instance; a Rust \
+                 plugin built without `std` imports none and decides about twice as fast)"
+            )
+        } else {
+            String::new()
+        }
+    );
     println!(
         "api stamp:   {}",
         inspection.stamped_api_version.as_deref().map_or_else(
