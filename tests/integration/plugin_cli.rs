@@ -473,6 +473,38 @@ fn plugin_new_makes_a_project_that_builds_and_passes_its_cases_on_first_run() {
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(text(&out).contains("4 passed, 0 failed"), "{}", text(&out));
+    // Without `std`, as its README says (`#![no_std]`, the SDK's default features off): the
+    // vendored SDK brings the allocator and panic handler, the component imports no WASI, and
+    // the same cases pass.
+    let lib = project.join("src/lib.rs");
+    let source = std::fs::read_to_string(&lib).unwrap();
+    std::fs::write(&lib, format!("#![no_std]\n{source}")).unwrap();
+    let manifest = project.join("Cargo.toml");
+    let cargo_toml = std::fs::read_to_string(&manifest).unwrap();
+    let sdk = r#"timeoutd-policy-sdk = { path = "timeoutd-policy-sdk" }"#;
+    assert!(cargo_toml.contains(sdk), "{cargo_toml}");
+    std::fs::write(
+        &manifest,
+        cargo_toml.replace(
+            sdk,
+            r#"timeoutd-policy-sdk = { path = "timeoutd-policy-sdk", default-features = false }"#,
+        ),
+    )
+    .unwrap();
+    let built = build(true);
+    assert!(built.status.success(), "{}", text(&built));
+    let out = plugin_cmd(&["check".as_ref(), wasm.as_os_str()]);
+    let all = text(&out);
+    assert!(
+        all.contains("imports:     timeout:policy/") && !all.contains("wasi:"),
+        "{all}"
+    );
+    let out = plugin_cmd(&[
+        "test".as_ref(),
+        wasm.as_os_str(),
+        project.join("CASES.toml").as_os_str(),
+    ]);
+    assert!(text(&out).contains("4 passed, 0 failed"), "{}", text(&out));
     // Never over an existing folder; only crate names.
     let again = plugin_cmd(&[
         "new".as_ref(),

@@ -205,6 +205,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     } else {
         None
     };
+    // The daemon phase's own peak RSS: what the seeding and the baseline reached is read
+    // first, then the peak is reset to the current size.
+    let setup_peak_rss_mib = counters::peak_rss_mib();
+    let peak_reset = counters::reset_peak_rss();
     let mut daemons = Vec::new();
     for _ in 0..args.daemons.max(1) {
         daemons.push(
@@ -279,6 +283,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         );
     }
     let cpu_s = counters::cpu_seconds() - cpu_before;
+    let daemon_peak_rss_mib = peak_reset.then(counters::peak_rss_mib);
     if let Some(cleaning) = cleaning {
         cleaning.await.context("the retention pass")??;
     }
@@ -311,6 +316,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
             baseline_counts,
             daemon_counts,
             cpu_s,
+            setup_peak_rss_mib,
+            daemon_peak_rss_mib,
             released,
             shape,
             database: url,

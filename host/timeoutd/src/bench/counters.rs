@@ -60,6 +60,13 @@ pub(super) fn cpu_seconds() -> f64 {
     (tick(11) + tick(12)) / 100.0
 }
 
+/// Resets the process's peak resident set (`VmHWM`) to its current size, so a later
+/// [`peak_rss_mib`] covers only what follows. Linux: writing `5` to `/proc/self/clear_refs`
+/// (proc(5)). False where that is refused or unknown.
+pub(super) fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
 /// The process's peak resident set, MiB (`VmHWM`); 0 where `/proc` cannot tell.
 pub(super) fn peak_rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")

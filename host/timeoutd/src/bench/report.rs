@@ -39,8 +39,12 @@ pub struct Report {
     pub drain_floor_p99_ms: Option<f64>,
     /// Daemon CPU seconds per 1,000 closes (this process, during the drain).
     pub cpu_s_per_1000: f64,
-    /// Peak RSS of the process over the whole run, MiB.
+    /// Peak RSS of the process over the whole run (seeding and baseline included), MiB.
     pub peak_rss_mib: f64,
+    /// Peak RSS from the daemons' start to the end of the drain, MiB: the daemon's figure,
+    /// an upper bound (the bench's own seed and baseline memory still held counts too).
+    /// `None` where the peak cannot be reset (not Linux).
+    pub daemon_peak_rss_mib: Option<f64>,
     /// The daemon's commits and statements per close.
     pub daemon: PerClose,
     /// The baseline's commits and statements per close.
@@ -140,8 +144,12 @@ impl Report {
             opt(self.baseline.statements)
         ));
         out.push_str(&format!(
-            "  cpu s / 1000 closes {:.3}   peak RSS {:.0} MiB   ledger rows/close {:.2}\n",
-            self.cpu_s_per_1000, self.peak_rss_mib, self.audit.ledger_rows_per_close
+            "  cpu s / 1000 closes {:.3}   peak RSS {:.0} MiB (daemon phase {})   ledger rows/close {:.2}\n",
+            self.cpu_s_per_1000,
+            self.peak_rss_mib,
+            self.daemon_peak_rss_mib
+                .map_or("unknown".to_string(), |m| format!("{m:.0} MiB")),
+            self.audit.ledger_rows_per_close
         ));
         let by: Vec<String> = self
             .closed_by
@@ -186,6 +194,10 @@ pub(super) struct Inputs {
     pub baseline_counts: PerClose,
     pub daemon_counts: PerClose,
     pub cpu_s: f64,
+    /// Peak RSS before the daemons started (seeding, baseline), MiB.
+    pub setup_peak_rss_mib: f64,
+    /// Peak RSS from the daemons' start to the drain's end, MiB, where it could be reset.
+    pub daemon_peak_rss_mib: Option<f64>,
     pub released: Option<Vec<i64>>,
     pub shape: Shape,
     pub database: String,
@@ -249,7 +261,8 @@ pub(super) async fn collect(db: &Db, closes: &Closes, i: Inputs) -> anyhow::Resu
         drain_floor_p99_ms: (i.spread_ms == 0)
             .then(|| 0.99 * f64::from(i.orders) * 1000.0 / closes_per_s),
         cpu_s_per_1000: i.cpu_s * 1000.0 / f64::from(i.orders.max(1)),
-        peak_rss_mib: peak_rss_mib(),
+        peak_rss_mib: peak_rss_mib().max(i.setup_peak_rss_mib),
+        daemon_peak_rss_mib: i.daemon_peak_rss_mib,
         daemon: i.daemon_counts,
         baseline: i.baseline_counts,
         baseline_run: i.baseline,

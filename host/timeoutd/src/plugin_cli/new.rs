@@ -35,6 +35,14 @@ const SDK: &[(&str, &str)] = &[
         include_str!("../../../../plugins/sdk/src/settings.rs"),
     ),
     (
+        "src/prelude.rs",
+        include_str!("../../../../plugins/sdk/src/prelude.rs"),
+    ),
+    (
+        "src/without_std.rs",
+        include_str!("../../../../plugins/sdk/src/without_std.rs"),
+    ),
+    (
         "wit/policy.wit",
         include_str!("../../../../plugins/sdk/wit/policy.wit"),
     ),
