@@ -8,7 +8,7 @@
 //! A plugin built without the SDK carries no stamp; the host then falls back to the version of
 //! the `timeout:policy/...@X` interfaces it imports, read after compilation.
 
-use wasmparser::{Encoding, Parser, Payload};
+use wasmparser::{ComponentTypeRef, Encoding, Parser, Payload};
 
 use crate::error::LoadError;
 
@@ -26,9 +26,10 @@ pub struct Inspection {
     /// Core modules nested in the component (at any depth).
     pub core_modules: usize,
     /// What the component imports, by name (`timeout:policy/host@0.1.0`, `wasi:cli/stdin@0.2.6`),
-    /// in file order: its own imports, not those of components nested in it. A fresh instance
-    /// sets up every imported function; a Rust plugin built with `std` imports a dozen WASI
-    /// interfaces it never calls (the SDKs' "Without `std`").
+    /// in file order: its own instance and function imports, not its type imports nor those of
+    /// components nested in it. A fresh instance sets up every imported function; a Rust plugin
+    /// built with `std` imports two dozen WASI interfaces it never calls (the SDKs' "Without
+    /// `std`").
     pub imports: Vec<String>,
     /// Size of the file, bytes.
     pub size_bytes: usize,
@@ -66,14 +67,16 @@ pub fn inspect(plugin: &str, bytes: &[u8]) -> Result<Inspection, LoadError> {
             _ => {}
         }
         match payload {
-            Payload::Version { encoding, .. } if depth == 1 => {
-                if encoding == Encoding::Module {
-                    return Err(LoadError::NotAComponent {
-                        plugin: plugin.to_string(),
-                        detail: "a core module".into(),
-                    });
-                }
+            Payload::Version {
+                encoding: Encoding::Module,
+                ..
+            } if depth == 1 => {
+                return Err(LoadError::NotAComponent {
+                    plugin: plugin.to_string(),
+                    detail: "a core module".into(),
+                });
             }
+            Payload::Version { .. } if depth == 1 => {}
             Payload::Version {
                 encoding: Encoding::Module,
                 ..
@@ -82,7 +85,11 @@ pub fn inspect(plugin: &str, bytes: &[u8]) -> Result<Inspection, LoadError> {
                 for import in section {
                     let import =
                         import.map_err(|e| malformed(e.offset(), e.message().to_string()))?;
-                    imports.push(import.name.name.to_string());
+                    // Type imports (`order`, `context`: the world's own type names) set
+                    // nothing up at instantiation.
+                    if !matches!(import.ty, ComponentTypeRef::Type(_)) {
+                        imports.push(import.name.name.to_string());
+                    }
                 }
             }
             Payload::CustomSection(section) if section.name() == API_VERSION_SECTION => {

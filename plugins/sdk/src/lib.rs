@@ -41,8 +41,8 @@
 //! canonical ABI's `cabi_realloc`, and a panic handler that logs the panic through the host
 //! before trapping. The plugin declares `#![no_std]` and takes `String`, `Vec`, `format!`, `vec!`
 //! from [`prelude`]. Its component then imports no WASI at all, and a fresh-instance decision
-//! costs about half as much (README, "Decide"). Every crate in the plugin's build must do
-//! without `std`; natively (tests, clippy) the SDK keeps `std` either way.
+//! costs about a fifth less (timeoutd's `plugins/README.md`). Every crate in the plugin's build
+//! must do without `std`; natively (tests, clippy) the SDK keeps `std` either way.
 
 #![cfg_attr(all(target_family = "wasm", not(feature = "std")), no_std)]
 #![warn(missing_docs)]

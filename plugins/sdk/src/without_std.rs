@@ -3,11 +3,10 @@
 //! handler.
 //!
 //! Why: Rust's `std` on `wasm32-wasip2` brings the WASI runtime with it, so a component built
-//! with it imports a dozen WASI functions (and wraps the WASI preview-1 adapter's core
-//! instances) that a pure decider never calls. The host instantiates a fresh instance for every
-//! decision and must set up every import each time. Without `std` the component imports
-//! nothing but `timeout:policy/host`, and a decision costs about half as much (README,
-//! "Decide").
+//! with it imports two dozen WASI interfaces that a pure decider never calls. The host
+//! instantiates a fresh instance for every decision and must set up every import each time.
+//! Without `std` the component imports nothing but `timeout:policy`, and a fresh-instance
+//! decision costs about a fifth less (`plugins/README.md`, "Faster decisions").
 //!
 //! Shared by both SDKs: `timeoutd-policy-sdk` (0.2) and the frozen 0.1 SDK include this file.
 //! It names the bindings through `crate::log` and `crate::Level`, which both re-export.

@@ -48,7 +48,7 @@ pub(super) fn run(file: &Path, limits: &RuntimeLimits) -> ExitCode {
         if wasi > 0 {
             format!(
                 "\n             ({wasi} WASI interfaces, set up for every fresh instance; a Rust \
-                 plugin built without `std` imports none and decides about twice as fast)"
+                 plugin built without `std` imports none and decides faster)"
             )
         } else {
             String::new()
