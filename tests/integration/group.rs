@@ -200,6 +200,61 @@ each_backend! {
     }
 }
 
+each_backend! {
+    /// The group's compare-and-set writes each order its own stamp (due time, trigger kind,
+    /// reason), and closes only those still PENDING and due: one statement for the group.
+    async fn one_compare_and_set_stamps_each_order_of_a_group_with_its_own_close(env) {
+        use timeoutd::db::orders::{self, CloseStamp};
+        env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
+        let ids = ["s-1", "s-2", "s-3", "s-paid", "s-early"];
+        for (k, id) in ids.iter().enumerate() {
+            let deadline = if *id == "s-early" { T0 + 60_000 } else { T0 - 1_000 * k as i64 };
+            env.create(&order(id, "acme", deadline)).await;
+        }
+        assert!(env.pay("s-paid", T0 - 10_000).await);
+        let stamp = |due_ms, closed_by, reason| CloseStamp { now_ms: T0, due_ms, closed_by, reason };
+        let closes = [
+            ("s-1", stamp(T0 - 11, "outbox", "unpaid")),
+            ("s-2", stamp(T0 - 22, "sweep", "window lapsed")),
+            ("s-3", stamp(T0 - 33, "manual", "operator")),
+            ("s-paid", stamp(T0 - 44, "outbox", "unpaid")),
+            ("s-early", stamp(T0 - 55, "outbox", "unpaid")),
+        ];
+        let mut tx = env.db.begin().await.unwrap();
+        let changed = orders::close_many(&mut tx, &closes, T0).await.unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(changed, 3, "the paid order and the one not yet due are left alone");
+        for (id, due, by, reason) in [
+            ("s-1", T0 - 11, "outbox", "unpaid"),
+            ("s-2", T0 - 22, "sweep", "window lapsed"),
+            ("s-3", T0 - 33, "manual", "operator"),
+        ] {
+            let row = env
+                .db
+                .backend()
+                .query("SELECT status, closed_at_ms, close_due_ms, closed_by, close_reason FROM orders WHERE id = ?")
+                .bind(id)
+            .fetch_one(env.db.pool())
+            .await
+            .unwrap();
+            let got: (String, i64, i64, String, String) = (
+                row.try_get(0).unwrap(),
+                row.try_get(1).unwrap(),
+                row.try_get(2).unwrap(),
+                row.try_get(3).unwrap(),
+                row.try_get(4).unwrap(),
+            );
+            assert_eq!(got, ("CLOSED".into(), T0, due, by.into(), reason.into()), "{id}");
+        }
+        assert_eq!(env.status("s-paid").await, "PAID");
+        assert_eq!(env.status("s-early").await, "PENDING");
+        assert_eq!(
+            env.int("SELECT COUNT(*) FROM orders WHERE close_due_ms IS NOT NULL AND status <> ?", "CLOSED").await,
+            0
+        );
+    }
+}
+
 const TWO_PHASE: &[MerchantSpec<'static>] = &[("flashy", "builtin:two-phase", &[("grace", "60s")])];
 
 each_backend! {

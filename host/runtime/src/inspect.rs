@@ -76,7 +76,6 @@ pub fn inspect(plugin: &str, bytes: &[u8]) -> Result<Inspection, LoadError> {
                     detail: "a core module".into(),
                 });
             }
-            Payload::Version { .. } if depth == 1 => {}
             Payload::Version {
                 encoding: Encoding::Module,
                 ..

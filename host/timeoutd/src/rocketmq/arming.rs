@@ -37,6 +37,9 @@ use crate::policies::Policies;
 pub const SOURCE_ARM: &str = "arm";
 /// The broker's property counting check-backs of a half message.
 const CHECK_TIMES: &str = "TRANSACTION_CHECK_TIMES";
+/// Heartbeats [`Arming::start`] tries (100 ms apart) while the client's scheduled one holds
+/// the lock.
+const ANNOUNCE_ATTEMPTS: u32 = 5;
 
 /// How an arming ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -250,6 +253,25 @@ impl Arming {
             .on_client(async move { producer.start().await.map(|()| producer) })
             .await?
             .map_err(|e| TransportError::Start(format!("transaction producer: {e}")))?;
+        // Make the group known to the broker now, or its check-backs are dropped until the
+        // client's next heartbeat, up to 30 s away (`Transport::announce`).
+        for attempt in 0..ANNOUNCE_ATTEMPTS {
+            match transport.announce().await {
+                Ok(true) => break,
+                Ok(false) if attempt + 1 < ANNOUNCE_ATTEMPTS => {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                Ok(false) => tracing::warn!(
+                    group = %config.transaction_group,
+                    "the transaction producer's first heartbeat did not go out; check-backs \
+                     reach it after the client's next one (within 30 s)"
+                ),
+                Err(e) => {
+                    tracing::warn!(group = %config.transaction_group, error = %e, "announcing the transaction producer");
+                    break;
+                }
+            }
+        }
         Ok(Arming {
             transport,
             producer: Arc::new(producer),

@@ -174,6 +174,36 @@ impl Transport {
         self.client_runtime.clone()
     }
 
+    /// Sends the client's heartbeat to every broker it knows now, so a producer group started
+    /// since the last one is known to the brokers at once.
+    ///
+    /// A broker sends a transaction check-back only to a channel of the half message's producer
+    /// group, and learns the group's channels from heartbeats. The Java client heartbeats at
+    /// the end of `DefaultMQProducerImpl.start()`; `rocketmq-client-rust` 1.0.0 does not, so a
+    /// transaction producer started on a running client was unknown until the client's next
+    /// scheduled heartbeat (every `heartbeatBrokerInterval`, 30 s), and every check-back before
+    /// it was dropped by the broker ("producer session is unavailable") while still counting
+    /// toward `transactionCheckMax`. Returns whether a heartbeat went out (it is skipped when
+    /// the client's scheduled one holds the heartbeat lock; the caller retries).
+    ///
+    /// # Errors
+    /// [`TransportError::Start`] when the client config is refused by the client pool.
+    pub(super) async fn announce(&self) -> Result<bool, TransportError> {
+        let runtime = self.client_runtime.clone();
+        let config = self.client_config()?;
+        self.on_client(async move {
+            let pool = runtime.pool();
+            let client = pool
+                .get_or_create(config, None)
+                .map_err(|e| TransportError::Start(format!("client instance: {e}")))?;
+            let (instance, lease) = client.into_parts();
+            let sent = instance.send_heartbeat_to_all_broker_with_lock().await;
+            pool.release(lease).await;
+            Ok(sent)
+        })
+        .await?
+    }
+
     /// The client config every producer and consumer of this transport uses.
     pub(super) fn client_config(&self) -> Result<ClientConfig, TransportError> {
         client_config(&self.config, &self.instance)
