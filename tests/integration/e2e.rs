@@ -284,7 +284,10 @@ async fn a_daemons_metric_values_agree_with_its_rows_and_sigint_stops_it() {
     // or in-seconds) before the timer claims it; that trigger then counts as the sweep's, and
     // so does its dead letter. Which source took it is read from the rows.
     let swept = env
-        .int("SELECT COUNT(*) FROM order_timeout_msg WHERE source = ?", "sweep")
+        .int(
+            "SELECT COUNT(*) FROM order_timeout_msg WHERE source = ?",
+            "sweep",
+        )
         .await as f64;
     let dead_swept = env
         .int("SELECT COUNT(*) FROM dead_letter WHERE source = ?", "sweep")
@@ -305,7 +308,10 @@ async fn a_daemons_metric_values_agree_with_its_rows_and_sigint_stops_it() {
         ),
         ("timeoutd_triggers_total{source=\"outbox\"}", 7.0 - swept),
         ("timeoutd_triggers_total{source=\"sweep\"}", swept),
-        ("timeoutd_dead_letters_total{source=\"outbox\"}", 2.0 - dead_swept),
+        (
+            "timeoutd_dead_letters_total{source=\"outbox\"}",
+            2.0 - dead_swept,
+        ),
         ("timeoutd_dead_letters_total{source=\"sweep\"}", dead_swept),
         ("timeoutd_dead_letters_open", 2.0),
         (

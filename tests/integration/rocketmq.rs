@@ -834,10 +834,13 @@ with_broker!(
             "the local transaction committed the row"
         );
         // transactionCheckMax (5) checks, one per scan (every 2 s), after transactionTimeout
-        // (1 s): about 12 s. Every one reaches this producer: its group was announced to the
-        // broker when it started, not at the client's next heartbeat up to 30 s later.
+        // (1 s): about 12 s alone. Each scan reads the whole half-message queue, earlier tests'
+        // messages too, and one that waits for their operation records can hold a scan for up
+        // to a minute (rocketmq-broker 1.0.0's MAX_PROCESS_TIME_LIMIT), so a busy broker's five
+        // scans take longer. Every check reaches this producer: its group was announced to the
+        // broker when it started (`Transport::announce`), not at the client's next heartbeat.
         eventually(
-            Duration::from_secs(45),
+            Duration::from_secs(120),
             "the broker asks transactionCheckMax (5) times, each reaching the producer",
             || async { checks.load(Ordering::SeqCst) >= 5 },
         )
