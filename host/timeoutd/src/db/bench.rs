@@ -214,8 +214,8 @@ async fn scalar(db: &Db, sql: &'static str) -> Result<i64, DbError> {
         .try_get(0)?)
 }
 
-/// `EXPLAIN` (`EXPLAIN QUERY PLAN` on SQLite) of the outbox claim at `now_ms` (epoch ms) and of
-/// the order load: `(name, plan)` each, the plan's rows flattened to one line (`" | "` between
+/// `EXPLAIN` (`EXPLAIN QUERY PLAN` on SQLite) of the group close's compare-and-set, the outbox
+/// claim at `now_ms` (epoch ms) and the order load: `(name, plan)` each, the plan's rows flattened to one line (`" | "` between
 /// rows). Never fails: a plan that cannot be had reads `(no plan: <error>)`.
 pub async fn explain_hot_queries(db: &Db, now_ms: i64) -> Vec<(String, String)> {
     let explain = match db.backend() {
@@ -237,28 +237,47 @@ pub async fn explain_hot_queries(db: &Db, now_ms: i64) -> Vec<(String, String)> 
         ),
     ];
     let mut out = Vec::new();
-    for (name, sql) in queries {
-        let text = match sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-            .fetch_all(db.pool())
-            .await
-        {
-            Ok(rows) => rows
-                .iter()
-                .map(|r| {
-                    (0..r.columns().len())
-                        .filter_map(|c| {
-                            r.try_get::<String, _>(c)
-                                .ok()
-                                .or_else(|| r.try_get::<i64, _>(c).ok().map(|v| v.to_string()))
-                        })
-                        .collect::<Vec<_>>()
-                        .join(" ")
-                })
-                .collect::<Vec<_>>()
-                .join(" | "),
-            Err(e) => format!("(no plan: {e})"),
+    // The group's compare-and-set, for two orders: each a lookup by primary key, not a scan.
+    let stamp = |id| {
+        let stamp = super::orders::CloseStamp {
+            now_ms,
+            due_ms: now_ms,
+            closed_by: "outbox",
+            reason: "plan",
         };
-        out.push((name.to_string(), text));
+        (id, stamp)
+    };
+    let closes = [stamp("d-0000001"), stamp("d-0000002")];
+    let group_close = super::orders::close_many_query(db.backend(), explain, &closes, now_ms)
+        .fetch_all(db.pool())
+        .await;
+    out.push(("group close".to_string(), flatten(group_close)));
+    for (name, sql) in queries {
+        let rows = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .fetch_all(db.pool())
+            .await;
+        out.push((name.to_string(), flatten(rows)));
     }
     out
+}
+
+/// A plan's rows on one line (`" | "` between rows), or `(no plan: <error>)`.
+fn flatten(rows: Result<Vec<sqlx::any::AnyRow>, sqlx::Error>) -> String {
+    match rows {
+        Ok(rows) => rows
+            .iter()
+            .map(|r| {
+                (0..r.columns().len())
+                    .filter_map(|c| {
+                        r.try_get::<String, _>(c)
+                            .ok()
+                            .or_else(|| r.try_get::<i64, _>(c).ok().map(|v| v.to_string()))
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect::<Vec<_>>()
+            .join(" | "),
+        Err(e) => format!("(no plan: {e})"),
+    }
 }

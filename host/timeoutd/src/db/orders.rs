@@ -267,14 +267,25 @@ pub async fn close_many(
     if closes.is_empty() {
         return Ok(0);
     }
-    let backend = Backend::of(conn);
+    let q = close_many_query(Backend::of(conn), "", closes, now_ms);
+    Ok(q.execute(&mut *conn).await?.rows_affected())
+}
+
+/// [`close_many`]'s statement for `backend`, its values bound, after `prefix` (`""`, or
+/// `EXPLAIN` for the bench's plan of it). `closes` must not be empty.
+pub(crate) fn close_many_query<'q>(
+    backend: Backend,
+    prefix: &str,
+    closes: &[(&str, CloseStamp<'_>)],
+    now_ms: i64,
+) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
     let mut q = match backend {
         Backend::Sqlite | Backend::Postgres => {
             // VALUES names its columns column1, column2, … on both.
             let rows = vec!["(?, ?, ?, ?)"; closes.len()].join(", ");
             backend
                 .query_owned(format!(
-                    "UPDATE orders SET status = 'CLOSED', closed_at_ms = ?, \
+                    "{prefix} UPDATE orders SET status = 'CLOSED', closed_at_ms = ?, \
                      close_due_ms = v.column2, closed_by = v.column3, close_reason = v.column4 \
                      FROM (VALUES {rows}) AS v \
                      WHERE orders.id = v.column1 AND orders.status = 'PENDING' \
@@ -283,9 +294,9 @@ pub async fn close_many(
                 .bind(now_ms)
         }
         Backend::MySql => {
-            let rest = " UNION ALL SELECT ?, ?, ?, ?".repeat(closes.len() - 1);
+            let rest = " UNION ALL SELECT ?, ?, ?, ?".repeat(closes.len().saturating_sub(1));
             backend.query_owned(format!(
-                "UPDATE orders JOIN (SELECT ? AS id, ? AS due_ms, ? AS closed_by, ? AS reason{rest}) v \
+                "{prefix} UPDATE orders JOIN (SELECT ? AS id, ? AS due_ms, ? AS closed_by, ? AS reason{rest}) v \
                  ON orders.id = v.id \
                  SET orders.status = 'CLOSED', orders.closed_at_ms = ?, \
                  orders.close_due_ms = v.due_ms, orders.closed_by = v.closed_by, \
@@ -304,7 +315,7 @@ pub async fn close_many(
     if backend == Backend::MySql {
         q = q.bind(now_ms);
     }
-    Ok(q.bind(now_ms).execute(&mut *conn).await?.rows_affected())
+    q.bind(now_ms)
 }
 
 /// Releases the coupons of `pairs` (coupon, order) that are LOCKED by that very order, in two
