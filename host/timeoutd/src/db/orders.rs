@@ -279,6 +279,11 @@ pub(crate) fn close_many_query<'q>(
     closes: &[(&str, CloseStamp<'_>)],
     now_ms: i64,
 ) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
+    // The group's ids drive the join, a primary-key lookup each: status and deadline are
+    // wrapped (`COALESCE`, `+ 0`) so no index on them can be chosen instead. Left bare, SQLite
+    // (which keeps no statistics here) planned a scan of every PENDING due order with the whole
+    // VALUES list per row, and PostgreSQL does the same while its statistics still say few
+    // orders are PENDING: quadratic in a burst, the very case this statement is for.
     let mut q = match backend {
         Backend::Sqlite | Backend::Postgres => {
             // VALUES names its columns column1, column2, … on both.
@@ -288,8 +293,8 @@ pub(crate) fn close_many_query<'q>(
                     "{prefix} UPDATE orders SET status = 'CLOSED', closed_at_ms = ?, \
                      close_due_ms = v.column2, closed_by = v.column3, close_reason = v.column4 \
                      FROM (VALUES {rows}) AS v \
-                     WHERE orders.id = v.column1 AND orders.status = 'PENDING' \
-                     AND orders.deadline_ms <= ?"
+                     WHERE orders.id = v.column1 AND COALESCE(orders.status, '') = 'PENDING' \
+                     AND orders.deadline_ms + 0 <= ?"
                 ))
                 .bind(now_ms)
         }
@@ -301,7 +306,7 @@ pub(crate) fn close_many_query<'q>(
                  SET orders.status = 'CLOSED', orders.closed_at_ms = ?, \
                  orders.close_due_ms = v.due_ms, orders.closed_by = v.closed_by, \
                  orders.close_reason = v.reason \
-                 WHERE orders.status = 'PENDING' AND orders.deadline_ms <= ?"
+                 WHERE COALESCE(orders.status, '') = 'PENDING' AND orders.deadline_ms + 0 <= ?"
             ))
         }
     };
