@@ -257,7 +257,10 @@ impl Arming {
         // client's next heartbeat, up to 30 s away (`Transport::announce`).
         for attempt in 0..ANNOUNCE_ATTEMPTS {
             match transport.announce().await {
-                Ok(true) => break,
+                Ok(true) => {
+                    tracing::debug!(group = %config.transaction_group, "transaction producer announced to the brokers");
+                    break;
+                }
                 Ok(false) if attempt + 1 < ANNOUNCE_ATTEMPTS => {
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
