@@ -215,8 +215,9 @@ async fn scalar(db: &Db, sql: &'static str) -> Result<i64, DbError> {
 }
 
 /// `EXPLAIN` (`EXPLAIN QUERY PLAN` on SQLite) of the group close's compare-and-set, the outbox
-/// claim at `now_ms` (epoch ms) and the order load: `(name, plan)` each, the plan's rows flattened to one line (`" | "` between
-/// rows). Never fails: a plan that cannot be had reads `(no plan: <error>)`.
+/// claim at `now_ms` (epoch ms) and the order load: `(name, plan)` each, the plan's rows
+/// flattened to one line (`" | "` between rows). Never fails: a plan that cannot be had reads
+/// `(no plan: <error>)`.
 pub async fn explain_hot_queries(db: &Db, now_ms: i64) -> Vec<(String, String)> {
     let explain = match db.backend() {
         Backend::Sqlite => "EXPLAIN QUERY PLAN",
