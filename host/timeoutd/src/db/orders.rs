@@ -252,9 +252,9 @@ pub async fn lock_pending(
 /// the caller checks against `closes.len()`.
 ///
 /// On SQLite (≥ 3.33) and PostgreSQL the stamps are joined in as a table of `(id, due_ms,
-/// closed_by, reason)` rows (`UPDATE … FROM (VALUES …)`), one lookup per order; MariaDB keeps
-/// the `CASE` lists (see [`close_many_query`]). A `CASE id WHEN ? THEN ? …` per column, as before, compared each row
-/// against every id of the group: quadratic, 44 µs per row in statements of 512 on SQLite
+/// closed_by, reason)` rows (`UPDATE … FROM (VALUES …)`), one lookup per order. MariaDB keeps
+/// a `CASE id WHEN ? THEN ? …` list per column (see [`close_many_query`]), which compares each
+/// row against every id of the group: quadratic, 44 µs per row in statements of 512 on SQLite
 /// against 8 µs joined (SQLite 3.40, 20,000 rows, in one run).
 ///
 /// # Errors
@@ -279,16 +279,16 @@ pub(crate) fn close_many_query<'q>(
     closes: &[(&str, CloseStamp<'_>)],
     now_ms: i64,
 ) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
-    // The group's ids drive the join, a primary-key lookup each: status and deadline are
-    // wrapped (`COALESCE`, `+ 0`) so no index on them can be chosen instead. Left bare, SQLite
-    // (which keeps no statistics here) planned a scan of every PENDING due order with the whole
-    // VALUES list per row, and PostgreSQL does the same while its statistics still say few
-    // orders are PENDING: quadratic in a burst, the very case this statement is for.
-    let mut q = match backend {
+    match backend {
         Backend::Sqlite | Backend::Postgres => {
-            // VALUES names its columns column1, column2, … on both.
+            // The group's ids drive the join, a primary-key lookup each: status and deadline
+            // are wrapped (`COALESCE`, `+ 0`) so no index on them can be chosen instead. Left
+            // bare, SQLite (which keeps no statistics here) planned a scan of every PENDING due
+            // order with the whole VALUES list per row, and PostgreSQL does the same while its
+            // statistics still say few orders are PENDING: quadratic in a burst, the very case
+            // this statement is for. VALUES names its columns column1, column2, … on both.
             let rows = vec!["(?, ?, ?, ?)"; closes.len()].join(", ");
-            backend
+            let mut q = backend
                 .query_owned(format!(
                     "{prefix} UPDATE orders SET status = 'CLOSED', closed_at_ms = ?, \
                      close_due_ms = v.column2, closed_by = v.column3, close_reason = v.column4 \
@@ -296,7 +296,15 @@ pub(crate) fn close_many_query<'q>(
                      WHERE orders.id = v.column1 AND COALESCE(orders.status, '') = 'PENDING' \
                      AND orders.deadline_ms + 0 <= ?"
                 ))
-                .bind(now_ms)
+                .bind(now_ms);
+            for (id, stamp) in closes {
+                q = q
+                    .bind(id.to_string())
+                    .bind(stamp.due_ms)
+                    .bind(stamp.closed_by.to_string())
+                    .bind(stamp.reason.to_string());
+            }
+            q.bind(now_ms)
         }
         Backend::MySql => {
             // MariaDB keeps the CASE lists (quadratic per group, but the statement every
@@ -304,14 +312,15 @@ pub(crate) fn close_many_query<'q>(
             // one Galera chaos run of two on 2026-12-02 found orders closed twice, not yet
             // explained.
             let case = vec!["WHEN ? THEN ?"; closes.len()].join(" ");
-            let mut q = backend.query_owned(format!(
-                "{prefix} UPDATE orders SET status = 'CLOSED', closed_at_ms = ?, \
-                 close_due_ms = CASE id {case} END, closed_by = CASE id {case} END, \
-                 close_reason = CASE id {case} END \
-                 WHERE id IN ({}) AND status = 'PENDING' AND deadline_ms <= ?",
-                marks(closes.len())
-            ));
-            q = q.bind(now_ms);
+            let mut q = backend
+                .query_owned(format!(
+                    "{prefix} UPDATE orders SET status = 'CLOSED', closed_at_ms = ?, \
+                     close_due_ms = CASE id {case} END, closed_by = CASE id {case} END, \
+                     close_reason = CASE id {case} END \
+                     WHERE id IN ({}) AND status = 'PENDING' AND deadline_ms <= ?",
+                    marks(closes.len())
+                ))
+                .bind(now_ms);
             for (id, stamp) in closes {
                 q = q.bind(id.to_string()).bind(stamp.due_ms);
             }
@@ -324,17 +333,9 @@ pub(crate) fn close_many_query<'q>(
             for (id, _) in closes {
                 q = q.bind(id.to_string());
             }
-            return q.bind(now_ms);
+            q.bind(now_ms)
         }
-    };
-    for (id, stamp) in closes {
-        q = q
-            .bind(id.to_string())
-            .bind(stamp.due_ms)
-            .bind(stamp.closed_by.to_string())
-            .bind(stamp.reason.to_string());
     }
-    q.bind(now_ms)
 }
 
 /// Releases the coupons of `pairs` (coupon, order) that are LOCKED by that very order, in two
