@@ -272,7 +272,7 @@ fn broker_section(namesrv: &str, tag: &str) -> String {
         "[rocketmq]\nnamesrv = \"{namesrv}\"\ntopic = \"CHAOS_{tag}\"\n\
          consumer_group = \"CHAOS_{tag}_G\"\nproducer_group = \"CHAOS_{tag}_P\"\n\
          transaction_group = \"CHAOS_{tag}_TX\"\nnotification_topic = \"CHAOS_{tag}_N\"\n\
-         relay_lead = \"2s\"\nfallback_after = \"3s\"\nconsume_from = \"first\"\n\
+         relay_lead = \"2s\"\ntimer_lead = \"1s\"\nfallback_after = \"3s\"\nconsume_from = \"first\"\n\
          send_timeout = \"3s\"\n"
     )
 }

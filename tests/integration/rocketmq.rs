@@ -363,6 +363,7 @@ async fn relayed_order_closes_by_the_brokers_message_with(
         ),
     );
     env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+    let before = Outcomes::broker();
     let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
     let now = env.db.now_ms().await.unwrap();
     let deadline = now + 12_000;
@@ -404,8 +405,91 @@ async fn relayed_order_closes_by_the_brokers_message_with(
         (env.stock("sku-a").await, env.stock("sku-b").await),
         (10, 10)
     );
+    // The last hop is due back `timer_lead` (2 s) early: the message came before the deadline
+    // and was held for it, not handled late behind the broker's release.
+    let held = Outcomes::broker().since(&before, "held");
+    assert!(
+        held >= 1,
+        "{delay_mode}: the last hop was not held: {:?}",
+        Outcomes::broker()
+    );
     eprintln!("{delay_mode}: closed {late} ms after the deadline");
     daemon.stop().await;
+}
+
+/// A held message is acknowledged when it is held; its row, still SENT, is the record. A daemon
+/// that stops while holding it loses only promptness: the next daemon's outbox timer takes the
+/// row back `fallback_after` past the due time and closes the order once, never early, and the
+/// broker does not deliver the acknowledged message again. (SQLite only: the hold and the
+/// broker's acknowledgement are the same on every backend.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_message_held_by_a_daemon_that_stops_is_closed_by_the_outbox_fallback() {
+    let _broker = broker().await;
+    let env = Env::new(timeoutd::db::Backend::Sqlite).await;
+    let (topic, group) = names("held");
+    // Due back 6 s before the deadline: held for several seconds, long enough to stop the
+    // daemon with the message in its hold.
+    let config = env.config(
+        ACME,
+        &section(
+            &topic,
+            &group,
+            "timer_lead = \"6s\"\nrelay_lead = \"8s\"\nfallback_after = \"2s\"",
+        ),
+    );
+    env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+    let before = Outcomes::broker();
+    let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
+    let deadline = env.db.now_ms().await.unwrap() + 14_000;
+    env.create(&order("held-1", "acme", deadline)).await;
+    eventually(
+        Duration::from_secs(14),
+        "the message comes early and is held",
+        || async { Outcomes::broker().since(&before, "held") >= 1 },
+    )
+    .await;
+    let at_stop = env.db.now_ms().await.unwrap();
+    daemon.stop().await;
+    assert!(
+        at_stop < deadline,
+        "the daemon stopped after the deadline: no test"
+    );
+    assert_eq!(env.status("held-1").await, "PENDING");
+    assert_eq!(
+        env.text(
+            "SELECT status FROM order_timeout_msg WHERE order_id = ?",
+            "held-1"
+        )
+        .await,
+        "SENT",
+        "the held message's row is still the record"
+    );
+    let restarted = Daemon::start(&config, Clock::Database).await.unwrap();
+    eventually(Duration::from_secs(30), "the order closes", || async {
+        env.status("held-1").await == "CLOSED"
+    })
+    .await;
+    assert_eq!(
+        env.text("SELECT closed_by FROM orders WHERE id = ?", "held-1")
+            .await,
+        "outbox",
+        "the acknowledged message came back, or the stopped daemon's hold closed it"
+    );
+    let closed_at = env
+        .int("SELECT closed_at_ms FROM orders WHERE id = ?", "held-1")
+        .await;
+    assert!(
+        closed_at >= deadline + 2_000,
+        "closed {} ms after the deadline, before the fallback",
+        closed_at - deadline
+    );
+    assert_eq!(closes(&env, "held-1").await, 1);
+    assert_eq!(
+        (env.stock("sku-a").await, env.stock("sku-b").await),
+        (10, 10)
+    );
+    restarted.stop().await;
+    env.cleanup().await;
 }
 
 with_broker!(
@@ -1195,7 +1279,7 @@ async fn with_the_broker_down_the_outbox_closes_on_time_and_late_messages_are_no
             section(
                 &topic,
                 &group,
-                "fallback_after = \"2s\"\nrelay_lead = \"2s\"",
+                "fallback_after = \"2s\"\nrelay_lead = \"2s\"\ntimer_lead = \"1s\"",
             )
         ),
     );

@@ -77,8 +77,10 @@ pub enum Event<'a> {
     },
     /// A broker message was consumed.
     Consumed {
-        /// `handled`, `hop` (re-sent towards its due time), `duplicate` (its row was processed),
-        /// `busy` (another handler holds its row), `poison` or `later` (reconsumed later).
+        /// `handled`, `hop` (re-sent towards its due time), `held` (acknowledged and held until
+        /// its due time, [`crate::rocketmq::hold`]; counted again by its outcome when released),
+        /// `duplicate` (its row was processed), `busy` (another handler holds its row), `poison`
+        /// or `later` (reconsumed later).
         outcome: &'a str,
     },
     /// The outbox relay published a row (`sent`) or failed to (`failed`, with the error).

@@ -4,7 +4,8 @@
 //! - [`planner`]: delays with millisecond precision over 18 fixed levels or timer messages;
 //! - [`codec`]: the message formats (the seeds' text and JSON bodies, timeoutd's properties);
 //! - [`consumer`]: the timeout topic's consumer (ack after commit, poison to the dead-letter
-//!   table), its listener calls merged into groups by [`coalesce`];
+//!   table), its listener calls merged into groups by [`coalesce`], messages that come early
+//!   kept until their due time by [`hold`];
 //! - [`relay`]: the outbox relay (PENDING rows → delay/timer messages → SENT);
 //! - [`arming`]: transactional arming with check-back;
 //! - [`dlq`]: the broker's `%DLQ%` topic drained into the dead-letter table.
@@ -18,6 +19,7 @@ pub mod coalesce;
 pub mod codec;
 pub mod consumer;
 pub mod dlq;
+pub mod hold;
 pub mod inspect;
 pub mod paid;
 pub mod planner;
@@ -94,23 +96,26 @@ impl Broker {
             tracing::info!(topic = %topic, group = %group, "paid notices consumed");
         }
         if config.consume {
-            let consumer = Arc::new(consumer::TimeoutConsumer::new(
-                dispatcher,
-                transport.clone(),
-                lease,
+            let (hold, held) = hold::channel(config.max_held as usize);
+            let consumer = Arc::new(
+                consumer::TimeoutConsumer::new(dispatcher, transport.clone(), lease)
+                    .with_hold(hold),
+            );
+            let groups = Arc::new(coalesce::Coalescer::start(
+                &app,
+                consumer,
+                config.group_commit as usize,
+                config.groups_in_flight as usize,
             ));
+            // The hold only points at the groups: it ends with the consumer.
+            app.spawn(held.run(Arc::downgrade(&groups), config.group_commit as usize));
             transport
                 .start_consumer(
                     &config.consumer_group,
                     &config.topic,
                     coalesce::Listener {
                         app: app.clone(),
-                        groups: Arc::new(coalesce::Coalescer::start(
-                            &app,
-                            consumer,
-                            config.group_commit as usize,
-                            config.groups_in_flight as usize,
-                        )),
+                        groups,
                     },
                 )
                 .await?;

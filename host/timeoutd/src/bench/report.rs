@@ -56,9 +56,10 @@ pub struct Report {
     /// `EXPLAIN` of the hot queries (MariaDB and PostgreSQL), one line each.
     pub plans: Vec<(String, String)>,
     /// Path `broker`: when the broker released the messages, against their due time (host
-    /// clock; a second consumer group watched), ms, and how many it released.
+    /// clock; a second consumer group watched), ms, and how many it released. Negative: before
+    /// the due time (the last hop is aimed `rocketmq.timer_lead` early).
     pub broker_release_ms: Option<Lateness>,
-    /// Path `broker`: messages released ÷ (last release − deadline), per second.
+    /// Path `broker`: messages released ÷ (last release − first release), per second.
     pub broker_releases_per_s: Option<f64>,
     /// Closes by trigger kind (`outbox`, `delay-message`, `sweep`): who closed them.
     pub closed_by: Vec<(String, i64)>,
@@ -159,7 +160,7 @@ impl Report {
         out.push_str(&format!("  closed by           {}\n", by.join(" · ")));
         if let (Some(r), Some(rate)) = (self.broker_release_ms, self.broker_releases_per_s) {
             out.push_str(&format!(
-                "  broker released     {rate:.0}/s · after the due time p50 {} · p99 {} · max {} ms\n",
+                "  broker released     {rate:.0}/s · release − due time p50 {} · p99 {} · max {} ms\n",
                 r.p50, r.p99, r.max
             ));
         }
@@ -238,10 +239,10 @@ impl Closes {
 pub(super) async fn collect(db: &Db, closes: &Closes, i: Inputs) -> anyhow::Result<Report> {
     let late = Lateness::of(&closes.lateness_ms);
     let release = i.released.as_deref().map(Lateness::of);
-    let releases_per_s = i
-        .released
-        .as_ref()
-        .map(|r| r.len() as f64 * 1000.0 / r.last().copied().unwrap_or(0).max(1) as f64);
+    let releases_per_s = i.released.as_ref().map(|r| {
+        let span = r.last().copied().unwrap_or(0) - r.first().copied().unwrap_or(0);
+        r.len() as f64 * 1000.0 / span.max(1) as f64
+    });
     let drain_ms = closes.since_ms.iter().copied().max().unwrap_or(0).max(1) as f64;
     let closes_per_s = f64::from(i.orders) * 1000.0 / drain_ms;
     let sweep_query_ms = sweep_query_ms(db).await?;

@@ -70,6 +70,21 @@ pub struct RocketMqConfig {
     /// 1 s delay level, and the broker rejects a delivery time in the past).
     #[serde(default = "defaults::relay_lead", with = "duration")]
     pub relay_lead: Duration,
+    /// How early the broker delivers a row's last hop (timer or delay level): the message is due
+    /// back `timer_lead` before the row, and the consumer holds it in memory until the row's due
+    /// time ([`crate::rocketmq::hold`]). RocketMQ's timer wheel is only as precise as its slot
+    /// (`timerPrecisionMs`, 1 s by default) and releases a burst due in one slot over seconds
+    /// (a release-built rocketmq-rust 1.0.0 broker: a 10,000-message slot from about 1 s to 2.3 s
+    /// after it; README, "Performance"), so a burst closes on time only if its messages come
+    /// early. A held message is acknowledged at once: its row stays SENT, and if the daemon stops
+    /// before the due time the outbox timer takes the row back `fallback_after` past it. `0s`
+    /// turns the lead off (the last sub-second rest is still held). At most `relay_lead` − 1 s.
+    #[serde(default = "defaults::timer_lead", with = "duration")]
+    pub timer_lead: Duration,
+    /// Most messages held at once ([`crate::rocketmq::hold`]); beyond it a message waits out its
+    /// rest inside its listener call, as it would with no hold.
+    #[serde(default = "defaults::max_held")]
+    pub max_held: u32,
     /// A relayed (SENT) row still unprocessed this long after its due time is taken back by the
     /// outbox timer: the broker speeds closes up but is never needed for them.
     #[serde(default = "defaults::fallback_after", with = "duration")]
@@ -182,6 +197,7 @@ impl RocketMqConfig {
             ("rocketmq.group_commit", self.group_commit),
             ("rocketmq.groups_in_flight", self.groups_in_flight),
             ("rocketmq.max_reconsume", self.max_reconsume),
+            ("rocketmq.max_held", self.max_held),
         ] {
             if value == 0 {
                 p.push(key, "must be at least 1");
@@ -191,6 +207,17 @@ impl RocketMqConfig {
             p.push(
                 "rocketmq.relay_lead",
                 "must be at least 1s (the shortest delay level)",
+            );
+        }
+        if self.timer_lead + Duration::from_secs(1) > self.relay_lead {
+            p.push(
+                "rocketmq.timer_lead",
+                format!(
+                    "must be at least 1s shorter than rocketmq.relay_lead ({:?}): a relayed row's \
+                     message travels at least one second (the shortest delay level) and is due \
+                     back `timer_lead` before the row",
+                    self.relay_lead
+                ),
             );
         }
         if self.timer_max < Duration::from_secs(1) {
@@ -232,6 +259,12 @@ mod defaults {
     }
     pub fn relay_lead() -> Duration {
         Duration::from_secs(3)
+    }
+    pub fn timer_lead() -> Duration {
+        Duration::from_secs(2)
+    }
+    pub fn max_held() -> u32 {
+        100_000
     }
     pub fn fallback_after() -> Duration {
         Duration::from_secs(5)

@@ -60,7 +60,8 @@ pub enum Scheduled {
         /// The hop sent.
         hop: Hop,
     },
-    /// Due within a second: nothing published, handle it after `wait_ms`.
+    /// Due within `rocketmq.timer_lead` plus a second: nothing published, handle it after
+    /// `wait_ms`.
     Now {
         /// Milliseconds to wait first.
         wait_ms: u64,
@@ -149,6 +150,7 @@ impl Transport {
             planner: Planner {
                 mode: config.delay_mode,
                 timer_max: config.timer_max,
+                lead: config.timer_lead,
             },
             config: config.clone(),
             handle,

@@ -4,8 +4,9 @@
 //! A message is a fast wake-up for one outbox row, never the only record of a timeout:
 //! 1. decode it ([`super::codec`]); a malformed one is dead-lettered at once with its raw body
 //!    (it can never succeed) and acknowledged — it never blocks the queue (F14);
-//! 2. a hop of a chain not yet due is re-sent towards its due time ([`super::planner`]); the
-//!    last sub-second rest is waited out here;
+//! 2. a hop of a chain not yet due is re-sent towards its due time ([`super::planner`]); a
+//!    message due within `rocketmq.timer_lead` plus a second is acknowledged and held until its
+//!    due time ([`super::hold`]), or, when the hold is full, waited out here;
 //! 3. it takes the row it stands for (its `TIMEOUTD_ROW`, or the `(order, phase)` row, adopted
 //!    when an order service sent the message without one) under a lease, and hands the trigger
 //!    to the dispatcher. A row already PROCESSED makes the message a no-op (F9, F10);
@@ -21,6 +22,7 @@ use tracing::Instrument;
 
 use super::client::{Scheduled, Transport};
 use super::codec::{self, TimeoutMessage};
+use super::hold::Hold;
 pub use super::received::Received;
 use crate::db::journal::{self, DeadLetter};
 use crate::db::relay::{self, RowClaim};
@@ -89,6 +91,7 @@ pub struct TimeoutConsumer {
     dispatcher: Arc<Dispatcher>,
     transport: Arc<Transport>,
     lease_ms: i64,
+    hold: Option<Hold>,
 }
 
 impl TimeoutConsumer {
@@ -99,7 +102,15 @@ impl TimeoutConsumer {
             dispatcher,
             transport,
             lease_ms: lease.as_millis() as i64,
+            hold: None,
         }
+    }
+
+    /// Hands messages that come before their due time to `hold` instead of waiting them out
+    /// inside their listener call.
+    pub fn with_hold(mut self, hold: Hold) -> Self {
+        self.hold = Some(hold);
+        self
     }
 
     fn db(&self) -> &Db {
@@ -308,8 +319,9 @@ impl TimeoutConsumer {
             .collect())
     }
 
-    /// A hop not yet due is re-sent towards its due time; one due within a second is waited out
-    /// here and then taken.
+    /// A hop not yet due is re-sent towards its due time; one due within the lead plus a second
+    /// is held ([`Hold::try_hold`], acknowledged now), or waited out here and then taken when
+    /// the hold is full.
     async fn schedule(&self, received: &Received, message: TimeoutMessage, now_ms: i64) -> Hop {
         let Some(due_ms) = message.due_ms else {
             return Hop::Take(message, false);
@@ -323,7 +335,15 @@ impl TimeoutConsumer {
         {
             Ok(Scheduled::Sent { .. }) => Hop::Settled(Ack::Done, "hop"),
             Ok(Scheduled::Now { wait_ms }) if wait_ms > 0 => {
-                tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+                let wait = Duration::from_millis(wait_ms);
+                if self
+                    .hold
+                    .as_ref()
+                    .is_some_and(|h| h.try_hold(received, wait))
+                {
+                    return Hop::Settled(Ack::Done, "held");
+                }
+                tokio::time::sleep(wait).await;
                 Hop::Take(message, true)
             }
             Ok(Scheduled::Now { .. }) => Hop::Take(message, false),

@@ -3,12 +3,16 @@
 //!
 //! A delay is carried as a chain of hops. The message carries the absolute due time (property
 //! [`super::codec::PROP_DUE_MS`]); each time a hop arrives, the consumer asks [`next_hop`] again
-//! with the current time, so lateness of one hop never accumulates. The last sub-second rest is
-//! waited out locally ([`Hop::Now`] with a wait).
+//! with the current time, so lateness of one hop never accumulates. The last hop is aimed
+//! [`Planner::lead`] before the due time, and what is left when it arrives (the lead, and the
+//! sub-second rest no level can express) is waited out locally ([`Hop::Now`] with a wait; the
+//! consumer holds the message, [`super::hold`]): a broker releasing a burst late or a second
+//! off (its timer slot) then still hands the message over before the due time.
 //!
 //! Levels are RocketMQ's default `messageDelayLevel` (`1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m
 //! 10m 20m 30m 1h 2h`, broker config `messageDelayLevel`, level 1 = 1 s); chains use the fewest
-//! hops ([`level_hops`]: a coin-change over whole seconds, exact for any delay).
+//! hops ([`level_hops`]: a coin-change over whole seconds, exact for any delay; the last hop
+//! may land anywhere in the lead's window, whichever whole-second delay takes fewest hops).
 
 use std::time::Duration;
 
@@ -29,7 +33,8 @@ pub enum Hop {
     Level(u8),
     /// Send as a timer message delivered at this epoch ms.
     Timer(i64),
-    /// Due now: handle it after waiting `wait_ms` (< 1 s, the rest no level can express).
+    /// Due within the lead (plus the sub-second rest no level can express): handle it after
+    /// waiting `wait_ms`, less than [`Planner::lead`] + 1 s.
     Now {
         /// Milliseconds to wait locally first.
         wait_ms: u64,
@@ -43,6 +48,9 @@ pub struct Planner {
     pub mode: DelayMode,
     /// Longest delay of one timer message.
     pub timer_max: Duration,
+    /// How early the last hop is aimed (`rocketmq.timer_lead`); a message due within it plus
+    /// one second is waited out locally.
+    pub lead: Duration,
 }
 
 impl Planner {
@@ -55,20 +63,30 @@ impl Planner {
         }
     }
 
-    /// The next hop towards `due_ms` at `now_ms`. Never fails: a delay past the transport's
-    /// maximum becomes a chain (F8), a due time in the past is [`Hop::Now`].
+    /// The next hop towards `due_ms` at `now_ms`, aimed [`Planner::lead`] early. Never fails: a
+    /// delay past the transport's maximum becomes a chain (F8), a due time within the lead plus
+    /// one second (or in the past) is [`Hop::Now`].
     pub fn next_hop(&self, now_ms: i64, due_ms: i64, timer_refused: bool) -> Hop {
         let rest_ms = due_ms.saturating_sub(now_ms);
-        if rest_ms < 1000 {
+        let lead_ms = self.lead.as_millis().min(i64::MAX as u128) as i64;
+        let travel_ms = rest_ms.saturating_sub(lead_ms);
+        if travel_ms < 1000 {
             return Hop::Now {
                 wait_ms: rest_ms.max(0) as u64,
             };
         }
         if self.timers(timer_refused) {
             let max_ms = self.timer_max.as_millis().min(i64::MAX as u128) as i64;
-            return Hop::Timer(now_ms + rest_ms.min(max_ms));
+            return Hop::Timer(now_ms + travel_ms.min(max_ms));
         }
-        let seconds = (rest_ms / 1000) as u64;
+        // Whole seconds only: any delay that lands between just under a second before the aim
+        // and `min(lead, 1 s)` before the due time will do, so take the one with the fewest
+        // hops (the earliest of those). With no lead that is the aim itself.
+        let first = (travel_ms / 1000) as u64;
+        let last = ((rest_ms - lead_ms.min(1000)) / 1000) as u64;
+        let seconds = (first..=last.max(first))
+            .min_by_key(|&s| level_hops(s).len())
+            .unwrap_or(first);
         match level_hops(seconds).first() {
             Some(&level) => Hop::Level(level),
             None => Hop::Now { wait_ms: 0 },
@@ -199,9 +217,63 @@ mod tests {
         let levels = Planner {
             mode: DelayMode::Levels,
             timer_max: Duration::from_secs(86_400),
+            lead: Duration::ZERO,
         };
         assert_eq!(levels.next_hop(0, 999, false), Hop::Now { wait_ms: 999 });
         assert_eq!(levels.next_hop(0, 1_000, false), Hop::Level(1));
+    }
+
+    #[test]
+    fn the_last_hop_is_aimed_the_lead_early_and_the_rest_is_waited_out() {
+        let timer = Planner {
+            mode: DelayMode::Timer,
+            timer_max: Duration::from_secs(86_400),
+            lead: Duration::from_secs(2),
+        };
+        // Due in 12.4 s: the timer is due back 2 s early, then 2 s are waited out.
+        assert_eq!(timer.next_hop(0, 12_400, false), Hop::Timer(10_400));
+        assert_eq!(
+            timer.next_hop(10_400, 12_400, false),
+            Hop::Now { wait_ms: 2_000 }
+        );
+        // A timer released a second late still arrives before the due time.
+        assert_eq!(
+            timer.next_hop(11_400, 12_400, false),
+            Hop::Now { wait_ms: 1_000 }
+        );
+        // Within the lead plus one second nothing is sent; past the due time nothing waits.
+        assert_eq!(
+            timer.next_hop(9_500, 12_400, false),
+            Hop::Now { wait_ms: 2_900 }
+        );
+        assert_eq!(timer.next_hop(9_400, 12_400, false), Hop::Timer(10_400));
+        assert_eq!(
+            timer.next_hop(13_000, 12_400, false),
+            Hop::Now { wait_ms: 0 }
+        );
+        // A chain past the timer maximum aims only its last hop early.
+        let short = Planner {
+            timer_max: Duration::from_secs(4),
+            ..timer
+        };
+        assert_eq!(short.next_hop(0, 12_400, false), Hop::Timer(4_000));
+        assert_eq!(short.next_hop(8_000, 12_400, false), Hop::Timer(10_400));
+        // Levels: 12.4 s with a 2 s lead is one 10 s level, then 2.4 s held.
+        let levels = Planner {
+            mode: DelayMode::Levels,
+            ..timer
+        };
+        assert_eq!(levels.next_hop(0, 12_400, false), Hop::Level(3));
+        assert_eq!(
+            levels.next_hop(10_000, 12_400, false),
+            Hop::Now { wait_ms: 2_400 }
+        );
+        // 11.75 s: 9 s would be five hops (5 + 1 + 1 + 1 + 1); 10 s, landing 1.75 s early, is one.
+        assert_eq!(levels.next_hop(650, 12_400, false), Hop::Level(3));
+        assert_eq!(
+            levels.next_hop(10_650, 12_400, false),
+            Hop::Now { wait_ms: 1_750 }
+        );
     }
 
     #[test]
@@ -209,6 +281,7 @@ mod tests {
         let levels = Planner {
             mode: DelayMode::Levels,
             timer_max: Duration::from_secs(3 * 86_400),
+            lead: Duration::ZERO,
         };
         assert_eq!(levels.next_hop(0, 12_400, false), Hop::Level(3));
         // 1.4 s left: one more 1 s level; then 0.9 s is waited out locally.
@@ -224,6 +297,7 @@ mod tests {
         let timer = Planner {
             mode: DelayMode::Timer,
             timer_max: Duration::from_secs(86_400),
+            lead: Duration::ZERO,
         };
         assert_eq!(timer.next_hop(0, 12_400, false), Hop::Timer(12_400));
         // 48 h with a 1-day maximum: the first hop stops at the maximum (F8).
@@ -234,6 +308,7 @@ mod tests {
         let auto = Planner {
             mode: DelayMode::Auto,
             timer_max: Duration::from_secs(86_400),
+            lead: Duration::ZERO,
         };
         assert_eq!(auto.next_hop(0, 5_000, false), Hop::Timer(5_000));
         assert_eq!(auto.next_hop(0, 5_000, true), Hop::Level(2));

@@ -109,12 +109,12 @@ async fn publish(
             relay::mark_sent(db, row.id, token, now_ms, &message_id).await
         }
         Ok(Scheduled::Now { .. }) => {
-            // Due within a second after all: the outbox timer has it.
+            // Due within the timer lead plus a second after all: the outbox timer has it.
             relay::relay_failed(
                 db,
                 row.id,
                 token,
-                "due within a second; left to the outbox timer",
+                "due within rocketmq.timer_lead plus a second; left to the outbox timer",
                 row.due_ms,
             )
             .await
