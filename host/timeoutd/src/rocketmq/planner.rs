@@ -68,7 +68,7 @@ impl Planner {
     /// one second (or in the past) is [`Hop::Now`].
     pub fn next_hop(&self, now_ms: i64, due_ms: i64, timer_refused: bool) -> Hop {
         let rest_ms = due_ms.saturating_sub(now_ms);
-        let lead_ms = self.lead.as_millis().min(i64::MAX as u128) as i64;
+        let lead_ms = millis(self.lead);
         let travel_ms = rest_ms.saturating_sub(lead_ms);
         if travel_ms < 1000 {
             return Hop::Now {
@@ -76,22 +76,27 @@ impl Planner {
             };
         }
         if self.timers(timer_refused) {
-            let max_ms = self.timer_max.as_millis().min(i64::MAX as u128) as i64;
-            return Hop::Timer(now_ms + travel_ms.min(max_ms));
+            return Hop::Timer(now_ms + travel_ms.min(millis(self.timer_max)));
         }
         // Whole seconds only: any delay that lands between just under a second before the aim
         // and `min(lead, 1 s)` before the due time will do, so take the one with the fewest
         // hops (the earliest of those). With no lead that is the aim itself.
         let first = (travel_ms / 1000) as u64;
         let last = ((rest_ms - lead_ms.min(1000)) / 1000) as u64;
-        let seconds = (first..=last.max(first))
-            .min_by_key(|&s| level_hops(s).len())
-            .unwrap_or(first);
-        match level_hops(seconds).first() {
+        let hops = (first..=last.max(first))
+            .map(level_hops)
+            .min_by_key(Vec::len)
+            .unwrap_or_default();
+        match hops.first() {
             Some(&level) => Hop::Level(level),
             None => Hop::Now { wait_ms: 0 },
         }
     }
+}
+
+/// `d` in whole milliseconds, saturating at `i64::MAX`.
+fn millis(d: Duration) -> i64 {
+    d.as_millis().min(i64::MAX as u128) as i64
 }
 
 /// The fewest delay levels summing to exactly `seconds` (order: longest first). Whole 2 h hops
