@@ -54,7 +54,7 @@ pub enum BenchPath {
     Outbox,
     /// No outbox rows: the sweep (interval 1 s, grace 0 for the bench) finds and closes them.
     Sweep,
-    /// Outbox rows due `--lead` ahead (at least 15 s), relayed by the config's `[rocketmq]`
+    /// Outbox rows due `--lead` ahead (at least 15 s, and 4 ms per order), relayed by the config's `[rocketmq]`
     /// transport as timer (or delay-level) messages; the broker's delivery closes them, the
     /// outbox timer takes back what is late. The report counts closes by who made them. The
     /// bench uses topics and groups of its own (the config's names with `_BENCH`).
@@ -159,8 +159,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
             config.rocketmq.is_some(),
             "--path broker needs a config with [rocketmq] (config/rocketmq.toml)"
         );
-        // The relay publishes rows due later than relay_lead; leave it time to send them all.
-        lead_ms = lead_ms.max(15_000);
+        // The relay publishes rows due later than relay_lead; leave it time to send them all,
+        // and the broker time to put them in its timer wheel: rocketmq-rust 1.0.0's release
+        // build takes about 17 s for 10,000 (a burst sent 15 s ahead came back 1.2-2.5 s late
+        // whatever the lead; sent 40 s ahead, all before the due time). A shop's orders are
+        // sent minutes ahead.
+        lead_ms = lead_ms.max(15_000).max(4 * i64::from(n));
         // Topics and groups of the bench's own, so no daemon on the config's topic ever sees
         // the bench's orders' messages (nor the bench theirs).
         if let Some(r) = config.rocketmq.as_mut() {

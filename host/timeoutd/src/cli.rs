@@ -111,7 +111,8 @@ pub enum Command {
         /// Orders in the burst (the baseline closes as many again).
         #[arg(long, default_value_t = 10_000)]
         orders: u32,
-        /// How far ahead the shared deadline is put once the daemon runs.
+        /// How far ahead the shared deadline is put once the daemon runs (path `broker`: at
+        /// least 15 s, and 4 ms per order, so the broker has every message in its timer wheel).
         #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
         lead: std::time::Duration,
         /// Merchant whose plugin decides (default: the config's first); its plugin must close

@@ -42,6 +42,7 @@ impl Watch {
                 &config.topic,
                 Recorder {
                     released: released.clone(),
+                    earliest_ms: -(config.timer_lead.as_millis() as i64) - 1000,
                 },
             )
             .await?;
@@ -66,6 +67,9 @@ impl Watch {
 
 struct Recorder {
     released: Arc<Mutex<Vec<i64>>>,
+    /// The earliest a last hop comes, against its due time, ms: `rocketmq.timer_lead` plus the
+    /// second of the planner's window before it (negative).
+    earliest_ms: i64,
 }
 
 impl MessageListenerConcurrently for Recorder {
@@ -87,11 +91,11 @@ impl MessageListenerConcurrently for Recorder {
         for r in Received::all(messages) {
             let decoded =
                 codec::decode(&r.body, r.keys.as_deref(), |k| r.properties.get(k).cloned());
-            // A hop of a chain, released more than a second early to be re-sent towards its due
-            // time, is not the release at the due time.
+            // A hop of a chain, released earlier than a last hop can be (aimed `timer_lead`
+            // early) to be re-sent towards its due time, is not the release of the burst.
             if let Ok(message) = decoded
                 && let Some(due_ms) = message.due_ms
-                && now_ms - due_ms >= -1000
+                && now_ms - due_ms >= self.earliest_ms
             {
                 released.push(now_ms - due_ms);
             }
