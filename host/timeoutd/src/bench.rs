@@ -54,9 +54,9 @@ pub enum BenchPath {
     Outbox,
     /// No outbox rows: the sweep (interval 1 s, grace 0 for the bench) finds and closes them.
     Sweep,
-    /// Outbox rows due `--lead` ahead (at least 15 s, and 4 ms per order), relayed by the config's `[rocketmq]`
-    /// transport as timer (or delay-level) messages; the broker's delivery closes them, the
-    /// outbox timer takes back what is late. The report counts closes by who made them. The
+    /// Outbox rows due `--lead` ahead (at least 15 s, and 4 ms per order), relayed by the
+    /// config's `[rocketmq]` transport as timer (or delay-level) messages; the broker's delivery
+    /// closes them, the outbox timer takes back what is late. The report counts closes by who made them. The
     /// bench uses topics and groups of its own (the config's names with `_BENCH`).
     Broker,
     /// As `broker`, with `rocketmq.delay_mode = "levels"`: the 18 fixed delay levels, chained
