@@ -692,18 +692,13 @@ async fn run(backend: Backend, topology: Topology) {
                 let reference = order.payment_ref.clone().unwrap();
                 payments.spawn(async move {
                     tokio::time::sleep(Duration::from_millis(pay_in as u64)).await;
-                    {
-                        // A provider refuses to take a payment it has closed. Under load this
-                        // task can wake after the daemon closed the order and its payment; the
-                        // buyer then never paid (before, the books took the payment anyway and
-                        // the audit found a paid-at-the-provider order closed unseen).
-                        let mut b = books.lock().unwrap();
-                        if b.closes.iter().any(|(r, _)| *r == reference) {
-                            fates.lock().unwrap().insert(id, Fate::Abandon);
-                            return;
-                        }
-                        b.paid.insert(reference.clone());
-                        b.paid_at_ms.insert(reference, now + pay_in);
+                    // A provider refuses a payment it has closed. Under load this task can wake
+                    // after the daemon closed the order and its payment; the buyer then never
+                    // paid (before, the books took the payment anyway and the audit found a
+                    // paid-at-the-provider order closed unseen).
+                    if !books.lock().unwrap().pay(&reference, now + pay_in) {
+                        fates.lock().unwrap().insert(id, Fate::Abandon);
+                        return;
                     }
                     if f != Fate::AtProvider {
                         paid_callback(&http, &ports, &id).await;

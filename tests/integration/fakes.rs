@@ -48,6 +48,22 @@ pub struct Books {
 }
 
 impl Books {
+    /// Whether the provider has closed `reference` (a close it answered `200 closed`).
+    pub fn is_closed(&self, reference: &str) -> bool {
+        self.closes.iter().any(|(r, _)| r == reference)
+    }
+
+    /// The buyer pays `reference` at `at_ms` (epoch ms), as a provider takes it: refused
+    /// (`false`, nothing recorded) once the provider has closed that payment.
+    pub fn pay(&mut self, reference: &str, at_ms: i64) -> bool {
+        if self.is_closed(reference) {
+            return false;
+        }
+        self.paid.insert(reference.to_string());
+        self.paid_at_ms.insert(reference.to_string(), at_ms);
+        true
+    }
+
     /// Requests received for `action` on `reference`, repeats included.
     pub fn calls_for(&self, action: &str, reference: &str) -> usize {
         self.calls
@@ -104,7 +120,7 @@ async fn pay_status(
     } else if b.paid.contains(&reference) {
         let at = b.paid_at_ms.get(&reference).copied();
         json!({ "status": "paid", "paid_at_ms": at, "amount_cents": 3_490 })
-    } else if b.closes.iter().any(|(r, _)| *r == reference) {
+    } else if b.is_closed(&reference) {
         json!({ "status": "closed" })
     } else {
         json!({ "status": "unpaid" })
