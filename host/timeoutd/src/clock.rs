@@ -28,6 +28,13 @@ impl Clock {
         (Clock::Manual(cell.clone()), cell)
     }
 
+    /// Whether this clock moves on while the host waits: the outbox's prefetch sleeps on the
+    /// host's timer until a row falls due, which only makes sense on a clock that advances by
+    /// itself (`false` for a [`Clock::Manual`], which moves only when a test moves it).
+    pub fn advances_by_itself(&self) -> bool {
+        matches!(self, Clock::Database)
+    }
+
     /// Now, epoch ms.
     ///
     /// # Errors

@@ -175,6 +175,17 @@ pub struct OutboxConfig {
     /// others back.
     #[serde(default = "defaults::group_commit")]
     pub group_commit: u32,
+    /// Prefetch: rows due within this much of now are claimed and their orders loaded ahead of
+    /// time, then held in memory and decided the moment they fall due, so a burst sharing one
+    /// deadline starts closing at the deadline instead of claiming and loading first
+    /// ([`crate::sources::prefetch`]); their lease is renewed while they wait. `0s` turns it
+    /// off.
+    #[serde(default = "defaults::prefetch", with = "duration")]
+    pub prefetch: Duration,
+    /// At most this many prefetched rows (and their orders) are held in memory at once; beyond
+    /// it, rows are claimed when due, as without prefetch (`0` holds none: prefetch off).
+    #[serde(default = "defaults::prefetch_max")]
+    pub prefetch_max: u32,
 }
 
 /// `[sweep]`: re-arms PENDING orders past deadline + grace that have no live trigger.
@@ -730,6 +741,12 @@ mod defaults {
     }
     pub fn group_commit() -> u32 {
         512
+    }
+    pub fn prefetch() -> Duration {
+        Duration::from_secs(2)
+    }
+    pub fn prefetch_max() -> u32 {
+        20_000
     }
     pub fn service_name() -> String {
         "timeoutd".into()

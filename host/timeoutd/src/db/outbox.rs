@@ -137,6 +137,53 @@ pub async fn claim_due_with_sent(
     .await
 }
 
+/// Claims up to `batch` PENDING rows nobody holds that fall due after `now_ms` and at or before
+/// `horizon_ms`, for `lease_ms` from now, earliest first: the outbox timer's prefetch
+/// ([`crate::sources::prefetch`]), which loads their orders ahead and decides them when due.
+/// SENT rows (the broker's) are not taken: their message comes first.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn claim_soon_due(
+    db: &Db,
+    now_ms: i64,
+    horizon_ms: i64,
+    batch: u32,
+    lease_ms: i64,
+) -> Result<Vec<DueRow>, DbError> {
+    let token = super::claim_token("pre-");
+    claim(
+        db,
+        "SELECT id FROM order_timeout_msg WHERE status = 'PENDING' AND due_ms > ? \
+         AND due_ms <= ? AND (claim_until_ms IS NULL OR claim_until_ms < ?) \
+         ORDER BY due_ms LIMIT ?",
+        &[now_ms, horizon_ms, now_ms, i64::from(batch)],
+        &token,
+        now_ms + lease_ms,
+    )
+    .await
+}
+
+/// Gives up every unfinished row held under `token` (claimed and not yet worked on, e.g.
+/// prefetched rows when the daemon stops), so another holder can take them at once instead of
+/// after the lease. Returns how many it gave up.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn release_held(db: &Db, token: &str) -> Result<u64, DbError> {
+    let _gate = db.write_gate().await;
+    let done = db
+        .backend()
+        .query(
+            "UPDATE order_timeout_msg SET claim_token = NULL, claim_until_ms = NULL \
+             WHERE claim_token = ? AND status IN ('PENDING', 'SENT')",
+        )
+        .bind(token.to_string())
+        .execute(db.pool())
+        .await?;
+    Ok(done.rows_affected())
+}
+
 /// Claims up to `batch` phase-0 rows (an order's first, the order service's) not yet due that
 /// the daemon has never looked at (`seen_at_ms` NULL), PENDING or relayed (SENT), for
 /// `lease_ms`, and marks them seen at `now_ms`: the early

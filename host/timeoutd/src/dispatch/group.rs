@@ -20,10 +20,10 @@
 //! completion; see `../shared/PERFORMANCE.md`); `timeoutd bench` measures it against the
 //! one-order-per-commit baseline in the same run.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use futures_util::future::join_all;
-use timeoutd_runtime::model::{Decision, Effect};
+use timeoutd_runtime::model::{Decision, Effect, Order};
 
 use super::close::{CAS_LOST, closed_detail, held_detail, is_external, noop_detail};
 use super::wait::{next_due_ms, wait_detail};
@@ -57,15 +57,40 @@ impl Dispatcher {
         if triggers.len() < 2 {
             return self.handle_each(triggers).await;
         }
-        let loaded = async {
-            let now_ms = self.clock.now_ms(&self.db).await?;
-            let ids: Vec<&str> = triggers.iter().map(|t| t.order_id.as_str()).collect();
-            let mut conn = self.db.pool().acquire().await?;
-            let found = orders::load_many(&mut conn, &ids).await?;
-            Ok::<_, DbError>((now_ms, found))
+        match self.load_group(triggers).await {
+            Ok(found) => self.handle_loaded(triggers, found).await,
+            Err(_) => self.handle_each(triggers).await,
         }
-        .await;
-        let Ok((now_ms, mut found)) = loaded else {
+    }
+
+    /// The orders `triggers` name, by id, in one load (two statements); an order that does not
+    /// exist is left out. The prefetch loads a group this way before it falls due
+    /// ([`crate::sources::prefetch`]).
+    ///
+    /// # Errors
+    /// [`DbError`] when the load fails.
+    pub async fn load_group(
+        &self,
+        triggers: &[Trigger],
+    ) -> Result<HashMap<String, Order>, DbError> {
+        let ids: Vec<&str> = triggers.iter().map(|t| t.order_id.as_str()).collect();
+        let mut conn = self.db.pool().acquire().await?;
+        orders::load_many(&mut conn, &ids).await
+    }
+
+    /// [`Dispatcher::handle_group`] on orders loaded already (`found`, from
+    /// [`Dispatcher::load_group`]): reads the clock, decides and carries out. The close's
+    /// compare-and-set still reads each order's status under its lock, so an order paid or
+    /// closed since it was loaded is left out, as with a payment landing during any close.
+    pub async fn handle_loaded(
+        &self,
+        triggers: &[Trigger],
+        mut found: HashMap<String, Order>,
+    ) -> Vec<Outcome> {
+        if triggers.len() < 2 {
+            return self.handle_each(triggers).await;
+        }
+        let Ok(now_ms) = self.clock.now_ms(&self.db).await else {
             return self.handle_each(triggers).await;
         };
         // Missing or unreadable orders go alone: `handle` names what is wrong with them.

@@ -2,15 +2,19 @@
 //!
 //! It does not poll on a fixed period. After each round it asks for the next due time and
 //! sleeps until then, waking early when this process writes a row (the [`Waker`]) and at
-//! least every `outbox.idle_recheck` (rows written by other programs, lapsed leases).
+//! least every `outbox.idle_recheck` (rows written by other programs, lapsed leases). Rows due
+//! within `outbox.prefetch` are claimed and loaded ahead and decided when due ([`prefetch`]).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use timeoutd_runtime::model::TriggerKind;
-use tokio::sync::{Notify, Semaphore, watch};
+use tokio::sync::{Notify, Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
+use super::prefetch::{self, Prefetch};
 use crate::config::OutboxConfig;
 use crate::db::outbox::{self, DueRow, SOURCE_MANUAL, SOURCE_SWEEP};
 use crate::dispatch::{Dispatcher, Outcome, Trigger};
@@ -44,6 +48,16 @@ pub async fn run(
     let group = config.group_commit.max(1) as usize;
     let permits = Arc::new(Semaphore::new(config.concurrency as usize));
     let mut in_flight = JoinSet::new();
+    // The prefetch (`outbox.prefetch`) waits on the host's timer, so not under a test's manual
+    // clock.
+    let prefetch_ms = if dispatcher.clock().advances_by_itself() {
+        config.prefetch.as_millis() as i64
+    } else {
+        0
+    };
+    let (prefetch, released) = prefetch::channel(config.prefetch_max as usize);
+    let releaser =
+        tokio::spawn(released.run(dispatcher.clone(), permits.clone(), group, shutdown.clone()));
     loop {
         while in_flight.try_join_next().is_some() {}
         if crate::shutdown::is_stopping(&shutdown) {
@@ -59,6 +73,7 @@ pub async fn run(
                 continue;
             }
         };
+        let read_at = Instant::now();
         let sent_grace_ms = sent_grace.map(|g| g.as_millis() as i64);
         let sent_before = sent_grace_ms.map(|g| now_ms - g);
         match outbox::claim_due_with_sent(&db, now_ms, sent_before, config.batch, lease_ms).await {
@@ -99,8 +114,29 @@ pub async fn run(
                 Err(e) => tracing::warn!(error = %e, "outbox early look failed"),
             }
         }
+        // The prefetch: rows due soon, claimed and loaded now, decided when due.
+        let room = prefetch.room().min(config.batch as usize) as u32;
+        let ahead_ms = if room > 0 { prefetch_ms } else { 0 };
+        if ahead_ms > 0 {
+            match outbox::claim_soon_due(&db, now_ms, now_ms + ahead_ms, room, lease_ms).await {
+                Ok(rows) if !rows.is_empty() => {
+                    prefetch_rows(
+                        &dispatcher,
+                        rows,
+                        (read_at, now_ms),
+                        config.lease,
+                        &prefetch,
+                        &mut in_flight,
+                    )
+                    .await;
+                    continue;
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "outbox prefetch claim failed"),
+            }
+        }
         let sleep = match outbox::next_due_ms_with_sent(&db, now_ms, sent_grace_ms).await {
-            Ok(Some(due)) => Duration::from_millis((due - now_ms).max(0) as u64),
+            Ok(Some(due)) => Duration::from_millis((due - ahead_ms - now_ms).max(0) as u64),
             Ok(None) => config.idle_recheck,
             Err(e) => {
                 tracing::warn!(error = %e, "outbox next-due query failed");
@@ -119,10 +155,16 @@ pub async fn run(
         tokio::select! {
             _ = tokio::time::sleep(sleep) => {}
             _ = waker.notified() => {}
+            _ = prefetch.room_freed(), if prefetch_ms > 0 && room == 0 => {}
             _ = crate::shutdown::stopping(&mut shutdown) => {}
         }
     }
-    // A batch in flight is finished first.
+    // A batch in flight is finished first; the releaser finishes its groups and gives back the
+    // rows it still held, then their claims' renewers end.
+    drop(prefetch);
+    if let Err(e) = releaser.await {
+        tracing::warn!(error = %e, "the prefetch releaser failed");
+    }
     while in_flight.join_next().await.is_some() {}
     tracing::info!("outbox timer stopped");
 }
@@ -139,23 +181,7 @@ async fn dispatch_groups(
     permits: &Arc<Semaphore>,
     in_flight: &mut JoinSet<()>,
 ) {
-    // Every chunk holds a sender; the renewer stops when the last one is dropped.
-    let (alive, mut done) = tokio::sync::mpsc::channel::<()>(1);
-    let token = rows.first().and_then(|row| row.claim_token.clone());
-    {
-        let dispatcher = dispatcher.clone();
-        in_flight.spawn(async move {
-            let every = crate::lease::renew_every(lease);
-            loop {
-                tokio::select! {
-                    _ = done.recv() => break,
-                    _ = tokio::time::sleep(every) => {
-                        renew_rows(&dispatcher, token.as_deref(), lease).await;
-                    }
-                }
-            }
-        });
-    }
+    let alive = keep_alive(dispatcher, &rows, lease, in_flight);
     for chunk in rows.chunks(group) {
         let permit = permits
             .clone()
@@ -185,6 +211,66 @@ async fn dispatch_groups(
             drop(permit);
         });
     }
+}
+
+/// Starts the renewer of the claim `rows` were taken under: it extends their lease every
+/// [`crate::lease::renew_every`]`(lease)` until every clone of the returned sender is dropped
+/// (every group holding some of the rows is done).
+fn keep_alive(
+    dispatcher: &Arc<Dispatcher>,
+    rows: &[DueRow],
+    lease: Duration,
+    in_flight: &mut JoinSet<()>,
+) -> mpsc::Sender<()> {
+    let (alive, mut done) = mpsc::channel::<()>(1);
+    let token = rows.first().and_then(|row| row.claim_token.clone());
+    let dispatcher = dispatcher.clone();
+    in_flight.spawn(async move {
+        let every = crate::lease::renew_every(lease);
+        loop {
+            tokio::select! {
+                _ = done.recv() => break,
+                _ = tokio::time::sleep(every) => {
+                    renew_rows(&dispatcher, token.as_deref(), lease).await;
+                }
+            }
+        }
+    });
+    alive
+}
+
+/// Hands prefetched `rows` (claimed when the database clock read `now_ms`, just before the
+/// host instant `read_at`) to the prefetch with their orders loaded in one go; a row that
+/// cannot be a trigger is dead-lettered now, and if the load fails the orders are loaded when
+/// due.
+async fn prefetch_rows(
+    dispatcher: &Arc<Dispatcher>,
+    rows: Vec<DueRow>,
+    (read_at, now_ms): (Instant, i64),
+    lease: Duration,
+    prefetch: &Prefetch,
+    in_flight: &mut JoinSet<()>,
+) {
+    let alive = keep_alive(dispatcher, &rows, lease, in_flight);
+    let mut held = Vec::with_capacity(rows.len());
+    for row in &rows {
+        match trigger_of(row) {
+            Ok(trigger) => held.push((prefetch::release_at(read_at, now_ms, row.due_ms), trigger)),
+            Err(bad) => {
+                let outcome = dispatcher.reject(&bad.trigger, &bad.reason).await;
+                tracing::warn!(?outcome, "outbox row dead-lettered");
+            }
+        }
+    }
+    let triggers: Vec<Trigger> = held.iter().map(|(_, t)| t.clone()).collect();
+    let orders = match dispatcher.load_group(&triggers).await {
+        Ok(orders) => orders,
+        Err(e) => {
+            tracing::warn!(error = %e, "loading prefetched orders failed; each is loaded when due");
+            HashMap::new()
+        }
+    };
+    prefetch.hold(held, orders, &alive);
 }
 
 /// Extends the lease of the rows held under `token` while their group is being handled.
