@@ -205,6 +205,10 @@ pub struct Dispatcher {
     retry: DispatchConfig,
     effects: Arc<dyn AfterCommit>,
     provider: Option<align::Provider>,
+    /// Plugin calls running at once, at most: one per core. A decision is CPU work (about
+    /// 10 µs); a burst's groups starting together once asked for hundreds at once, each on its
+    /// own blocking thread with its own live instance, which bought no speed and cost memory.
+    deciders: Arc<tokio::sync::Semaphore>,
 }
 
 /// The ledger executor's side of a commit: told which orders a transaction just recorded
@@ -320,6 +324,9 @@ impl Dispatcher {
             retry,
             effects,
             provider: None,
+            deciders: Arc::new(tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(2, usize::from),
+            )),
         }
     }
 
@@ -472,6 +479,11 @@ impl Dispatcher {
         let input = serde_json::json!({ "order": &order, "context": &ctx }).to_string();
         let (answer, latency_us) = {
             let (plugin, order) = (policy.plugin.clone(), order.clone());
+            let _slot = self
+                .deciders
+                .acquire()
+                .await
+                .expect("the deciders' semaphore is never closed");
             tokio::task::spawn_blocking(move || {
                 let watch = Stopwatch::start();
                 let answer = plugin.decide(&order, &ctx);
