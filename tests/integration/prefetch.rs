@@ -26,23 +26,39 @@ async fn prefetched(env: &Env) -> i64 {
     .await
 }
 
+fn config(env: &Env, prefetch: &str) -> timeoutd::config::Config {
+    env.config(
+        SHOPS,
+        &format!("[outbox]\nprefetch = \"{prefetch}\"\n[sweep]\nenabled = false\n"),
+    )
+}
+
+/// A daemon prefetching `prefetch` ahead, and [`ORDERS`] orders sharing a deadline `lead_ms`
+/// from now, once every row is claimed under a prefetch claim (within `lead_ms` − 1 s).
+async fn burst_prefetched(env: &Env, prefetch: &str, lead_ms: i64) -> (Daemon, i64) {
+    env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
+    let daemon = Daemon::start(&config(env, prefetch), Clock::Database)
+        .await
+        .unwrap();
+    let deadline = env.db.now_ms().await.unwrap() + lead_ms;
+    for id in ids() {
+        env.create(&order(&id, "acme", deadline)).await;
+    }
+    let within = Duration::from_millis(lead_ms as u64 - 1_000);
+    eventually(within, "every row is prefetched", || async {
+        prefetched(env).await == ORDERS as i64
+    })
+    .await;
+    (daemon, deadline)
+}
+
 each_backend! {
     /// Twenty orders share a deadline 4 s ahead; the daemon prefetches 3 s ahead. Before the
     /// deadline every row is claimed under a prefetch claim and every order is still PENDING;
     /// one is paid while held. At the deadline the other 19 close, none before it; the paid one
     /// stays PAID with its stock and coupon untouched and nothing in the ledger.
     async fn prefetched_rows_close_at_their_deadline_and_a_payment_while_held_wins(env) {
-        env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
-        let config = env.config(SHOPS, "[outbox]\nprefetch = \"3s\"\n[sweep]\nenabled = false\n");
-        let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
-        let deadline = env.db.now_ms().await.unwrap() + 4_000;
-        for id in ids() {
-            env.create(&order(&id, "acme", deadline)).await;
-        }
-        eventually(Duration::from_secs(3), "every row is prefetched", || async {
-            prefetched(env).await == ORDERS as i64
-        })
-        .await;
+        let (daemon, deadline) = burst_prefetched(env, "3s", 4_000).await;
         assert!(env.db.now_ms().await.unwrap() < deadline, "prefetched before the deadline");
         let open = env.int("SELECT COUNT(*) FROM orders WHERE status = ? ", "PENDING").await;
         assert_eq!(open, ORDERS as i64, "nothing decided before the deadline");
@@ -74,17 +90,7 @@ each_backend! {
     /// gives their claims back (so any daemon takes them at once, not a lease later), and
     /// decided nothing. A daemon started afterwards closes them at the deadline.
     async fn a_stopping_daemon_gives_back_the_rows_it_prefetched(env) {
-        env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
-        let config = env.config(SHOPS, "[outbox]\nprefetch = \"5s\"\n[sweep]\nenabled = false\n");
-        let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
-        let deadline = env.db.now_ms().await.unwrap() + 6_000;
-        for id in ids() {
-            env.create(&order(&id, "acme", deadline)).await;
-        }
-        eventually(Duration::from_secs(4), "every row is prefetched", || async {
-            prefetched(env).await == ORDERS as i64
-        })
-        .await;
+        let (daemon, deadline) = burst_prefetched(env, "5s", 6_000).await;
         daemon.stop().await;
         assert!(env.db.now_ms().await.unwrap() < deadline, "stopped before the deadline");
         let held = env
@@ -93,7 +99,7 @@ each_backend! {
         assert_eq!(held, 0, "every prefetched claim given back");
         assert_eq!(env.int("SELECT COUNT(*) FROM decision_log WHERE order_id LIKE ?", "pre-%").await, 0);
 
-        let next = Daemon::start(&config, Clock::Database).await.unwrap();
+        let next = Daemon::start(&config(env, "5s"), Clock::Database).await.unwrap();
         eventually(Duration::from_secs(15), "the next daemon closes them", || async {
             env.int("SELECT COUNT(*) FROM orders WHERE status = ?", "CLOSED").await == ORDERS as i64
         })
