@@ -252,17 +252,16 @@ async fn prefetch_rows(
     in_flight: &mut JoinSet<()>,
 ) {
     let alive = keep_alive(dispatcher, &rows, lease, in_flight);
-    let mut held = Vec::with_capacity(rows.len());
+    let mut triggers = Vec::with_capacity(rows.len());
     for row in &rows {
         match trigger_of(row) {
-            Ok(trigger) => held.push((prefetch::release_at(read_at, now_ms, row.due_ms), trigger)),
+            Ok(trigger) => triggers.push(trigger),
             Err(bad) => {
                 let outcome = dispatcher.reject(&bad.trigger, &bad.reason).await;
                 tracing::warn!(?outcome, "outbox row dead-lettered");
             }
         }
     }
-    let triggers: Vec<Trigger> = held.iter().map(|(_, t)| t.clone()).collect();
     let orders = match dispatcher.load_group(&triggers).await {
         Ok(orders) => orders,
         Err(e) => {
@@ -270,6 +269,14 @@ async fn prefetch_rows(
             HashMap::new()
         }
     };
+    // A row's trigger carries its due time (`Trigger::of_row`).
+    let held = triggers
+        .into_iter()
+        .map(|t| {
+            let due_ms = t.due_ms.unwrap_or(now_ms);
+            (prefetch::release_at(read_at, now_ms, due_ms), t)
+        })
+        .collect();
     prefetch.hold(held, orders, &alive);
 }
 

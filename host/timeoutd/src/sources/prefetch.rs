@@ -43,8 +43,8 @@ struct Entry {
     alive: mpsc::Sender<()>,
 }
 
-/// Where the outbox timer hands prefetched rows: cheap to clone.
-#[derive(Clone)]
+/// Where the outbox timer hands prefetched rows. Not `Clone` on purpose: the releasing half
+/// gives back the claims of the rows it still holds once this one sender is dropped.
 pub struct Prefetch {
     tx: mpsc::UnboundedSender<(Instant, Entry)>,
     held: Arc<AtomicUsize>,
