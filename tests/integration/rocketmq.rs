@@ -417,18 +417,22 @@ async fn relayed_order_closes_by_the_brokers_message_with(
     daemon.stop().await;
 }
 
-/// A held message is acknowledged when it is held; its row, still SENT, is the record. A daemon
-/// that stops while holding it loses only promptness: the next daemon's outbox timer takes the
-/// row back `fallback_after` past the due time and closes the order once, never early, and the
-/// broker does not deliver the acknowledged message again. (SQLite only: the hold and the
-/// broker's acknowledgement are the same on every backend.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_message_held_by_a_daemon_that_stops_is_closed_by_the_outbox_fallback() {
-    let _broker = broker().await;
-    let env = Env::new(timeoutd::db::Backend::Sqlite).await;
+/// Whether order `id`'s first row is claimed (a claim token set).
+async fn claimed(env: &Env, id: &str) -> bool {
+    env.int(
+        "SELECT COUNT(*) FROM order_timeout_msg WHERE order_id = ? AND phase = 0 \
+         AND claim_token IS NOT NULL",
+        id,
+    )
+    .await
+        == 1
+}
+
+/// A daemon whose message for one order, due back 6 s before the deadline, is held: the order
+/// is created and the message has come (`held` counted). Returns the daemon, its config and the
+/// deadline.
+async fn held_message(env: &Env, id: &str) -> (Daemon, Config, i64) {
     let (topic, group) = names("held");
-    // Due back 6 s before the deadline: held for several seconds, long enough to stop the
-    // daemon with the message in its hold.
     let config = env.config(
         ACME,
         &section(
@@ -441,13 +445,31 @@ async fn a_message_held_by_a_daemon_that_stops_is_closed_by_the_outbox_fallback(
     let before = Outcomes::broker();
     let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
     let deadline = env.db.now_ms().await.unwrap() + 14_000;
-    env.create(&order("held-1", "acme", deadline)).await;
+    env.create(&order(id, "acme", deadline)).await;
     eventually(
         Duration::from_secs(14),
         "the message comes early and is held",
         || async { Outcomes::broker().since(&before, "held") >= 1 },
     )
     .await;
+    (daemon, config, deadline)
+}
+
+/// A held message is acknowledged when it is held, with its row claimed and its order loaded
+/// ahead (the claim renewed while it waits); its row, still SENT, is the record. A daemon that
+/// stops while holding it gives the claim back and loses only promptness: the next daemon's
+/// outbox timer takes the row back `fallback_after` past the due time and closes the order
+/// once, never early, and the broker does not deliver the acknowledged message again. (SQLite
+/// only: the hold and the broker's acknowledgement are the same on every backend.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_message_held_by_a_daemon_that_stops_is_closed_by_the_outbox_fallback() {
+    let _broker = broker().await;
+    let env = Env::new(timeoutd::db::Backend::Sqlite).await;
+    let (daemon, config, deadline) = held_message(&env, "held-1").await;
+    assert!(
+        claimed(&env, "held-1").await,
+        "the held message's row is claimed ahead of its due time"
+    );
     let at_stop = env.db.now_ms().await.unwrap();
     daemon.stop().await;
     assert!(
@@ -463,6 +485,10 @@ async fn a_message_held_by_a_daemon_that_stops_is_closed_by_the_outbox_fallback(
         .await,
         "SENT",
         "the held message's row is still the record"
+    );
+    assert!(
+        !claimed(&env, "held-1").await,
+        "the stopping daemon gives the held row's claim back"
     );
     let restarted = Daemon::start(&config, Clock::Database).await.unwrap();
     eventually(Duration::from_secs(30), "the order closes", || async {
@@ -489,6 +515,58 @@ async fn a_message_held_by_a_daemon_that_stops_is_closed_by_the_outbox_fallback(
         (10, 10)
     );
     restarted.stop().await;
+    env.cleanup().await;
+}
+
+/// A payment that lands while the order's message is held (its row claimed and the order
+/// loaded ahead) wins: at the due time the close's compare-and-set finds the order PAID, so it
+/// stays PAID with its coupon used and its stock kept, and its row is finished, not closed
+/// (F12). (SQLite only, as above.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_payment_while_the_message_is_held_wins() {
+    let _broker = broker().await;
+    let env = Env::new(timeoutd::db::Backend::Sqlite).await;
+    let (daemon, _config, deadline) = held_message(&env, "held-paid").await;
+    assert!(
+        claimed(&env, "held-paid").await,
+        "the held message's row is claimed ahead of its due time"
+    );
+    assert!(
+        env.pay("held-paid", deadline - 1_000).await,
+        "paid while its message is held"
+    );
+    eventually(Duration::from_secs(20), "the row is finished", || async {
+        env.text(
+            "SELECT status FROM order_timeout_msg WHERE order_id = ? AND phase = 0",
+            "held-paid",
+        )
+        .await
+            == "PROCESSED"
+    })
+    .await;
+    assert_eq!(env.status("held-paid").await, "PAID");
+    assert_eq!(closes(&env, "held-paid").await, 0);
+    assert_eq!(
+        env.int(
+            "SELECT COUNT(*) FROM effect_ledger WHERE order_id = ?",
+            "held-paid"
+        )
+        .await,
+        0,
+        "no effect of a close was recorded"
+    );
+    // The order locked 2 + 1 units when it was created; a paid order's stay sold.
+    assert_eq!(
+        (env.stock("sku-a").await, env.stock("sku-b").await),
+        (10 - 2, 10 - 1),
+        "a paid order's stock stays sold"
+    );
+    assert_eq!(
+        env.coupon("cpn-held-paid").await,
+        "USED",
+        "the paid order keeps its coupon"
+    );
+    daemon.stop().await;
     env.cleanup().await;
 }
 

@@ -77,8 +77,9 @@ pub enum Event<'a> {
     },
     /// A broker message was consumed.
     Consumed {
-        /// `handled`, `hop` (re-sent towards its due time), `held` (acknowledged and held until
-        /// its due time, [`crate::rocketmq::hold`]; counted again by its outcome when released),
+        /// `handled`, `hop` (re-sent towards its due time), `held` (its row claimed and its
+        /// order loaded ahead, acknowledged, and decided at its due time through the
+        /// prefetch, [`crate::sources::prefetch`]: counted once, when held),
         /// `duplicate` (its row was processed), `busy` (another handler holds its row), `poison`
         /// or `later` (reconsumed later).
         outcome: &'a str,

@@ -5,7 +5,7 @@
 //! - [`codec`]: the message formats (the seeds' text and JSON bodies, timeoutd's properties);
 //! - [`consumer`]: the timeout topic's consumer (ack after commit, poison to the dead-letter
 //!   table), its listener calls merged into groups by [`coalesce`], messages that come early
-//!   kept until their due time by [`hold`];
+//!   claimed and loaded ahead and decided at their due time ([`crate::sources::prefetch`]);
 //! - [`relay`]: the outbox relay (PENDING rows → delay/timer messages → SENT);
 //! - [`arming`]: transactional arming with check-back;
 //! - [`dlq`]: the broker's `%DLQ%` topic drained into the dead-letter table.
@@ -19,7 +19,6 @@ pub mod coalesce;
 pub mod codec;
 pub mod consumer;
 pub mod dlq;
-pub mod hold;
 pub mod inspect;
 pub mod paid;
 pub mod planner;
@@ -96,10 +95,20 @@ impl Broker {
             tracing::info!(topic = %topic, group = %group, "paid notices consumed");
         }
         if config.consume {
-            let (hold, held) = hold::channel(config.max_held as usize);
+            // Early messages' rows, claimed and loaded, wait here for their due time; their
+            // groups take slots of their own beside the listener calls' groups.
+            let (ahead, released) = crate::sources::prefetch::channel(config.max_held as usize);
+            tasks.spawn(released.run(
+                dispatcher.clone(),
+                Arc::new(tokio::sync::Semaphore::new(
+                    config.groups_in_flight.max(1) as usize
+                )),
+                config.group_commit as usize,
+                shutdown.clone(),
+            ));
             let consumer = Arc::new(
                 consumer::TimeoutConsumer::new(dispatcher, transport.clone(), lease)
-                    .with_hold(hold),
+                    .with_hold(ahead),
             );
             let groups = Arc::new(coalesce::Coalescer::start(
                 &app,
@@ -107,8 +116,6 @@ impl Broker {
                 config.group_commit as usize,
                 config.groups_in_flight as usize,
             ));
-            // The hold only points at the groups: it ends with the consumer.
-            app.spawn(held.run(Arc::downgrade(&groups), config.group_commit as usize));
             transport
                 .start_consumer(
                     &config.consumer_group,

@@ -71,18 +71,21 @@ pub struct RocketMqConfig {
     #[serde(default = "defaults::relay_lead", with = "duration")]
     pub relay_lead: Duration,
     /// How early the broker delivers a row's last hop (timer or delay level): the message is due
-    /// back `timer_lead` before the row, and the consumer holds it in memory until the row's due
-    /// time ([`crate::rocketmq::hold`]). RocketMQ's timer wheel is only as precise as its slot
+    /// back `timer_lead` before the row; the consumer then claims the row, loads the order and
+    /// holds both in memory until the row's due time ([`crate::sources::prefetch`]). RocketMQ's timer wheel is only as precise as its slot
     /// (`timerPrecisionMs`, 1 s by default) and releases a burst due in one slot over seconds
     /// (a release-built rocketmq-rust 1.0.0 broker: a 10,000-message slot from about 1 s to 2.3 s
     /// after it; README, "Performance"), so a burst closes on time only if its messages come
-    /// early. A held message is acknowledged at once: its row stays SENT, and if the daemon stops
-    /// before the due time the outbox timer takes the row back `fallback_after` past it. `0s`
+    /// early. A held message is acknowledged at once: its row stays SENT under the daemon's
+    /// renewed claim; a daemon that stops before the due time gives the claim back (one that
+    /// crashes lets its lease lapse), and the outbox timer takes the row back `fallback_after`
+    /// past its due time. `0s`
     /// turns the lead off (the last sub-second rest is still held). At most `relay_lead` − 1 s.
     #[serde(default = "defaults::timer_lead", with = "duration")]
     pub timer_lead: Duration,
-    /// Most messages held at once ([`crate::rocketmq::hold`]); beyond it a message waits out its
-    /// rest inside its listener call, as it would with no hold.
+    /// Most messages held at once, each with its row claimed and its order loaded
+    /// ([`crate::sources::prefetch`]); beyond it a message waits out its rest inside its
+    /// listener call, as it would with no hold.
     #[serde(default = "defaults::max_held")]
     pub max_held: u32,
     /// A relayed (SENT) row still unprocessed this long after its due time is taken back by the
@@ -123,6 +126,7 @@ pub struct RocketMqConfig {
     #[serde(default = "defaults::group_commit")]
     pub group_commit: u32,
     /// Groups handled at once; while all are busy, further calls queue and form the next group.
+    /// Held messages falling due form groups of their own, with as many slots again.
     #[serde(default = "defaults::groups_in_flight")]
     pub groups_in_flight: u32,
     /// Where a new consumer group starts: `last` or `first`.

@@ -50,14 +50,6 @@ impl Coalescer {
         Coalescer { calls }
     }
 
-    /// Queues `messages` for a group without waiting for their outcome: the messages the hold
-    /// ([`super::hold`]) releases were acknowledged when they were held, and a message whose
-    /// outcome cannot be committed leaves its row SENT for the outbox timer's fallback.
-    pub fn submit(&self, messages: Vec<Received>) {
-        let (reply, _) = oneshot::channel();
-        let _ = self.calls.send(Call { messages, reply });
-    }
-
     /// Handles `messages` within a group and returns their [`Ack`]: [`Ack::Later`] when any of
     /// them could not be committed (or the group's task failed).
     pub async fn handle(&self, messages: Vec<Received>) -> Ack {

@@ -5,8 +5,10 @@
 //! 1. decode it ([`super::codec`]); a malformed one is dead-lettered at once with its raw body
 //!    (it can never succeed) and acknowledged — it never blocks the queue (F14);
 //! 2. a hop of a chain not yet due is re-sent towards its due time ([`super::planner`]); a
-//!    message due within `rocketmq.timer_lead` plus a second is acknowledged and held until its
-//!    due time ([`super::hold`]), or, when the hold is full, waited out here;
+//!    message due within `rocketmq.timer_lead` plus a second has its row claimed and its order
+//!    loaded at once, is acknowledged, and is decided when the row falls due
+//!    ([`crate::sources::prefetch`], at most `rocketmq.max_held` at once); beyond that it is
+//!    waited out here;
 //! 3. it takes the row it stands for (its `TIMEOUTD_ROW`, or the `(order, phase)` row, adopted
 //!    when an order service sent the message without one) under a lease, and hands the trigger
 //!    to the dispatcher. A row already PROCESSED makes the message a no-op (F9, F10);
@@ -22,13 +24,13 @@ use tracing::Instrument;
 
 use super::client::{Scheduled, Transport};
 use super::codec::{self, TimeoutMessage};
-use super::hold::Hold;
 pub use super::received::Received;
 use crate::db::journal::{self, DeadLetter};
 use crate::db::relay::{self, RowClaim};
 use crate::db::{Db, DbError};
 use crate::dispatch::{Dispatcher, Outcome, Trigger};
 use crate::events::{Event, emit};
+use crate::sources::prefetch::{self, Prefetch};
 
 /// Dead-letter `source` of malformed broker messages.
 pub const SOURCE_ROCKETMQ: &str = "rocketmq";
@@ -57,8 +59,10 @@ enum Taken {
 enum Hop {
     /// Settled without its row (re-sent towards its due time, or the re-send failed).
     Settled(Ack, &'static str),
-    /// Due: take its row (`true` when its last sub-second rest was waited out first).
-    Take(TimeoutMessage, bool),
+    /// Due: take its row now.
+    Take(TimeoutMessage),
+    /// Due in `wait`: take its row ahead and hold it, or wait it out.
+    Early(TimeoutMessage, Duration),
 }
 
 /// The messages at `positions`, not handled: the database failed (`error`); the broker
@@ -91,7 +95,7 @@ pub struct TimeoutConsumer {
     dispatcher: Arc<Dispatcher>,
     transport: Arc<Transport>,
     lease_ms: i64,
-    hold: Option<Hold>,
+    ahead: Option<Prefetch>,
 }
 
 impl TimeoutConsumer {
@@ -102,14 +106,15 @@ impl TimeoutConsumer {
             dispatcher,
             transport,
             lease_ms: lease.as_millis() as i64,
-            hold: None,
+            ahead: None,
         }
     }
 
-    /// Hands messages that come before their due time to `hold` instead of waiting them out
-    /// inside their listener call.
-    pub fn with_hold(mut self, hold: Hold) -> Self {
-        self.hold = Some(hold);
+    /// Claims the rows of messages that come before their due time at once, loads their orders
+    /// and hands them to `ahead` to be decided when due, instead of waiting them out inside
+    /// their listener call.
+    pub fn with_hold(mut self, ahead: Prefetch) -> Self {
+        self.ahead = Some(ahead);
         self
     }
 
@@ -235,9 +240,10 @@ impl TimeoutConsumer {
         acks
     }
 
-    /// Re-sends the hops not yet due, waits out the last sub-second rest, then takes the rows
-    /// of the rest in one claim. When the database cannot be read or written, the messages not
-    /// yet settled are left to be redelivered ([`Ack::Later`]).
+    /// Re-sends the hops not yet due; takes the rows of the messages due within the lead ahead
+    /// and holds them (as many as the hold has room for), waits out the rest; then takes the
+    /// rows of the due ones in one claim. When the database cannot be read or written, the
+    /// messages not yet settled are left to be redelivered ([`Ack::Later`]).
     async fn take_all(
         &self,
         batch: &[Received],
@@ -247,6 +253,7 @@ impl TimeoutConsumer {
             Ok(now) => now,
             Err(e) => return later(decoded.iter().map(|(i, _)| *i), &e),
         };
+        let read_at = tokio::time::Instant::now();
         let scheduled = futures_util::future::join_all(
             decoded
                 .into_iter()
@@ -255,24 +262,81 @@ impl TimeoutConsumer {
         .await;
         let mut out = Vec::new();
         let mut ready = Vec::new();
-        let mut waited = false;
+        let mut early = Vec::new();
+        let mut wait = Duration::ZERO;
+        let mut room = self.ahead.as_ref().map_or(0, Prefetch::room);
         for (i, s) in scheduled {
             match s {
                 Hop::Settled(ack, outcome) => out.push((i, Taken::Settled(ack, outcome))),
-                Hop::Take(m, w) => {
-                    waited |= w;
+                Hop::Take(m) => ready.push((i, m)),
+                Hop::Early(m, _) if room > 0 => {
+                    room -= 1;
+                    early.push((i, m));
+                }
+                Hop::Early(m, rest) => {
+                    wait = wait.max(rest);
                     ready.push((i, m));
                 }
             }
         }
+        if !early.is_empty() {
+            out.extend(self.hold_ahead(&early, (read_at, now_ms)).await);
+        }
         if ready.is_empty() {
             return out;
         }
-        // After a wait, the claim reads the clock again.
-        match self.claim(&ready, (!waited).then_some(now_ms)).await {
+        // The hold is full: the last sub-second rest is waited out here, and the claim reads
+        // the clock again.
+        let claim_at = if wait.is_zero() {
+            Some(now_ms)
+        } else {
+            tokio::time::sleep(wait).await;
+            None
+        };
+        match self.claim(&ready, claim_at).await {
             Ok(claims) => out.extend(ready.iter().map(|(i, _)| *i).zip(claims)),
             Err(e) => out.extend(later(ready.iter().map(|(i, _)| *i), &e)),
         }
+        out
+    }
+
+    /// Takes the rows of messages that came before their due time in one claim, loads their
+    /// orders and holds them ([`Prefetch::load_and_hold`]) under a renewed lease until they are
+    /// decided; each held message is acknowledged now (`held`). A message whose row is taken
+    /// already, or done, is settled as any other.
+    async fn hold_ahead(
+        &self,
+        early: &[(usize, TimeoutMessage)],
+        clock_read: (tokio::time::Instant, i64),
+    ) -> Vec<(usize, Taken)> {
+        let Some(ahead) = &self.ahead else {
+            return Vec::new();
+        };
+        let claims = match self.claim(early, Some(clock_read.1)).await {
+            Ok(claims) => claims,
+            Err(e) => return later(early.iter().map(|(i, _)| *i), &e),
+        };
+        let mut out = Vec::with_capacity(early.len());
+        let mut triggers = Vec::new();
+        for ((i, _), taken) in early.iter().zip(claims) {
+            match taken {
+                Taken::Trigger(trigger) => {
+                    triggers.push(trigger);
+                    out.push((*i, Taken::Settled(Ack::Done, "held")));
+                }
+                other => out.push((*i, other)),
+            }
+        }
+        if triggers.is_empty() {
+            return out;
+        }
+        let tokens = triggers.iter().filter_map(|t| t.claim.clone()).collect();
+        let lease = Duration::from_millis(self.lease_ms.max(0) as u64);
+        let (alive, renewer) = prefetch::keep_alive(&self.dispatcher, tokens, lease);
+        tokio::spawn(renewer);
+        ahead
+            .load_and_hold(&self.dispatcher, triggers, clock_read, &alive)
+            .await;
         out
     }
 
@@ -320,11 +384,10 @@ impl TimeoutConsumer {
     }
 
     /// A hop not yet due is re-sent towards its due time; one due within the lead plus a second
-    /// is held ([`Hold::try_hold`], acknowledged now), or waited out here and then taken when
-    /// the hold is full.
+    /// is [`Hop::Early`] (held, or waited out); one due now is taken.
     async fn schedule(&self, received: &Received, message: TimeoutMessage, now_ms: i64) -> Hop {
         let Some(due_ms) = message.due_ms else {
-            return Hop::Take(message, false);
+            return Hop::Take(message);
         };
         let span = tracing::info_span!("message", order = %message.order_id, phase = message.phase, id = %received.message_id);
         match self
@@ -335,18 +398,9 @@ impl TimeoutConsumer {
         {
             Ok(Scheduled::Sent { .. }) => Hop::Settled(Ack::Done, "hop"),
             Ok(Scheduled::Now { wait_ms }) if wait_ms > 0 => {
-                let wait = Duration::from_millis(wait_ms);
-                if self
-                    .hold
-                    .as_ref()
-                    .is_some_and(|h| h.try_hold(received, wait))
-                {
-                    return Hop::Settled(Ack::Done, "held");
-                }
-                tokio::time::sleep(wait).await;
-                Hop::Take(message, true)
+                Hop::Early(message, Duration::from_millis(wait_ms))
             }
-            Ok(Scheduled::Now { .. }) => Hop::Take(message, false),
+            Ok(Scheduled::Now { .. }) => Hop::Take(message),
             Err(e) => {
                 // The row is SENT; the outbox timer takes it back at due + fallback_after.
                 tracing::warn!(error = %e, due_ms, order = %message.order_id, "re-sending a hop failed");

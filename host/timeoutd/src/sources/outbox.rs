@@ -5,7 +5,6 @@
 //! least every `outbox.idle_recheck` (rows written by other programs, lapsed leases). Rows due
 //! within `outbox.prefetch` are claimed and loaded ahead and decided when due ([`prefetch`]).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -213,40 +212,27 @@ async fn dispatch_groups(
     }
 }
 
-/// Starts the renewer of the claim `rows` were taken under: it extends their lease every
-/// [`crate::lease::renew_every`]`(lease)` until every clone of the returned sender is dropped
-/// (every group holding some of the rows is done).
+/// Starts the renewer of the claim `rows` were taken under ([`prefetch::keep_alive`]) on
+/// `in_flight`.
 fn keep_alive(
     dispatcher: &Arc<Dispatcher>,
     rows: &[DueRow],
     lease: Duration,
     in_flight: &mut JoinSet<()>,
 ) -> mpsc::Sender<()> {
-    let (alive, mut done) = mpsc::channel::<()>(1);
-    let token = rows.first().and_then(|row| row.claim_token.clone());
-    let dispatcher = dispatcher.clone();
-    in_flight.spawn(async move {
-        let every = crate::lease::renew_every(lease);
-        loop {
-            tokio::select! {
-                _ = done.recv() => break,
-                _ = tokio::time::sleep(every) => {
-                    renew_rows(&dispatcher, token.as_deref(), lease).await;
-                }
-            }
-        }
-    });
+    let tokens = rows.first().and_then(|row| row.claim_token.clone());
+    let (alive, renewer) = prefetch::keep_alive(dispatcher, tokens.into_iter().collect(), lease);
+    in_flight.spawn(renewer);
     alive
 }
 
 /// Hands prefetched `rows` (claimed when the database clock read `now_ms`, just before the
 /// host instant `read_at`) to the prefetch with their orders loaded in one go; a row that
-/// cannot be a trigger is dead-lettered now, and if the load fails the orders are loaded when
-/// due.
+/// cannot be a trigger is dead-lettered now.
 async fn prefetch_rows(
     dispatcher: &Arc<Dispatcher>,
     rows: Vec<DueRow>,
-    (read_at, now_ms): (Instant, i64),
+    clock_read: (Instant, i64),
     lease: Duration,
     prefetch: &Prefetch,
     in_flight: &mut JoinSet<()>,
@@ -262,22 +248,9 @@ async fn prefetch_rows(
             }
         }
     }
-    let orders = match dispatcher.load_group(&triggers).await {
-        Ok(orders) => orders,
-        Err(e) => {
-            tracing::warn!(error = %e, "loading prefetched orders failed; each is loaded when due");
-            HashMap::new()
-        }
-    };
-    // A row's trigger carries its due time (`Trigger::of_row`).
-    let held = triggers
-        .into_iter()
-        .map(|t| {
-            let due_ms = t.due_ms.unwrap_or(now_ms);
-            (prefetch::release_at(read_at, now_ms, due_ms), t)
-        })
-        .collect();
-    prefetch.hold(held, orders, &alive);
+    prefetch
+        .load_and_hold(dispatcher, triggers, clock_read, &alive)
+        .await;
 }
 
 /// Extends the lease of the rows held under `token` while their group is being handled.

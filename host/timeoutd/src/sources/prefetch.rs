@@ -21,8 +21,15 @@
 //!   `outbox.group_commit`): at a burst, groups are full; on a quiet day a row goes at once.
 //! - At most `outbox.prefetch_max` rows are held; a stopping daemon finishes the groups it
 //!   started and gives back the claims of the rows still held ([`outbox::release_held`]).
+//!
+//! The broker's consumer holds its early messages the same way (`rocketmq.max_held`,
+//! [`crate::rocketmq::consumer`]): a timer message due back `rocketmq.timer_lead` before its
+//! row has the row claimed and the order loaded when it arrives, and is decided when the row
+//! falls due — so a flash sale's broker path drains as the outbox path does. Each source has its
+//! own [`channel`], permits and group size.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -43,8 +50,9 @@ struct Entry {
     alive: mpsc::Sender<()>,
 }
 
-/// Where the outbox timer hands prefetched rows. Not `Clone` on purpose: the releasing half
-/// gives back the claims of the rows it still holds once this one sender is dropped.
+/// Where a source (the outbox timer, the broker's consumer) hands prefetched rows. Not `Clone`
+/// on purpose: a stopping releasing half waits for this one sender to be dropped (at most
+/// [`SENDER_GRACE`]) before it gives back the claims of the rows it still holds.
 pub struct Prefetch {
     tx: mpsc::UnboundedSender<(Instant, Entry)>,
     held: Arc<AtomicUsize>,
@@ -74,6 +82,12 @@ pub fn channel(max: usize) -> (Prefetch, Released) {
         Released { rx, held, room },
     )
 }
+
+/// How long a stopping releasing half waits for its [`Prefetch`] to be dropped, so rows its
+/// source was still claiming are given back too. The outbox timer drops it as it stops; the
+/// broker's consumer when the client lets its listener go. Rows handed over later keep their
+/// claim until the lease lapses, and are then taken as any overdue row.
+pub const SENDER_GRACE: Duration = Duration::from_secs(5);
 
 /// The host instant at which a row due at `due_ms` is released, when the database clock read
 /// `now_ms` just before `read_at`: 1 ms past it, never before.
@@ -116,6 +130,61 @@ impl Prefetch {
             }
         }
     }
+
+    /// Loads the orders of `triggers` (claimed when the database clock read `now_ms`, just
+    /// before the host instant `read_at`; each carries its row's due time) in one go and holds
+    /// them until due. If the load fails, each order is loaded when due.
+    pub async fn load_and_hold(
+        &self,
+        dispatcher: &Dispatcher,
+        triggers: Vec<Trigger>,
+        (read_at, now_ms): (Instant, i64),
+        alive: &mpsc::Sender<()>,
+    ) {
+        let orders = match dispatcher.load_group(&triggers).await {
+            Ok(orders) => orders,
+            Err(e) => {
+                tracing::warn!(error = %e, "loading prefetched orders failed; each is loaded when due");
+                HashMap::new()
+            }
+        };
+        let held = triggers
+            .into_iter()
+            .map(|t| {
+                let due_ms = t.due_ms.unwrap_or(now_ms);
+                (release_at(read_at, now_ms, due_ms), t)
+            })
+            .collect();
+        self.hold(held, orders, alive);
+    }
+}
+
+/// The renewer of the claims `tokens` name, and its keep-alive: the returned future extends
+/// their lease every [`crate::lease::renew_every`]`(lease)` until every clone of the sender is
+/// dropped (every group holding some of the rows is done). The caller spawns the future.
+pub fn keep_alive(
+    dispatcher: &Arc<Dispatcher>,
+    mut tokens: Vec<String>,
+    lease: Duration,
+) -> (mpsc::Sender<()>, impl Future<Output = ()> + Send + 'static) {
+    tokens.sort();
+    tokens.dedup();
+    let (alive, mut done) = mpsc::channel::<()>(1);
+    let dispatcher = dispatcher.clone();
+    let renewer = async move {
+        let every = crate::lease::renew_every(lease);
+        loop {
+            tokio::select! {
+                _ = done.recv() => break,
+                _ = tokio::time::sleep(every) => {
+                    for token in &tokens {
+                        super::outbox::renew_rows(&dispatcher, Some(token), lease).await;
+                    }
+                }
+            }
+        }
+    };
+    (alive, renewer)
 }
 
 impl Released {
@@ -176,8 +245,16 @@ impl Released {
             }
         }
         while in_flight.join_next().await.is_some() {}
-        // Rows the outbox timer claimed as it stopped come until it drops its half.
-        while let Some((at, entry)) = self.rx.recv().await {
+        // Rows the source claimed as it stopped come until it drops its half.
+        let _ = tokio::time::timeout(SENDER_GRACE, async {
+            while let Some((at, entry)) = self.rx.recv().await {
+                waiting.insert((at, seq), entry);
+                seq += 1;
+            }
+        })
+        .await;
+        self.rx.close();
+        while let Ok((at, entry)) = self.rx.try_recv() {
             waiting.insert((at, seq), entry);
             seq += 1;
         }
@@ -199,7 +276,7 @@ impl Released {
             tracing::info!(
                 held = waiting.len(),
                 given_back,
-                "prefetched rows given back as the outbox timer stops"
+                "prefetched rows given back as their source stops"
             );
         }
     }
