@@ -204,7 +204,7 @@ impl Daemon {
                     dispatcher.clone(),
                     policies.clone(),
                     crate::effects::resolutions(config),
-                    config.outbox.lease,
+                    &config.outbox,
                     &mut tasks,
                     rx.clone(),
                 )

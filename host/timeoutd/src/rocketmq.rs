@@ -26,7 +26,6 @@ pub mod received;
 pub mod relay;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -55,7 +54,9 @@ impl Broker {
     }
 
     /// Starts the transport; the consumer, the DLQ drain and arming as configured; and spawns
-    /// the relay into `tasks`.
+    /// the relay and the hold's releaser into `tasks`. Held messages are released as the outbox
+    /// timer's prefetched rows are: in groups of `outbox.group_commit`, `outbox.concurrency` at
+    /// once (`outbox`).
     ///
     /// # Errors
     /// [`TransportError::Start`] when a part cannot start.
@@ -67,7 +68,7 @@ impl Broker {
         dispatcher: Arc<Dispatcher>,
         policies: Arc<Policies>,
         resolutions: Arc<std::collections::HashMap<String, crate::config::PaidAfterClose>>,
-        lease: Duration,
+        outbox: &crate::config::OutboxConfig,
         tasks: &mut JoinSet<()>,
         shutdown: watch::Receiver<bool>,
     ) -> Result<Broker, TransportError> {
@@ -95,19 +96,21 @@ impl Broker {
             tracing::info!(topic = %topic, group = %group, "paid notices consumed");
         }
         if config.consume {
-            // Early messages' rows, claimed and loaded, wait here for their due time; their
-            // groups take slots of their own beside the listener calls' groups.
+            // Early messages' rows, claimed and loaded, wait here for their due time. When they
+            // fall due they are full groups, like the outbox timer's prefetched rows, and go as
+            // those do (the listener calls' small groups keep `rocketmq.groups_in_flight`: more
+            // of them at once queue on the hot SKUs' stock rows).
             let (ahead, released) = crate::sources::prefetch::channel(config.max_held as usize);
             tasks.spawn(released.run(
                 dispatcher.clone(),
                 Arc::new(tokio::sync::Semaphore::new(
-                    config.groups_in_flight.max(1) as usize
+                    outbox.concurrency.max(1) as usize
                 )),
-                config.group_commit as usize,
+                outbox.group_commit as usize,
                 shutdown.clone(),
             ));
             let consumer = Arc::new(
-                consumer::TimeoutConsumer::new(dispatcher, transport.clone(), lease)
+                consumer::TimeoutConsumer::new(dispatcher, transport.clone(), outbox.lease)
                     .with_hold(ahead),
             );
             let groups = Arc::new(coalesce::Coalescer::start(

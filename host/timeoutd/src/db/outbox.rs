@@ -421,48 +421,62 @@ pub async fn finish(
     row.held(done.rows_affected())
 }
 
-/// [`finish`] for a group's rows, all with the same `note`, in one statement.
+/// [`finish`] for a group's rows, all with the same `note`: one statement for the claimed rows
+/// and one for any unclaimed ones, however many claims the rows were taken under. Each claimed
+/// row is fenced by its own claim token: by `claim_token = ?` when the rows share one (the
+/// outbox timer's batches), by `claim_token = CASE id WHEN ? THEN ? … END` when they do not (a
+/// broker burst's held messages were claimed a listener call at a time). One statement per claim
+/// held the group's hot stock rows locked through a hundred round trips: a 10,000-message
+/// burst closed at 800/s instead of thousands.
 ///
 /// # Errors
-/// [`DbError::Sql`] on query failure.
+/// [`DbError::Sql`] on query failure; [`DbError::StaleClaim`] when a claimed row's claim went
+/// stale (which one is not known from the count: the group is split and each row finds out
+/// alone).
 pub async fn finish_many(
     conn: &mut AnyConnection,
     rows: &[RowRef<'_>],
     now_ms: i64,
     note: Option<&str>,
 ) -> Result<(), DbError> {
-    // One statement per claim token (a group's rows share the one they were claimed under).
-    let mut by_claim: Vec<(Option<&str>, Vec<i64>)> = Vec::new();
-    for row in rows {
-        match by_claim.iter_mut().find(|(c, _)| *c == row.claim) {
-            Some((_, ids)) => ids.push(row.id),
-            None => by_claim.push((row.claim, vec![row.id])),
-        }
-    }
-    for (claim, ids) in by_claim {
-        let fence = if claim.is_some() {
-            " AND claim_token = ?"
-        } else {
-            ""
+    let (claimed, unclaimed): (Vec<&RowRef<'_>>, Vec<&RowRef<'_>>) =
+        rows.iter().partition(|row| row.claim.is_some());
+    for part in [claimed, unclaimed] {
+        let Some(first) = part.first() else { continue };
+        let marks = super::orders::marks(part.len());
+        let shared = part.iter().all(|row| row.claim == first.claim);
+        let fence = match first.claim {
+            None => String::new(),
+            Some(_) if shared => " AND claim_token = ?".to_string(),
+            Some(_) => format!(
+                " AND claim_token = CASE id{} END",
+                " WHEN ? THEN ?".repeat(part.len())
+            ),
         };
         let mut q = Backend::of(conn).query_owned(format!(
             "UPDATE order_timeout_msg SET status = 'PROCESSED', processed_at_ms = ?, last_error = ?, \
-             claim_token = NULL, claim_until_ms = NULL WHERE id IN ({}){fence}",
-            super::orders::marks(ids.len())
+             claim_token = NULL, claim_until_ms = NULL WHERE id IN ({marks}){fence}"
         ));
         q = q.bind(now_ms).bind(note.map(str::to_string));
-        for id in &ids {
-            q = q.bind(*id);
+        for row in &part {
+            q = q.bind(row.id);
         }
-        if let Some(token) = claim {
-            q = q.bind(token.to_string());
+        match first.claim {
+            None => {}
+            Some(token) if shared => q = q.bind(token.to_string()),
+            Some(_) => {
+                for row in &part {
+                    q = q.bind(row.id).bind(row.claim.map(str::to_string));
+                }
+            }
         }
         let done = q.execute(&mut *conn).await?;
-        if claim.is_some() && done.rows_affected() < ids.len() as u64 {
-            // Which one went stale is not known from the count; the group is split and each
-            // row finds out alone.
-            let first = RowRef { id: ids[0], claim };
-            first.held(0)?;
+        if first.claim.is_some() && done.rows_affected() < part.len() as u64 {
+            RowRef {
+                id: first.id,
+                claim: first.claim,
+            }
+            .held(0)?;
         }
     }
     Ok(())
