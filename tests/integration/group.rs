@@ -6,7 +6,8 @@ use sqlx::Row;
 use timeoutd::clock::Clock;
 use timeoutd::db::Backend;
 use timeoutd::db::relay::{self, RowClaim};
-use timeoutd::dispatch::Outcome;
+use timeoutd::dispatch::{Outcome, Trigger};
+use timeoutd_runtime::model::TriggerKind;
 
 use crate::support::{Env, MerchantSpec, T0, each_backend, order};
 
@@ -489,5 +490,93 @@ each_backend! {
         assert_eq!(again, [RowClaim::Busy, RowClaim::Busy]);
         let lapsed = relay::claim_rows(&env.db, &[open], T0 + 40_000, 30_000).await.unwrap();
         assert!(matches!(lapsed[..], [RowClaim::Claimed(_)]), "{lapsed:?}");
+    }
+}
+
+each_backend! {
+    /// A broker burst's held rows reach a group from many claims (each listener call claims its
+    /// own). The group closes them in one transaction and finishes their rows in one statement,
+    /// each row fenced by its own claim: a row whose claim another holder took meanwhile is
+    /// neither finished nor closed by this group, and the other orders still close once.
+    async fn a_group_of_rows_from_several_claims_finishes_each_row_under_its_own_claim(env) {
+        env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
+        let ids: Vec<String> = (0..6).map(|i| format!("mix-{i}")).collect();
+        for id in &ids {
+            env.create(&order(id, "acme", T0)).await;
+        }
+        let mut rows = Vec::new();
+        for pair in ids.chunks(2) {
+            let mut row_ids = Vec::new();
+            for id in pair {
+                row_ids.push(env.int("SELECT id FROM order_timeout_msg WHERE order_id = ?", id).await);
+            }
+            for claim in relay::claim_rows(&env.db, &row_ids, T0 - 500, 30_000).await.unwrap() {
+                let RowClaim::Claimed(row) = claim else { panic!("{claim:?}") };
+                rows.push(row);
+            }
+        }
+        let tokens: std::collections::HashSet<_> = rows.iter().map(|r| r.claim_token.clone()).collect();
+        assert_eq!(tokens.len(), 3, "three claims");
+        // mix-3's claim lapsed and another daemon holds its row now.
+        env.db.backend()
+            .query("UPDATE order_timeout_msg SET claim_token = 'thief', claim_until_ms = ? WHERE order_id = ?")
+            .bind(T0 + 60_000)
+            .bind("mix-3")
+            .execute(env.db.pool())
+            .await
+            .unwrap();
+        let triggers: Vec<Trigger> = rows
+            .iter()
+            .map(|r| Trigger::of_row(r, TriggerKind::DelayMessage).unwrap())
+            .collect();
+        let config = env.config(SINGLE, "");
+        let (clock, _) = Clock::manual(T0 + 1);
+        env.dispatcher(&config, clock).await.handle_group(&triggers).await;
+        for id in &ids {
+            let (status, row) = (
+                env.status(id).await,
+                env.text("SELECT status FROM order_timeout_msg WHERE order_id = ?", id).await,
+            );
+            if id == "mix-3" {
+                assert_eq!((status.as_str(), row.as_str()), ("PENDING", "PENDING"), "{id}: its new holder's");
+            } else {
+                assert_eq!((status.as_str(), row.as_str()), ("CLOSED", "PROCESSED"), "{id}");
+            }
+        }
+        assert_eq!(
+            env.text("SELECT claim_token FROM order_timeout_msg WHERE order_id = ?", "mix-3").await,
+            "thief"
+        );
+        // 100 at first, 2 + 1 units locked per order, the five closed ones given back.
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (100 - 2, 100 - 1));
+
+        // Without a thief, rows of three claims close in one transaction.
+        let ids: Vec<String> = (0..6).map(|i| format!("mix2-{i}")).collect();
+        let mut rows = Vec::new();
+        for pair in ids.chunks(2) {
+            let mut row_ids = Vec::new();
+            for id in pair {
+                env.create(&order(id, "acme", T0)).await;
+                row_ids.push(env.int("SELECT id FROM order_timeout_msg WHERE order_id = ?", id).await);
+            }
+            for claim in relay::claim_rows(&env.db, &row_ids, T0 - 500, 30_000).await.unwrap() {
+                let RowClaim::Claimed(row) = claim else { panic!("{claim:?}") };
+                rows.push(row);
+            }
+        }
+        let triggers: Vec<Trigger> = rows
+            .iter()
+            .map(|r| Trigger::of_row(r, TriggerKind::DelayMessage).unwrap())
+            .collect();
+        let before = closing_transactions(env).await;
+        let (clock, _) = Clock::manual(T0 + 1);
+        let outcomes = env.dispatcher(&config, clock).await.handle_group(&triggers).await;
+        assert_eq!(tally(&outcomes), (6, 0));
+        for id in &ids {
+            assert_eq!(env.text("SELECT status FROM order_timeout_msg WHERE order_id = ?", id).await, "PROCESSED");
+        }
+        if let (Some(before), Some(after)) = (before, closing_transactions(env).await) {
+            assert_eq!(after - before, 1, "one transaction closed the six");
+        }
     }
 }
