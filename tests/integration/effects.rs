@@ -337,6 +337,50 @@ each_backend! {
 }
 
 each_backend! {
+    /// A stopping daemon's ledger executor claims no further chunk once shutdown is signalled:
+    /// a burst's notices are left PENDING and unclaimed for the next executor (not sent into a
+    /// transport that is shutting down); unstopped, the same executor sends each once.
+    async fn a_stopping_executor_leaves_its_backlog_pending_and_unclaimed(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        let ids: Vec<String> = (0..6).map(|k| format!("stop-{k}")).collect();
+        for id in &ids {
+            env.create(&order(id, "flashy", T0)).await;
+        }
+        let receiver = Receiver::start().await;
+        let extra = format!(
+            "[notify.channels.sms]\nkind = \"webhook\"\nurl = \"{}\"\n[effects]\nconcurrency = 2\n",
+            receiver.url
+        );
+        let config = env.config(&[("flashy", "builtin:two-phase", &[("grace", "1s"), ("channel", "sms")])], &extra);
+        let (clock, now) = Clock::manual(T0);
+        let d = env.dispatcher(&config, clock.clone()).await;
+        env.process(&d, T0).await;
+        now.store(T0 + 1_000, Ordering::SeqCst);
+        env.process(&d, T0 + 1_000).await;
+        let sent = receiver.received.lock().unwrap().len();
+        assert_eq!(sent, 12, "a reminder and a closed notice per order");
+        receiver.received.lock().unwrap().clear();
+        // The closed notices, as a crash before they ran leaves them (reminders of a closed
+        // order are not sent again, so they are left settled).
+        unsettle(env, "'notify'").await;
+
+        let runner = env.runner(&config, clock).await;
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        stop.send(true).unwrap();
+        assert_eq!(runner.run_fresh_until(Some(&stopping)).await.unwrap(), 0);
+        assert!(receiver.received.lock().unwrap().is_empty(), "nothing sent after shutdown");
+        let left = "SELECT COUNT(*) FROM effect_ledger WHERE kind = 'notify' AND status = 'PENDING' AND claim_until_ms IS NULL AND order_id LIKE ?";
+        assert_eq!(env.int(left, "stop-%").await, 6, "left PENDING and unclaimed");
+
+        let (_running, running) = tokio::sync::watch::channel(false);
+        assert_eq!(runner.run_fresh_until(Some(&running)).await.unwrap(), 6);
+        assert_eq!(receiver.received.lock().unwrap().len(), 6, "each sent once");
+        let done = "SELECT COUNT(*) FROM effect_ledger WHERE kind = 'notify' AND status = 'DONE' AND order_id LIKE ?";
+        assert_eq!(env.int(done, "stop-%").await, 6);
+    }
+}
+
+each_backend! {
     /// F9 for the effects outside the database: the same closing trigger handled twice at once
     /// by two daemons restores the Redis flash stock once, frees the buyer's slot once and sends
     /// one closed notice (counted as requests the webhook received), also after both daemons'

@@ -103,6 +103,8 @@ pub struct Daemon {
     waker: Waker,
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<()>,
+    /// The ledger executor ([`crate::effects::worker::run`]).
+    effects_worker: JoinSet<()>,
     http_addr: Option<std::net::SocketAddr>,
     admin_addr: Option<std::net::SocketAddr>,
     broker: Option<crate::rocketmq::Broker>,
@@ -291,7 +293,10 @@ impl Daemon {
             tasks.spawn(crate::admin::serve(listener, state, rx.clone()));
         }
         tasks.spawn(crate::policies::watch(policies.clone(), config, rx.clone()));
-        tasks.spawn(crate::effects::worker::run(effects, effects_wake, rx));
+        // A set of its own: [`Daemon::stop`] waits for it before the transports it sends through
+        // (and, as `tasks`, it is aborted when the daemon is dropped unstopped).
+        let mut effects_worker = JoinSet::new();
+        effects_worker.spawn(crate::effects::worker::run(effects, effects_wake, rx));
         tracing::info!(merchants = config.merchants.len(), backend = ?db.backend(), "timeoutd started");
         Ok(Daemon {
             db,
@@ -299,6 +304,7 @@ impl Daemon {
             waker,
             shutdown,
             tasks,
+            effects_worker,
             http_addr,
             admin_addr,
             broker,
@@ -335,9 +341,13 @@ impl Daemon {
         self.waker.clone()
     }
 
-    /// Stops every source, letting batches in flight finish, then closes the pool.
+    /// Stops every source, letting batches in flight finish, then closes the pool. The ledger
+    /// executor stops first (the chunk in hand finished, the rest left PENDING), before the
+    /// RocketMQ transport its notices go through: a burst's backlog sent into a client that is
+    /// shutting down only failed, and each failure cost a ledger write.
     pub async fn stop(mut self) {
         let _ = self.shutdown.send(true);
+        while self.effects_worker.join_next().await.is_some() {}
         if let Some(broker) = self.broker.take() {
             broker.shutdown().await;
         }

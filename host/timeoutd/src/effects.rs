@@ -25,6 +25,8 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 
+use tokio::sync::watch;
+
 pub use executor::{Done, EffectError, Executor, Job};
 pub use flash::{FlashEffects, FlashSale};
 pub use notify::Notifier;
@@ -261,33 +263,49 @@ impl EffectRunner {
         self.run(None, now - min_age_ms).await
     }
 
-    /// Runs every PENDING effect whose time has come, fresh ones included: what the ledger
-    /// executor does when a commit wakes it ([`worker::run`]). Reads the ledger in pages of
-    /// [`PAGE`] until a page comes back short. Returns how many were settled.
+    /// Runs every PENDING effect whose time has come, fresh ones included. Reads the ledger in
+    /// pages of [`PAGE`] until a page comes back short. Returns how many were settled.
     ///
     /// # Errors
     /// [`DbError`] when the ledger cannot be read.
     pub async fn run_fresh(&self) -> Result<usize, DbError> {
+        self.run_fresh_until(None).await
+    }
+
+    /// [`EffectRunner::run_fresh`] as the ledger executor runs it when a commit wakes it
+    /// ([`worker::run`]): once `shutdown` is signalled no further chunk is claimed, so a
+    /// stopping daemon finishes the chunk in hand (at most `effects.concurrency` rows) and
+    /// leaves the rest PENDING, unclaimed, for the next executor, instead of carrying out a
+    /// burst's backlog while the transports it sends through shut down.
+    ///
+    /// # Errors
+    /// [`DbError`] when the ledger cannot be read.
+    pub async fn run_fresh_until(
+        &self,
+        shutdown: Option<&watch::Receiver<bool>>,
+    ) -> Result<usize, DbError> {
         let mut settled = 0;
         loop {
-            let (fetched, done) = self.run_page(None, i64::MAX).await?;
+            let (fetched, done) = self.run_page(None, i64::MAX, shutdown).await?;
             settled += done;
-            if fetched < PAGE as usize {
+            if fetched < PAGE as usize || shutdown.is_some_and(crate::shutdown::is_stopping) {
                 return Ok(settled);
             }
         }
     }
 
     async fn run(&self, order_id: Option<&str>, fresh_before_ms: i64) -> Result<usize, DbError> {
-        Ok(self.run_page(order_id, fresh_before_ms).await?.1)
+        Ok(self.run_page(order_id, fresh_before_ms, None).await?.1)
     }
 
     /// One page of runnable rows, in chunks of `effects.concurrency` rows (so a chunk is done well
-    /// within its lease). Returns (rows read, rows settled).
+    /// within its lease), up to the end of the page or until `shutdown` is signalled. Returns
+    /// (rows read, rows settled).
     async fn run_page(
         &self,
         order_id: Option<&str>,
         fresh_before_ms: i64,
+        shutdown: Option<&watch::Receiver<bool>>,
     ) -> Result<(usize, usize), DbError> {
         let now = self.clock.now_ms(&self.db).await?;
         let rows = ledger::runnable(
@@ -301,6 +319,9 @@ impl EffectRunner {
         .await?;
         let mut settled = 0;
         for chunk in rows.chunks(self.config.concurrency.max(1) as usize) {
+            if shutdown.is_some_and(crate::shutdown::is_stopping) {
+                break;
+            }
             settled += self.run_chunk(chunk).await?;
         }
         Ok((rows.len(), settled))

@@ -126,7 +126,8 @@ pub struct RocketMqConfig {
     #[serde(default = "defaults::group_commit")]
     pub group_commit: u32,
     /// Groups handled at once; while all are busy, further calls queue and form the next group.
-    /// Held messages falling due form groups of their own, with as many slots again.
+    /// (Held messages falling due are released in the outbox prefetch's groups instead:
+    /// `outbox.group_commit`, `outbox.concurrency`.)
     #[serde(default = "defaults::groups_in_flight")]
     pub groups_in_flight: u32,
     /// Where a new consumer group starts: `last` or `first`.

@@ -472,11 +472,7 @@ pub async fn finish_many(
         }
         let done = q.execute(&mut *conn).await?;
         if first.claim.is_some() && done.rows_affected() < part.len() as u64 {
-            RowRef {
-                id: first.id,
-                claim: first.claim,
-            }
-            .held(0)?;
+            first.held(0)?;
         }
     }
     Ok(())

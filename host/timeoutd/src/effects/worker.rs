@@ -16,7 +16,8 @@ pub const BACKLOG_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Runs the executor until `shutdown`: the backlog once at start (rows older than
 /// [`BACKLOG_INTERVAL`], which another daemon is not about to run), then every runnable row
-/// each time `wake` is notified or the interval passes.
+/// each time `wake` is notified or the interval passes. Once `shutdown` is signalled the chunk
+/// in hand is finished and the rest is left PENDING ([`EffectRunner::run_fresh_until`]).
 pub async fn run(runner: EffectRunner, wake: Arc<Notify>, mut shutdown: watch::Receiver<bool>) {
     if let Err(e) = runner
         .run_backlog(BACKLOG_INTERVAL.as_millis() as i64)
@@ -38,7 +39,7 @@ pub async fn run(runner: EffectRunner, wake: Arc<Notify>, mut shutdown: watch::R
             _ = crate::shutdown::stopping(&mut shutdown) => break,
         }
         ran_at = std::time::Instant::now();
-        if let Err(e) = runner.run_fresh().await {
+        if let Err(e) = runner.run_fresh_until(Some(&shutdown)).await {
             tracing::warn!(error = %e, "ledger executor run failed; retrying at the next wake");
         }
     }

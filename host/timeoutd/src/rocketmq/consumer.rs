@@ -279,8 +279,8 @@ impl TimeoutConsumer {
                 }
             }
         }
-        if !early.is_empty() {
-            out.extend(self.hold_ahead(&early, (read_at, now_ms)).await);
+        if let (Some(ahead), false) = (&self.ahead, early.is_empty()) {
+            out.extend(self.hold_ahead(ahead, &early, (read_at, now_ms)).await);
         }
         if ready.is_empty() {
             return out;
@@ -306,12 +306,10 @@ impl TimeoutConsumer {
     /// already, or done, is settled as any other.
     async fn hold_ahead(
         &self,
+        ahead: &Prefetch,
         early: &[(usize, TimeoutMessage)],
         clock_read: (tokio::time::Instant, i64),
     ) -> Vec<(usize, Taken)> {
-        let Some(ahead) = &self.ahead else {
-            return Vec::new();
-        };
         let claims = match self.claim(early, Some(clock_read.1)).await {
             Ok(claims) => claims,
             Err(e) => return later(early.iter().map(|(i, _)| *i), &e),
