@@ -663,6 +663,85 @@ with_broker!(
     }
 );
 
+/// A message as the broker hands it over: order id as body and key, a fresh message id.
+fn received(topic: &str, id: &str) -> Received {
+    Received {
+        message_id: format!("{id}-{:08x}", fastrand::u32(..)),
+        topic: topic.to_string(),
+        keys: Some(id.to_string()),
+        body: id.as_bytes().to_vec(),
+        properties: HashMap::new(),
+        reconsume_times: 0,
+    }
+}
+
+// A burst the broker releases after its due time (a merged group of at least
+// `consume_batch` due messages) is held: its rows claimed and orders loaded, acknowledged,
+// and released at once in the prefetch's full groups. Held here with the releaser given no
+// permit, so the orders are still open when the call returns; a smaller group is closed
+// inside its call as before. Each order then closes once, stock exact.
+with_broker!(
+    async fn a_late_burst_is_held_and_released_in_full_groups(env) {
+        let (topic, group) = names("burst");
+        let config = env.config(
+            ACME,
+            &format!(
+                "[outbox]\nenabled = false\n[sweep]\nenabled = false\n{}",
+                section(&topic, &group, "consume = false\nconsume_batch = 8")
+            ),
+        );
+        env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
+        let now = env.db.now_ms().await.unwrap();
+        let burst: Vec<String> = (0..12).map(|k| format!("burst-{k}")).collect();
+        let few: Vec<String> = (0..3).map(|k| format!("few-{k}")).collect();
+        for id in burst.iter().chain(&few) {
+            env.create(&order(id, "acme", now - 1_000)).await;
+        }
+        let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
+        let dispatcher = daemon.dispatcher().clone();
+        let (ahead, released) = timeoutd::sources::prefetch::channel(1_000);
+        let permits = Arc::new(tokio::sync::Semaphore::new(0));
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let releaser = tokio::spawn(released.run(dispatcher.clone(), permits.clone(), 512, stopping));
+        let consumer = TimeoutConsumer::new(
+            dispatcher,
+            daemon.broker().unwrap().transport.clone(),
+            Duration::from_secs(30),
+        )
+        .with_hold(ahead, 8);
+
+        let batch: Vec<Received> = burst.iter().map(|id| received(&topic, id)).collect();
+        assert!(consumer.handle_each(&batch).await.iter().all(|a| *a == Ack::Done));
+        for id in &burst {
+            assert_eq!(env.status(id).await, "PENDING", "{id}: held, not closed in the call");
+            assert!(claimed(env, id).await, "{id}: its row is claimed while held");
+        }
+        let batch: Vec<Received> = few.iter().map(|id| received(&topic, id)).collect();
+        assert!(consumer.handle_each(&batch).await.iter().all(|a| *a == Ack::Done));
+        for id in &few {
+            assert_eq!(env.status(id).await, "CLOSED", "{id}: a small group closes in its call");
+        }
+
+        permits.add_permits(1);
+        eventually(Duration::from_secs(20), "the held burst closes", || async {
+            env.int("SELECT COUNT(*) FROM orders WHERE id LIKE ? AND status = 'CLOSED'", "burst-%").await == 12
+        })
+        .await;
+        for id in burst.iter().chain(&few) {
+            assert_eq!(closes(env, id).await, 1, "{id}: closed once");
+            assert_eq!(
+                env.text("SELECT status FROM order_timeout_msg WHERE order_id = ? AND phase = 0", id).await,
+                "PROCESSED"
+            );
+        }
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (100, 100), "stock back once per order");
+        stop.send(true).unwrap();
+        drop(consumer);
+        releaser.await.unwrap();
+        daemon.stop().await;
+    }
+);
+
 /// Handles each message with a [`TimeoutConsumer`], then the first time "crashes" before the
 /// acknowledgement (answers `ReconsumeLater`), so the broker delivers it again.
 struct CrashBeforeAck {

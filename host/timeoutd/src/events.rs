@@ -79,7 +79,8 @@ pub enum Event<'a> {
     Consumed {
         /// `handled`, `hop` (re-sent towards its due time), `held` (its row claimed and its
         /// order loaded ahead, acknowledged, and decided at its due time through the
-        /// prefetch, [`crate::sources::prefetch`]: counted once, when held),
+        /// prefetch, [`crate::sources::prefetch`]: counted once, when held; an early message,
+        /// or a due one in a burst of at least `rocketmq.consume_batch`),
         /// `duplicate` (its row was processed), `busy` (another handler holds its row), `poison`
         /// or `later` (reconsumed later).
         outcome: &'a str,

@@ -99,7 +99,9 @@ impl Broker {
             // Early messages' rows, claimed and loaded, wait here for their due time. When they
             // fall due they are full groups, like the outbox timer's prefetched rows, and go as
             // those do (the listener calls' small groups keep `rocketmq.groups_in_flight`: more
-            // of them at once queue on the hot SKUs' stock rows).
+            // of them at once queue on the hot SKUs' stock rows). A merged group of at least
+            // `consume_batch` due messages (a burst the broker released late) is held and
+            // released at once the same way.
             let (ahead, released) = crate::sources::prefetch::channel(config.max_held as usize);
             tasks.spawn(released.run(
                 dispatcher.clone(),
@@ -111,7 +113,7 @@ impl Broker {
             ));
             let consumer = Arc::new(
                 consumer::TimeoutConsumer::new(dispatcher, transport.clone(), outbox.lease)
-                    .with_hold(ahead),
+                    .with_hold(ahead, config.consume_batch as usize),
             );
             let groups = Arc::new(coalesce::Coalescer::start(
                 &app,

@@ -117,7 +117,10 @@ pub struct RocketMqConfig {
     /// (`consumeMessageBatchMaxSize`); a batch's triggers are decided together and their closes
     /// committed in one transaction, as the outbox timer's groups are. The batch is
     /// acknowledged once every one of its outcomes is committed, and redelivered as a whole if
-    /// any could not be (its committed messages are then no-ops).
+    /// any could not be (its committed messages are then no-ops). A merged group of at least
+    /// this many due messages is a burst (the broker released a flash sale after its due
+    /// time): its messages are held as early ones are and released at once in the outbox
+    /// prefetch's groups (`outbox.group_commit`, `outbox.concurrency`), acknowledged when held.
     #[serde(default = "defaults::consume_batch")]
     pub consume_batch: u32,
     /// Most messages in one group: the batches of concurrent listener calls are merged

@@ -8,7 +8,10 @@
 //!    message due within `rocketmq.timer_lead` plus a second has its row claimed and its order
 //!    loaded at once, is acknowledged, and is decided when the row falls due
 //!    ([`crate::sources::prefetch`], at most `rocketmq.max_held` at once); beyond that it is
-//!    waited out here;
+//!    waited out here. A burst's due messages (a merged group of at least
+//!    `rocketmq.consume_batch`, as when the broker releases a flash sale after its due time)
+//!    are held the same way and released at once, in the outbox prefetch's full groups,
+//!    instead of each group claiming, loading, deciding and closing in turn;
 //! 3. it takes the row it stands for (its `TIMEOUTD_ROW`, or the `(order, phase)` row, adopted
 //!    when an order service sent the message without one) under a lease, and hands the trigger
 //!    to the dispatcher. A row already PROCESSED makes the message a no-op (F9, F10);
@@ -96,6 +99,8 @@ pub struct TimeoutConsumer {
     transport: Arc<Transport>,
     lease_ms: i64,
     ahead: Option<Prefetch>,
+    /// Due messages in one merged group from which they are held too (a burst).
+    burst: usize,
 }
 
 impl TimeoutConsumer {
@@ -107,14 +112,17 @@ impl TimeoutConsumer {
             transport,
             lease_ms: lease.as_millis() as i64,
             ahead: None,
+            burst: usize::MAX,
         }
     }
 
     /// Claims the rows of messages that come before their due time at once, loads their orders
     /// and hands them to `ahead` to be decided when due, instead of waiting them out inside
-    /// their listener call.
-    pub fn with_hold(mut self, ahead: Prefetch) -> Self {
+    /// their listener call; so too the due messages of a group of at least `burst` messages
+    /// (released at once, in `ahead`'s groups).
+    pub fn with_hold(mut self, ahead: Prefetch, burst: usize) -> Self {
         self.ahead = Some(ahead);
+        self.burst = burst.max(1);
         self
     }
 
@@ -242,7 +250,8 @@ impl TimeoutConsumer {
 
     /// Re-sends the hops not yet due; takes the rows of the messages due within the lead ahead
     /// and holds them (as many as the hold has room for), waits out the rest; then takes the
-    /// rows of the due ones in one claim. When the database cannot be read or written, the
+    /// rows of the due ones in one claim. In a burst (`self.burst` messages or more) the due
+    /// ones are held as well, while there is room. When the database cannot be read or written, the
     /// messages not yet settled are left to be redelivered ([`Ack::Later`]).
     async fn take_all(
         &self,
@@ -254,6 +263,7 @@ impl TimeoutConsumer {
             Err(e) => return later(decoded.iter().map(|(i, _)| *i), &e),
         };
         let read_at = tokio::time::Instant::now();
+        let burst = decoded.len() >= self.burst;
         let scheduled = futures_util::future::join_all(
             decoded
                 .into_iter()
@@ -262,12 +272,16 @@ impl TimeoutConsumer {
         .await;
         let mut out = Vec::new();
         let mut ready = Vec::new();
-        let mut early = Vec::new();
+        let mut early = Vec::new(); // held: early ones, and a burst's due ones
         let mut wait = Duration::ZERO;
         let mut room = self.ahead.as_ref().map_or(0, Prefetch::room);
         for (i, s) in scheduled {
             match s {
                 Hop::Settled(ack, outcome) => out.push((i, Taken::Settled(ack, outcome))),
+                Hop::Take(m) if burst && room > 0 => {
+                    room -= 1;
+                    early.push((i, m));
+                }
                 Hop::Take(m) => ready.push((i, m)),
                 Hop::Early(m, _) if room > 0 => {
                     room -= 1;
