@@ -118,7 +118,7 @@ impl TimeoutConsumer {
 
     /// Claims the rows of messages that come before their due time at once, loads their orders
     /// and hands them to `ahead` to be decided when due, instead of waiting them out inside
-    /// their listener call; so too the due messages of a group of at least `burst` messages
+    /// their listener call; so too the due messages of a group with at least `burst` of them
     /// (released at once, in `ahead`'s groups).
     pub fn with_hold(mut self, ahead: Prefetch, burst: usize) -> Self {
         self.ahead = Some(ahead);
@@ -250,8 +250,8 @@ impl TimeoutConsumer {
 
     /// Re-sends the hops not yet due; takes the rows of the messages due within the lead ahead
     /// and holds them (as many as the hold has room for), waits out the rest; then takes the
-    /// rows of the due ones in one claim. In a burst (`self.burst` messages or more) the due
-    /// ones are held as well, while there is room. When the database cannot be read or written, the
+    /// rows of the due ones in one claim. In a burst (`self.burst` due messages or more) the
+    /// due ones are held as well, while there is room. When the database cannot be read or written, the
     /// messages not yet settled are left to be redelivered ([`Ack::Later`]).
     async fn take_all(
         &self,
@@ -263,16 +263,21 @@ impl TimeoutConsumer {
             Err(e) => return later(decoded.iter().map(|(i, _)| *i), &e),
         };
         let read_at = tokio::time::Instant::now();
-        let burst = decoded.len() >= self.burst;
         let scheduled = futures_util::future::join_all(
             decoded
                 .into_iter()
                 .map(|(i, m)| async move { (i, self.schedule(&batch[i], m, now_ms).await) }),
         )
         .await;
+        let due = scheduled
+            .iter()
+            .filter(|(_, s)| matches!(s, Hop::Take(_)))
+            .count();
+        let burst = due >= self.burst;
         let mut out = Vec::new();
         let mut ready = Vec::new();
-        let mut early = Vec::new(); // held: early ones, and a burst's due ones
+        // Held: the early ones, and a burst's due ones.
+        let mut held = Vec::new();
         let mut wait = Duration::ZERO;
         let mut room = self.ahead.as_ref().map_or(0, Prefetch::room);
         for (i, s) in scheduled {
@@ -280,12 +285,12 @@ impl TimeoutConsumer {
                 Hop::Settled(ack, outcome) => out.push((i, Taken::Settled(ack, outcome))),
                 Hop::Take(m) if burst && room > 0 => {
                     room -= 1;
-                    early.push((i, m));
+                    held.push((i, m));
                 }
                 Hop::Take(m) => ready.push((i, m)),
                 Hop::Early(m, _) if room > 0 => {
                     room -= 1;
-                    early.push((i, m));
+                    held.push((i, m));
                 }
                 Hop::Early(m, rest) => {
                     wait = wait.max(rest);
@@ -293,8 +298,8 @@ impl TimeoutConsumer {
                 }
             }
         }
-        if let (Some(ahead), false) = (&self.ahead, early.is_empty()) {
-            out.extend(self.hold_ahead(ahead, &early, (read_at, now_ms)).await);
+        if let (Some(ahead), false) = (&self.ahead, held.is_empty()) {
+            out.extend(self.hold_ahead(ahead, &held, (read_at, now_ms)).await);
         }
         if ready.is_empty() {
             return out;
@@ -314,23 +319,23 @@ impl TimeoutConsumer {
         out
     }
 
-    /// Takes the rows of messages that came before their due time in one claim, loads their
-    /// orders and holds them ([`Prefetch::load_and_hold`]) under a renewed lease until they are
+    /// Takes the rows of messages that came before their due time (or of a burst's due ones)
+    /// in one claim, loads their orders and holds them ([`Prefetch::load_and_hold`]) under a renewed lease until they are
     /// decided; each held message is acknowledged now (`held`). A message whose row is taken
     /// already, or done, is settled as any other.
     async fn hold_ahead(
         &self,
         ahead: &Prefetch,
-        early: &[(usize, TimeoutMessage)],
+        held: &[(usize, TimeoutMessage)],
         clock_read: (tokio::time::Instant, i64),
     ) -> Vec<(usize, Taken)> {
-        let claims = match self.claim(early, Some(clock_read.1)).await {
+        let claims = match self.claim(held, Some(clock_read.1)).await {
             Ok(claims) => claims,
-            Err(e) => return later(early.iter().map(|(i, _)| *i), &e),
+            Err(e) => return later(held.iter().map(|(i, _)| *i), &e),
         };
-        let mut out = Vec::with_capacity(early.len());
+        let mut out = Vec::with_capacity(held.len());
         let mut triggers = Vec::new();
-        for ((i, _), taken) in early.iter().zip(claims) {
+        for ((i, _), taken) in held.iter().zip(claims) {
             match taken {
                 Taken::Trigger(trigger) => {
                     triggers.push(trigger);
