@@ -70,6 +70,21 @@ async fn unsettle(env: &Env, kinds: &'static str) {
 
 const FLASH: &[MerchantSpec<'static>] = &[("flashy", "builtin:two-phase", &[("grace", "1s")])];
 
+/// [`FLASH`] with its notices on the `sms` channel ([`sms_webhook`]).
+const FLASH_SMS: &[MerchantSpec<'static>] = &[(
+    "flashy",
+    "builtin:two-phase",
+    &[("grace", "1s"), ("channel", "sms")],
+)];
+
+/// A `[notify.channels.sms]` section sending to `receiver`'s webhook.
+fn sms_webhook(receiver: &Receiver) -> String {
+    format!(
+        "[notify.channels.sms]\nkind = \"webhook\"\nurl = \"{}\"\n",
+        receiver.url
+    )
+}
+
 each_backend! {
     /// A lapsed flash-sale order gives its units back to the activity and frees the buyer's slot
     /// exactly once: not again when replayed after a crash, not twice when two executors race.
@@ -315,8 +330,8 @@ each_backend! {
         env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
         env.create(&order("hooked", "flashy", T0)).await;
         let receiver = Receiver::start().await;
-        let extra = format!("[notify.channels.sms]\nkind = \"webhook\"\nurl = \"{}\"\n", receiver.url);
-        let config = env.config(&[("flashy", "builtin:two-phase", &[("grace", "1s"), ("channel", "sms")])], &extra);
+        let extra = sms_webhook(&receiver);
+        let config = env.config(FLASH_SMS, &extra);
         let (clock, now) = Clock::manual(T0);
         let d = env.dispatcher(&config, clock).await;
         env.process(&d, T0).await;
@@ -347,11 +362,8 @@ each_backend! {
             env.create(&order(id, "flashy", T0)).await;
         }
         let receiver = Receiver::start().await;
-        let extra = format!(
-            "[notify.channels.sms]\nkind = \"webhook\"\nurl = \"{}\"\n[effects]\nconcurrency = 2\n",
-            receiver.url
-        );
-        let config = env.config(&[("flashy", "builtin:two-phase", &[("grace", "1s"), ("channel", "sms")])], &extra);
+        let extra = format!("{}[effects]\nconcurrency = 2\n", sms_webhook(&receiver));
+        let config = env.config(FLASH_SMS, &extra);
         let (clock, now) = Clock::manual(T0);
         let d = env.dispatcher(&config, clock.clone()).await;
         env.process(&d, T0).await;
@@ -389,11 +401,8 @@ each_backend! {
         env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
         let activity = flash_order(env, "dup-fs", "flashy").await;
         let receiver = Receiver::start().await;
-        let extra = format!(
-            "[redis]\nurl = \"{REDIS}\"\n[notify.channels.sms]\nkind = \"webhook\"\nurl = \"{}\"\n",
-            receiver.url
-        );
-        let config = env.config(&[("flashy", "builtin:two-phase", &[("grace", "1s"), ("channel", "sms")])], &extra);
+        let extra = format!("[redis]\nurl = \"{REDIS}\"\n{}", sms_webhook(&receiver));
+        let config = env.config(FLASH_SMS, &extra);
         let (clock, now) = Clock::manual(T0);
         let (a, b) = (env.dispatcher(&config, clock.clone()).await, env.dispatcher(&config, clock.clone()).await);
         assert!(matches!(env.process(&a, T0).await[..], [Outcome::Waiting { .. }]));

@@ -251,8 +251,8 @@ impl TimeoutConsumer {
     /// Re-sends the hops not yet due; takes the rows of the messages due within the lead ahead
     /// and holds them (as many as the hold has room for), waits out the rest; then takes the
     /// rows of the due ones in one claim. In a burst (`self.burst` due messages or more) the
-    /// due ones are held as well, while there is room. When the database cannot be read or written, the
-    /// messages not yet settled are left to be redelivered ([`Ack::Later`]).
+    /// due ones are held as well, while there is room. When the database cannot be read or
+    /// written, the messages not yet settled are left to be redelivered ([`Ack::Later`]).
     async fn take_all(
         &self,
         batch: &[Received],
@@ -320,9 +320,9 @@ impl TimeoutConsumer {
     }
 
     /// Takes the rows of messages that came before their due time (or of a burst's due ones)
-    /// in one claim, loads their orders and holds them ([`Prefetch::load_and_hold`]) under a renewed lease until they are
-    /// decided; each held message is acknowledged now (`held`). A message whose row is taken
-    /// already, or done, is settled as any other.
+    /// in one claim, loads their orders and holds them ([`Prefetch::load_and_hold`]) under a
+    /// renewed lease until they are decided; each held message is acknowledged now (`held`). A
+    /// message whose row is taken already, or done, is settled as any other.
     async fn hold_ahead(
         &self,
         ahead: &Prefetch,
