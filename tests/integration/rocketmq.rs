@@ -20,6 +20,8 @@ use timeoutd::config::Config;
 use timeoutd::daemon::Daemon;
 use timeoutd::rocketmq::Transport;
 use timeoutd::rocketmq::arming::{ArmListener, Armed, Arming};
+use timeoutd::rocketmq::codec::PROP_DUE_MS;
+use timeoutd::rocketmq::coalesce::Coalescer;
 use timeoutd::rocketmq::consumer::{Ack, Received, TimeoutConsumer};
 use timeoutd_runtime::model::CheckVerdict;
 
@@ -737,6 +739,100 @@ with_broker!(
         assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (100, 100), "stock back once per order");
         stop.send(true).unwrap();
         drop(consumer);
+        releaser.await.unwrap();
+        daemon.stop().await;
+    }
+);
+
+/// [`received`], carrying its due time as timeoutd's own messages do.
+fn received_due(topic: &str, id: &str, due_ms: i64) -> Received {
+    let mut r = received(topic, id);
+    r.properties.insert(PROP_DUE_MS.to_string(), due_ms.to_string());
+    r
+}
+
+// Listener calls of early messages (a timer burst delivered `timer_lead` ahead) that come one
+// after another wait for each other (`rocketmq.early_linger`, here 20 s) and
+// are claimed as one group: one claim token for all their rows. A call with a due message ends
+// the wait at once: it closes its order, and the early ones are held, still open.
+with_broker!(
+    async fn early_calls_linger_into_one_group_until_a_due_one_comes(env) {
+        let (topic, group) = names("linger");
+        let config = env.config(
+            ACME,
+            &format!(
+                "[outbox]\nenabled = false\n[sweep]\nenabled = false\n{}",
+                // Messages due within timer_lead + 1 s are held (an earlier one is re-sent).
+                section(&topic, &group, "consume = false\nrelay_lead = \"120s\"\ntimer_lead = \"90s\"")
+            ),
+        );
+        env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
+        let now = env.db.now_ms().await.unwrap();
+        let early: Vec<String> = (0..3).map(|k| format!("early-{k}")).collect();
+        for id in &early {
+            env.create(&order(id, "acme", now + 60_000)).await;
+        }
+        for id in ["first-0", "due-0"] {
+            env.create(&order(id, "acme", now - 1_000)).await;
+        }
+        let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
+        let dispatcher = daemon.dispatcher().clone();
+        let (ahead, released) = timeoutd::sources::prefetch::channel(1_000);
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let permits = Arc::new(tokio::sync::Semaphore::new(0));
+        let releaser = tokio::spawn(released.run(dispatcher.clone(), permits, 512, stopping));
+        let consumer = TimeoutConsumer::new(
+            dispatcher,
+            daemon.broker().unwrap().transport.clone(),
+            Duration::from_secs(30),
+        )
+        .with_hold(ahead, 8);
+        let linger = Duration::from_secs(20);
+        let groups = Arc::new(Coalescer::start(
+            &tokio::runtime::Handle::current(),
+            Arc::new(consumer),
+            256,
+            4,
+            linger,
+        ));
+        // The first call reads the clock: before any read nothing counts as early.
+        let first = received_due(&topic, "first-0", now - 1_000);
+        assert_eq!(groups.handle(vec![first]).await, Ack::Done);
+        assert_eq!(env.status("first-0").await, "CLOSED");
+
+        let mut calls = Vec::new();
+        for id in &early {
+            let (groups, message) = (groups.clone(), received_due(&topic, id, now + 60_000));
+            calls.push(tokio::spawn(async move { groups.handle(vec![message]).await }));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(calls.iter().all(|c| !c.is_finished()), "the early calls wait for company");
+        for id in &early {
+            assert!(!claimed(env, id).await, "{id}: not claimed while its group waits");
+        }
+        let due = received_due(&topic, "due-0", now - 1_000);
+        let answer = tokio::time::timeout(Duration::from_secs(10), groups.handle(vec![due]));
+        assert_eq!(answer.await.expect("a due message ends the wait"), Ack::Done);
+        for call in calls {
+            assert_eq!(call.await.unwrap(), Ack::Done, "held and acknowledged");
+        }
+        assert_eq!(env.status("due-0").await, "CLOSED");
+        for id in &early {
+            assert_eq!(env.status(id).await, "PENDING", "{id}: held until due");
+        }
+        assert_eq!(
+            env.int(
+                "SELECT COUNT(DISTINCT claim_token) FROM order_timeout_msg WHERE order_id LIKE ? \
+                 AND claim_token IS NOT NULL",
+                "early-%"
+            )
+            .await,
+            1,
+            "the three calls' rows were claimed as one group"
+        );
+        stop.send(true).unwrap();
+        drop(groups);
         releaser.await.unwrap();
         daemon.stop().await;
     }

@@ -120,6 +120,7 @@ impl Broker {
                 consumer,
                 config.group_commit as usize,
                 config.groups_in_flight as usize,
+                config.early_linger,
             ));
             transport
                 .start_consumer(

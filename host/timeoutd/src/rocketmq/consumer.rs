@@ -101,6 +101,8 @@ pub struct TimeoutConsumer {
     ahead: Option<Prefetch>,
     /// Due messages in one merged group from which they are held too (a burst).
     burst: usize,
+    /// The last database clock read (host instant, epoch ms), for [`TimeoutConsumer::all_early`].
+    last_read: std::sync::Mutex<Option<(tokio::time::Instant, i64)>>,
 }
 
 impl TimeoutConsumer {
@@ -113,6 +115,7 @@ impl TimeoutConsumer {
             lease_ms: lease.as_millis() as i64,
             ahead: None,
             burst: usize::MAX,
+            last_read: std::sync::Mutex::new(None),
         }
     }
 
@@ -128,6 +131,39 @@ impl TimeoutConsumer {
 
     fn db(&self) -> &Db {
         self.dispatcher.db()
+    }
+
+    /// Whether every one of `messages` carries a due time ([`codec::PROP_DUE_MS`]) at least
+    /// `margin` after now, by the last database clock read carried forward on the host's
+    /// monotonic clock. `false` before the first read, on a clock that does not advance by
+    /// itself (a test's manual clock), and for a message without a due time or one that does
+    /// not parse (the consumer decodes it properly).
+    pub fn all_early<'a>(
+        &self,
+        mut messages: impl Iterator<Item = &'a Received>,
+        margin: Duration,
+    ) -> bool {
+        if !self.dispatcher.clock().advances_by_itself() {
+            return false;
+        }
+        let Some((read_at, now_ms)) = *self.last_read.lock().expect("not poisoned") else {
+            return false;
+        };
+        let horizon = now_ms + (read_at.elapsed() + margin).as_millis() as i64;
+        messages.all(|m| {
+            m.properties
+                .get(codec::PROP_DUE_MS)
+                .and_then(|v| v.parse::<i64>().ok())
+                .is_some_and(|due| due >= horizon)
+        })
+    }
+
+    /// Reads the database clock and keeps the reading for [`TimeoutConsumer::all_early`].
+    async fn read_clock(&self) -> Result<(tokio::time::Instant, i64), DbError> {
+        let now_ms = self.dispatcher.clock().now_ms(self.db()).await?;
+        let read = (tokio::time::Instant::now(), now_ms);
+        *self.last_read.lock().expect("not poisoned") = Some(read);
+        Ok(read)
     }
 
     /// Handles one message to an [`Ack`].
@@ -258,11 +294,10 @@ impl TimeoutConsumer {
         batch: &[Received],
         decoded: Vec<(usize, TimeoutMessage)>,
     ) -> Vec<(usize, Taken)> {
-        let now_ms = match self.dispatcher.clock().now_ms(self.db()).await {
-            Ok(now) => now,
+        let (read_at, now_ms) = match self.read_clock().await {
+            Ok(read) => read,
             Err(e) => return later(decoded.iter().map(|(i, _)| *i), &e),
         };
-        let read_at = tokio::time::Instant::now();
         let scheduled = futures_util::future::join_all(
             decoded
                 .into_iter()
@@ -366,7 +401,7 @@ impl TimeoutConsumer {
     ) -> Result<Vec<Taken>, DbError> {
         let now_ms = match now_ms {
             Some(now) => now,
-            None => self.dispatcher.clock().now_ms(self.db()).await?,
+            None => self.read_clock().await?.1,
         };
         let mut ids = Vec::with_capacity(ready.len());
         for (_, m) in ready {
