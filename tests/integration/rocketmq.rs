@@ -20,8 +20,8 @@ use timeoutd::config::Config;
 use timeoutd::daemon::Daemon;
 use timeoutd::rocketmq::Transport;
 use timeoutd::rocketmq::arming::{ArmListener, Armed, Arming};
-use timeoutd::rocketmq::codec::PROP_DUE_MS;
 use timeoutd::rocketmq::coalesce::Coalescer;
+use timeoutd::rocketmq::codec::PROP_DUE_MS;
 use timeoutd::rocketmq::consumer::{Ack, Received, TimeoutConsumer};
 use timeoutd_runtime::model::CheckVerdict;
 
@@ -747,7 +747,8 @@ with_broker!(
 /// [`received`], carrying its due time as timeoutd's own messages do.
 fn received_due(topic: &str, id: &str, due_ms: i64) -> Received {
     let mut r = received(topic, id);
-    r.properties.insert(PROP_DUE_MS.to_string(), due_ms.to_string());
+    r.properties
+        .insert(PROP_DUE_MS.to_string(), due_ms.to_string());
     r
 }
 
@@ -835,6 +836,48 @@ with_broker!(
         drop(groups);
         releaser.await.unwrap();
         daemon.stop().await;
+    }
+);
+
+// The relay marks a round's sent rows SENT together, a few statements per round: every row of
+// a round larger than one statement's chunk (64) is SENT with its own message id and its claim
+// dropped; a row whose claim another took meanwhile is left alone.
+with_broker!(
+    async fn a_relay_round_marks_each_sent_row_with_its_own_message_id(env) {
+        let (topic, group) = names("relayround");
+        let config = env.config(
+            ACME,
+            &format!("[outbox]\nenabled = false\n[sweep]\nenabled = false\n{}", section(&topic, &group, "consume = false")),
+        );
+        env.stock_up(&[("sku-a", 1_000), ("sku-b", 1_000)]).await;
+        let now = env.db.now_ms().await.unwrap();
+        for k in 0..70 {
+            env.create(&order(&format!("round-{k}"), "acme", now + 120_000)).await;
+        }
+        let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
+        eventually(Duration::from_secs(30), "the relay publishes every row", || async {
+            env.int("SELECT COUNT(*) FROM order_timeout_msg WHERE status = 'SENT' AND order_id LIKE ?", "round-%").await == 70
+        })
+        .await;
+        daemon.stop().await;
+        assert_eq!(
+            env.int(
+                "SELECT COUNT(DISTINCT message_id) FROM order_timeout_msg WHERE order_id LIKE ? \
+                 AND message_id IS NOT NULL AND claim_token IS NULL AND sent_at_ms IS NOT NULL",
+                "round-%"
+            )
+            .await,
+            70,
+            "each row SENT with its own message id, its claim dropped"
+        );
+
+        env.create(&order("stolen-0", "acme", now + 120_000)).await;
+        let id = env.int("SELECT id FROM order_timeout_msg WHERE order_id = ?", "stolen-0").await;
+        let claims = timeoutd::db::relay::claim_rows(&env.db, &[id], now, 30_000).await.unwrap();
+        assert!(matches!(claims[0], timeoutd::db::relay::RowClaim::Claimed(_)));
+        timeoutd::db::relay::mark_sent(&env.db, "another-token", now, &[(id, "m-1".into())]).await.unwrap();
+        assert_eq!(env.text("SELECT status FROM order_timeout_msg WHERE order_id = ?", "stolen-0").await, "PENDING");
+        assert!(claimed(env, "stolen-0").await, "the other claim stands");
     }
 );
 

@@ -39,31 +39,41 @@ pub async fn claim_for_relay(
     Ok((token, rows))
 }
 
-/// The relay published row `id` (message `message_id`): SENT, claim dropped. Nothing happens
-/// when the claim `token` was lost meanwhile (the row is someone else's now).
+/// Most rows one [`mark_sent`] statement marks: its `CASE` list is compared row by row, so it is
+/// kept short; a relay round of 256 rows costs 4 statements instead of 256.
+const MARK_SENT_CHUNK: usize = 64;
+
+/// The relay published these rows, `(row id, message id)`: each is SENT at `now_ms` with its
+/// message id and its claim dropped, in statements of at most [`MARK_SENT_CHUNK`] rows
+/// (`message_id = CASE id WHEN ? THEN ? … END`). A row whose claim `token` was lost meanwhile
+/// (a consumer or the outbox timer has it now) is left alone.
 ///
 /// # Errors
-/// [`DbError::Sql`] on query failure.
+/// [`DbError::Sql`] on query failure; the rows of the chunks before it are marked.
 pub async fn mark_sent(
     db: &Db,
-    id: i64,
     token: &str,
     now_ms: i64,
-    message_id: &str,
+    sent: &[(i64, String)],
 ) -> Result<(), DbError> {
     let _gate = db.write_gate().await;
-    db.backend()
-        .query(
-            "UPDATE order_timeout_msg SET status = 'SENT', sent_at_ms = ?, message_id = ?, \
-             last_error = NULL, claim_token = NULL, claim_until_ms = NULL \
-             WHERE id = ? AND claim_token = ? AND status = 'PENDING'",
-        )
-        .bind(now_ms)
-        .bind(message_id)
-        .bind(id)
-        .bind(token)
-        .execute(db.pool())
-        .await?;
+    for chunk in sent.chunks(MARK_SENT_CHUNK) {
+        let case = "WHEN ? THEN ? ".repeat(chunk.len());
+        let marks = super::orders::marks(chunk.len());
+        let mut q = db.backend().query_owned(format!(
+            "UPDATE order_timeout_msg SET status = 'SENT', sent_at_ms = ?, \
+             message_id = CASE id {case}END, last_error = NULL, claim_token = NULL, \
+             claim_until_ms = NULL WHERE id IN ({marks}) AND claim_token = ? AND status = 'PENDING'"
+        ));
+        q = q.bind(now_ms);
+        for (id, message_id) in chunk {
+            q = q.bind(*id).bind(message_id.clone());
+        }
+        for (id, _) in chunk {
+            q = q.bind(*id);
+        }
+        q.bind(token.to_string()).execute(db.pool()).await?;
+    }
     Ok(())
 }
 

@@ -81,10 +81,23 @@ pub async fn relay_once(
             (db.clone(), transport.clone(), token.clone(), *backoff);
         set.spawn(async move { publish(&db, &transport, &token, &backoff, row, now_ms).await });
     }
-    while set.join_next().await.is_some() {}
+    // The round's sent rows are marked together: a few statements per round, not one per row.
+    let mut sent = Vec::with_capacity(handled);
+    while let Some(published) = set.join_next().await {
+        if let Ok(Some(row)) = published {
+            sent.push(row);
+        }
+    }
+    if let Err(e) = relay::mark_sent(db, &token, now_ms, &sent).await {
+        // Their rows stay PENDING under the claim; once it lapses they are relayed again, and
+        // the duplicate messages are no-ops (F9).
+        tracing::warn!(error = %e, rows = sent.len(), "relay could not mark its sent rows; the claim lapses");
+    }
     Ok(handled)
 }
 
+/// Publishes one row's message. Returns `(row id, message id)` when it was sent (marked SENT
+/// with the round's others); a failure or a row due too soon is recorded on the row here.
 async fn publish(
     db: &Db,
     transport: &Transport,
@@ -92,7 +105,7 @@ async fn publish(
     backoff: &Backoff,
     row: DueRow,
     now_ms: i64,
-) {
+) -> Option<(i64, String)> {
     let message = TimeoutMessage {
         order_id: row.order_id.clone(),
         phase: u32::try_from(row.phase).unwrap_or(0),
@@ -106,7 +119,7 @@ async fn publish(
                 outcome: "sent",
                 error: None,
             });
-            relay::mark_sent(db, row.id, token, now_ms, &message_id).await
+            return Some((row.id, message_id));
         }
         Ok(Scheduled::Now { .. }) => {
             // Due within the timer lead plus a second after all: the outbox timer has it.
@@ -131,6 +144,7 @@ async fn publish(
         }
     };
     if let Err(e) = result {
-        tracing::warn!(error = %e, row = row.id, "relay could not record a send; the claim lapses");
+        tracing::warn!(error = %e, row = row.id, "relay could not record a failed send; the claim lapses");
     }
+    None
 }
