@@ -311,12 +311,11 @@ pub(crate) fn close_many_query<'q>(
             // Galera chaos run has audited): with the stamps joined in through a derived table,
             // one Galera chaos run of two on 2026-12-02 found orders closed twice, not yet
             // explained.
-            let case = vec!["WHEN ? THEN ?"; closes.len()].join(" ");
+            let case = case_by_id(closes.len());
             let mut q = backend
                 .query_owned(format!(
                     "{prefix} UPDATE orders SET status = 'CLOSED', closed_at_ms = ?, \
-                     close_due_ms = CASE id {case} END, closed_by = CASE id {case} END, \
-                     close_reason = CASE id {case} END \
+                     close_due_ms = {case}, closed_by = {case}, close_reason = {case} \
                      WHERE id IN ({}) AND status = 'PENDING' AND deadline_ms <= ?",
                     marks(closes.len())
                 ))
@@ -392,6 +391,13 @@ pub async fn release_coupons(
 /// `n` comma-separated `?` markers (at least one).
 pub(crate) fn marks(n: usize) -> String {
     vec!["?"; n.max(1)].join(", ")
+}
+
+/// `CASE id WHEN ? THEN ? … END` with `n` arms (at least one): a value per row of an
+/// `UPDATE … WHERE id IN (…)`, bound as `(id, value)` pairs. Each row is compared with every
+/// arm, so keep `n` to a statement's group.
+pub(crate) fn case_by_id(n: usize) -> String {
+    format!("CASE id {} END", vec!["WHEN ? THEN ?"; n.max(1)].join(" "))
 }
 
 /// Gives `quantity` units of `sku` back. Returns false when the SKU has no stock row.

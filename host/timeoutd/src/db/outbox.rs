@@ -449,8 +449,8 @@ pub async fn finish_many(
             None => String::new(),
             Some(_) if shared => " AND claim_token = ?".to_string(),
             Some(_) => format!(
-                " AND claim_token = CASE id{} END",
-                " WHEN ? THEN ?".repeat(part.len())
+                " AND claim_token = {}",
+                super::orders::case_by_id(part.len())
             ),
         };
         let mut q = Backend::of(conn).query_owned(format!(

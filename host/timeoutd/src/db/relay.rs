@@ -58,11 +58,11 @@ pub async fn mark_sent(
 ) -> Result<(), DbError> {
     let _gate = db.write_gate().await;
     for chunk in sent.chunks(MARK_SENT_CHUNK) {
-        let case = "WHEN ? THEN ? ".repeat(chunk.len());
+        let case = super::orders::case_by_id(chunk.len());
         let marks = super::orders::marks(chunk.len());
         let mut q = db.backend().query_owned(format!(
             "UPDATE order_timeout_msg SET status = 'SENT', sent_at_ms = ?, \
-             message_id = CASE id {case}END, last_error = NULL, claim_token = NULL, \
+             message_id = {case}, last_error = NULL, claim_token = NULL, \
              claim_until_ms = NULL WHERE id IN ({marks}) AND claim_token = ? AND status = 'PENDING'"
         ));
         q = q.bind(now_ms);
