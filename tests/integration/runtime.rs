@@ -164,6 +164,47 @@ fn traps_are_classified_and_discard_only_their_store() {
     }
 }
 
+/// The epoch ticker sleeps while no plugin runs (it had woken 1,000 times a second on an idle
+/// daemon), and a call after a long idle wakes it: a spinning plugin still traps at its
+/// deadline (200 ms here), counted in whole ticks from the call's start.
+#[test]
+fn an_idle_engine_stops_ticking_and_a_spin_after_the_idle_still_traps_at_its_deadline() {
+    let engine = engine();
+    let plugin = hostile(&engine);
+    // The load's `describe` woke the ticker; 100 ms after it the ticks stand still.
+    let start = std::time::Instant::now();
+    loop {
+        let before = engine.epoch_ticks();
+        std::thread::sleep(Duration::from_millis(300));
+        if engine.epoch_ticks() == before {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the epoch kept ticking on an idle engine"
+        );
+    }
+    let idle_ticks = engine.epoch_ticks();
+    let o = order("o-idle", "evil", T0);
+    let started = std::time::Instant::now();
+    match plugin.decide(&o, &ctx(T0, 0, &[("mode", "spin")])) {
+        Err(DecideError::Trap {
+            kind: TrapKind::Deadline,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(150) && took < Duration::from_secs(10),
+        "a 200 ms deadline took {took:?}"
+    );
+    let ticked = engine.epoch_ticks() - idle_ticks;
+    assert!(ticked >= 199, "{ticked} ticks for a 200-tick deadline");
+    let ok = plugin.decide(&o, &ctx(T0, 0, &[("mode", "ok")])).unwrap();
+    assert_eq!(ok.kind(), "cancel");
+}
+
 /// Without `std`, the SDK's panic handler writes the panic's message to the daemon's log
 /// through the host (tagged with the plugin and the order) before trapping.
 #[test]

@@ -2,11 +2,11 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
+use crate::ticker::{EpochTicker, Running};
 use crate::warm::WarmPool;
 
 /// Limits applied to every plugin call.
@@ -104,14 +104,9 @@ struct Inner {
     allocator: Allocator,
     limits: RuntimeLimits,
     cache_dir: Option<PathBuf>,
-    ticker_stop: Arc<AtomicBool>,
+    /// Stops its thread when the last clone of the engine drops.
+    ticker: EpochTicker,
     warm: WarmPool,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        self.ticker_stop.store(true, Ordering::Relaxed);
-    }
 }
 
 impl PolicyEngine {
@@ -177,14 +172,13 @@ impl PolicyEngine {
             std::fs::create_dir_all(dir)
                 .map_err(|e| format!("cannot create plugin cache {}: {e}", dir.display()))?;
         }
-        let ticker_stop = Arc::new(AtomicBool::new(false));
-        spawn_epoch_ticker(engine.clone(), limits.epoch_tick, ticker_stop.clone());
+        let ticker = EpochTicker::spawn(engine.clone(), limits.epoch_tick);
         Ok(PolicyEngine {
             inner: Arc::new(Inner {
                 engine,
                 allocator,
                 cache_dir: cache_dir.map(Path::to_path_buf),
-                ticker_stop,
+                ticker,
                 warm: WarmPool::new(limits.max_warm_instances),
                 limits,
             }),
@@ -215,6 +209,19 @@ impl PolicyEngine {
         &self.inner.warm
     }
 
+    /// Marks a plugin call running (waking the epoch ticker if it sleeps) until the guard
+    /// drops; taken before the call's `Store` gets its epoch deadline.
+    pub(crate) fn running(&self) -> Running<'_> {
+        self.inner.ticker.enter()
+    }
+
+    /// Epoch ticks so far. They advance every [`RuntimeLimits::epoch_tick`] while a plugin call
+    /// runs and for 100 ms after the last one, and stand still while the engine is idle (the
+    /// ticker thread sleeps instead of waking 1,000 times a second).
+    pub fn epoch_ticks(&self) -> u64 {
+        self.inner.ticker.ticks()
+    }
+
     /// `deadline` in epoch ticks (at least 1).
     pub(crate) fn deadline_ticks(&self, deadline: Duration) -> u64 {
         let tick = self.inner.limits.epoch_tick.as_nanos().max(1);
@@ -237,16 +244,4 @@ impl PolicyEngine {
             .max_memory_bytes
             .max(self.inner.limits.max_plugin_memory_bytes)
     }
-}
-
-fn spawn_epoch_ticker(engine: Engine, tick: Duration, stop: Arc<AtomicBool>) {
-    std::thread::Builder::new()
-        .name("timeoutd-epoch".into())
-        .spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                std::thread::sleep(tick);
-                engine.increment_epoch();
-            }
-        })
-        .expect("spawn epoch ticker thread");
 }

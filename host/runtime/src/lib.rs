@@ -7,7 +7,7 @@
 //!
 //! Shape of a call:
 //! 1. [`PolicyEngine::new`] builds the one [`wasmtime::Engine`] (pooling allocator, epoch
-//!    interruption) and starts its epoch ticker.
+//!    interruption) and starts its epoch ticker, which ticks only while plugin code runs.
 //! 2. [`PolicyEngine::load`] checks that the bytes are a component of a supported API version
 //!    (the SDK's stamp, read by [`inspect()`] before anything is compiled), compiles it once (cached on disk, keyed by the engine's compatibility hash and the component's
 //!    digest) and links it into an `InstancePre`.
@@ -34,6 +34,7 @@ pub mod model;
 mod plugin;
 pub mod retry;
 mod state;
+mod ticker;
 mod warm;
 
 pub use engine::{Allocator, InstanceMode, PluginLimits, PolicyEngine, RuntimeLimits};

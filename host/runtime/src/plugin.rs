@@ -226,6 +226,7 @@ impl Plugin {
             Call::Decide(o, c) | Call::Check(o, c) => (o, c),
         };
         let inner = &self.inner;
+        let _running = inner.engine.running();
         let pool = inner.engine.warm();
         let warm = match inner.mode {
             InstanceMode::Warm => pool.take(inner.id),
@@ -378,6 +379,7 @@ fn describe(
         stage: "describe",
         reason,
     };
+    let _running = engine.running();
     let state = CallState::new(name.into(), String::new(), 0, limits.max_memory_bytes);
     let mut store = Store::new(engine.engine(), state);
     store.limiter(|s| &mut s.limits);
