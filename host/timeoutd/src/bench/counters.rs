@@ -45,9 +45,30 @@ impl Counters {
 /// CPU seconds (user + system) this process has used so far; 0 where `/proc` cannot tell.
 pub(super) fn cpu_seconds() -> f64 {
     // /proc/self/stat fields 14 and 15 (utime, stime) in clock ticks of USER_HZ = 100 on Linux.
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+    std::fs::read_to_string("/proc/self/stat").map_or(0.0, |stat| stat_cpu_ticks(&stat) / 100.0)
+}
+
+/// CPU seconds (user + system) used so far by this process's live threads named `name`
+/// (`/proc/self/task/*/comm`, which keeps 15 bytes); 0 where `/proc` cannot tell. A thread that
+/// has exited no longer counts here, though the process total keeps it.
+pub(super) fn thread_cpu_seconds(name: &str) -> f64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return 0.0;
     };
+    let mut ticks = 0.0;
+    for task in tasks.flatten() {
+        let path = task.path();
+        let named = std::fs::read_to_string(path.join("comm"))
+            .is_ok_and(|comm| comm.trim_end() == &name[..name.len().min(15)]);
+        if let (true, Ok(stat)) = (named, std::fs::read_to_string(path.join("stat"))) {
+            ticks += stat_cpu_ticks(&stat);
+        }
+    }
+    ticks / 100.0
+}
+
+/// utime + stime of a `/proc/.../stat` line, clock ticks (USER_HZ = 100 on Linux).
+fn stat_cpu_ticks(stat: &str) -> f64 {
     let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
     let fields: Vec<&str> = after_name.split_whitespace().collect();
     let tick = |i: usize| {
@@ -57,7 +78,7 @@ pub(super) fn cpu_seconds() -> f64 {
             .unwrap_or(0.0)
     };
     // After the `(comm)` field, utime is the 12th field and stime the 13th (0-based 11, 12).
-    (tick(11) + tick(12)) / 100.0
+    tick(11) + tick(12)
 }
 
 /// Resets the process's peak resident set (`VmHWM`) to its current size, so a later

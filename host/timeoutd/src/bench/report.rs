@@ -37,8 +37,12 @@ pub struct Report {
     /// 0.99 × orders ÷ closes/s, ms: the best p99 this rate allows when the orders share one
     /// deadline (`None` with a spread).
     pub drain_floor_p99_ms: Option<f64>,
-    /// Daemon CPU seconds per 1,000 closes (this process, during the drain).
+    /// Daemon CPU seconds per 1,000 closes (this process from the daemons' start to the end of
+    /// the drain, less the watching group's threads on the broker paths).
     pub cpu_s_per_1000: f64,
+    /// Broker paths: CPU seconds per 1,000 closes of the bench's watching consumer group (its
+    /// own client, threads `bench-watcher`), already taken out of `cpu_s_per_1000`.
+    pub watcher_cpu_s_per_1000: Option<f64>,
     /// Peak RSS of the process over the whole run (seeding and baseline included), MiB.
     pub peak_rss_mib: f64,
     /// Peak RSS from the daemons' start to the end of the drain, MiB: the daemon's figure,
@@ -152,6 +156,11 @@ impl Report {
                 .map_or("unknown".to_string(), |m| format!("{m:.0} MiB")),
             self.audit.ledger_rows_per_close
         ));
+        if let Some(w) = self.watcher_cpu_s_per_1000 {
+            out.push_str(&format!(
+                "  watcher cpu         {w:.3} s / 1000 closes (the bench's watching group, not counted above)\n"
+            ));
+        }
         let by: Vec<String> = self
             .closed_by
             .iter()
@@ -195,6 +204,8 @@ pub(super) struct Inputs {
     pub baseline_counts: PerClose,
     pub daemon_counts: PerClose,
     pub cpu_s: f64,
+    /// The watching group's CPU seconds over the same span (broker paths).
+    pub watcher_cpu_s: Option<f64>,
     /// Peak RSS before the daemons started (seeding, baseline), MiB.
     pub setup_peak_rss_mib: f64,
     /// Peak RSS from the daemons' start to the drain's end, MiB, where it could be reset.
@@ -262,6 +273,9 @@ pub(super) async fn collect(db: &Db, closes: &Closes, i: Inputs) -> anyhow::Resu
         drain_floor_p99_ms: (i.spread_ms == 0)
             .then(|| 0.99 * f64::from(i.orders) * 1000.0 / closes_per_s),
         cpu_s_per_1000: i.cpu_s * 1000.0 / f64::from(i.orders.max(1)),
+        watcher_cpu_s_per_1000: i
+            .watcher_cpu_s
+            .map(|w| w * 1000.0 / f64::from(i.orders.max(1))),
         peak_rss_mib: peak_rss_mib().max(i.setup_peak_rss_mib),
         daemon_peak_rss_mib: i.daemon_peak_rss_mib,
         daemon: i.daemon_counts,

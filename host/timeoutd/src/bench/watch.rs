@@ -17,6 +17,9 @@ use crate::rocketmq::codec;
 use crate::rocketmq::received::Received;
 use crate::rocketmq::{Transport, TransportError};
 
+/// The name of the watching client's threads: the bench takes their CPU out of the daemon's.
+pub(super) const WATCHER_THREADS: &str = "bench-watcher";
+
 /// The watching group and what it saw.
 pub(super) struct Watch {
     transport: Arc<Transport>,
@@ -34,7 +37,7 @@ impl Watch {
         config.consumer_group = format!("{}_WATCH", config.consumer_group);
         config.producer_group = format!("{}_WATCH", config.producer_group);
         config.instance = None;
-        let transport = Transport::start(&config).await?;
+        let transport = Transport::start_named(&config, WATCHER_THREADS).await?;
         let released = Arc::new(Mutex::new(Vec::new()));
         transport
             .start_consumer(

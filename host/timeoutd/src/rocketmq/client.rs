@@ -86,12 +86,28 @@ pub struct Transport {
 
 static INSTANCES: AtomicU64 = AtomicU64::new(0);
 
+/// The name of the client runtime's threads (its Tokio workers and blocking threads).
+pub const CLIENT_THREADS: &str = "rocketmq-client";
+
 impl Transport {
-    /// Builds the client runtime and starts the producer.
+    /// Builds the client runtime (threads named [`CLIENT_THREADS`]) and starts the producer.
     ///
     /// # Errors
     /// [`TransportError::Start`] when the runtime or the producer cannot start.
     pub async fn start(config: &RocketMqConfig) -> Result<Arc<Transport>, TransportError> {
+        Self::start_named(config, CLIENT_THREADS).await
+    }
+
+    /// As [`Transport::start`], the client runtime's threads named `threads` (Linux keeps the
+    /// first 15 bytes), so a process with two clients can tell their CPU apart: the bench's
+    /// watching group is not the daemon.
+    ///
+    /// # Errors
+    /// As [`Transport::start`].
+    pub async fn start_named(
+        config: &RocketMqConfig,
+        threads: &'static str,
+    ) -> Result<Arc<Transport>, TransportError> {
         let instance = config.instance.clone().unwrap_or_else(|| {
             format!(
                 "timeoutd-{}-{}",
@@ -99,11 +115,12 @@ impl Transport {
                 INSTANCES.fetch_add(1, Ordering::Relaxed)
             )
         });
-        let (name, threads) = (instance.clone(), config.consume_threads as usize);
-        let (handle, client_runtime, stop, thread) =
-            tokio::task::spawn_blocking(move || spawn_client_runtime(&name, threads))
-                .await
-                .map_err(|e| TransportError::Start(format!("client runtime thread: {e}")))??;
+        let (name, consume_threads) = (instance.clone(), config.consume_threads as usize);
+        let (handle, client_runtime, stop, thread) = tokio::task::spawn_blocking(move || {
+            spawn_client_runtime(&name, threads, consume_threads)
+        })
+        .await
+        .map_err(|e| TransportError::Start(format!("client runtime thread: {e}")))??;
         let mut producer = DefaultMQProducer::builder(client_runtime.clone())
             .producer_group(config.producer_group.as_str())
             .name_server_addr(config.namesrv.as_str())
@@ -465,21 +482,23 @@ pub(super) type Spawned = (
 );
 
 /// Builds the client's `RuntimeOwner` on its own thread and hands back its handle; the thread
-/// keeps the owner until told to stop, then shuts it down.
+/// keeps the owner until told to stop, then shuts it down. That thread and the runtime's are
+/// named `threads`; `name` is the client instance the log lines name.
 pub(super) fn spawn_client_runtime(
     name: &str,
+    threads: &'static str,
     consume_threads: usize,
 ) -> Result<Spawned, TransportError> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
     let name = name.to_string();
     let thread = std::thread::Builder::new()
-        .name("rocketmq-client".into())
+        .name(threads.into())
         .spawn(move || {
             let built = (|| {
                 // Three consumers (timeouts, paid callbacks, the DLQ drain) may each block
                 // `consume_threads` listener calls at once.
-                let mut config = RuntimeConfig::for_parallelism("rocketmq-client", 2)
+                let mut config = RuntimeConfig::for_parallelism(threads, 2)
                     .with_max_blocking_threads(consume_threads.max(4) * 3 + 16)
                     .map_err(|e| format!("runtime config: {e:?}"))?;
                 // Listeners and transaction callbacks run on the metadata-io lane.

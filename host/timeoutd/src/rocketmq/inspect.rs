@@ -64,10 +64,11 @@ pub fn groups(config: &RocketMqConfig) -> Vec<(String, String)> {
 /// # Errors
 /// [`TransportError::Start`] when the admin client cannot start (no name server).
 pub async fn inspect(config: &RocketMqConfig) -> Result<Inspection, TransportError> {
-    let (handle, client_runtime, stop, thread) =
-        tokio::task::spawn_blocking(|| super::client::spawn_client_runtime("timeoutd-doctor", 1))
-            .await
-            .map_err(|e| TransportError::Start(format!("client runtime thread: {e}")))??;
+    let (handle, client_runtime, stop, thread) = tokio::task::spawn_blocking(|| {
+        super::client::spawn_client_runtime("timeoutd-doctor", "timeoutd-doctor", 1)
+    })
+    .await
+    .map_err(|e| TransportError::Start(format!("client runtime thread: {e}")))??;
     let (namesrv, topics, groups) = (config.namesrv.clone(), topics(config), groups(config));
     let read = handle
         .spawn(async move {
