@@ -55,11 +55,12 @@ pub(super) fn thread_cpu_seconds(name: &str) -> f64 {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return 0.0;
     };
+    let comm_name = &name[..name.len().min(15)];
     let mut ticks = 0.0;
     for task in tasks.flatten() {
         let path = task.path();
         let named = std::fs::read_to_string(path.join("comm"))
-            .is_ok_and(|comm| comm.trim_end() == &name[..name.len().min(15)]);
+            .is_ok_and(|comm| comm.trim_end() == comm_name);
         if let (true, Ok(stat)) = (named, std::fs::read_to_string(path.join("stat"))) {
             ticks += stat_cpu_ticks(&stat);
         }

@@ -65,7 +65,7 @@ pub fn groups(config: &RocketMqConfig) -> Vec<(String, String)> {
 /// [`TransportError::Start`] when the admin client cannot start (no name server).
 pub async fn inspect(config: &RocketMqConfig) -> Result<Inspection, TransportError> {
     let (handle, client_runtime, stop, thread) = tokio::task::spawn_blocking(|| {
-        super::client::spawn_client_runtime("timeoutd-doctor", "timeoutd-doctor", 1)
+        super::client::spawn_client_runtime("timeoutd-doctor", super::client::CLIENT_THREADS, 1)
     })
     .await
     .map_err(|e| TransportError::Start(format!("client runtime thread: {e}")))??;
