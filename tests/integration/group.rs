@@ -302,6 +302,40 @@ each_backend! {
     }
 }
 
+each_backend! {
+    /// A burst's decisions are made a chunk per core on shared blocking calls, not one call each:
+    /// each answer still reaches its own order. 40 orders of one plugin, every third past the
+    /// window and its grace (closed), the rest just past the window (their reminder phase): a
+    /// pattern no shift by a chunk's length maps onto itself.
+    async fn a_groups_decisions_made_on_shared_calls_each_reach_their_own_order(env) {
+        env.stock_up(&[("sku-a", 1_000), ("sku-b", 1_000)]).await;
+        for i in 0..40 {
+            let deadline_ms = if i % 3 == 0 { T0 - 60_000 } else { T0 };
+            env.create(&order(&format!("m-{i:02}"), "flashy", deadline_ms)).await;
+        }
+        let (clock, _) = Clock::manual(T0 + 1);
+        let d = env.dispatcher(&env.config(TWO_PHASE, ""), clock).await;
+        let triggers = env.claim(T0 + 1).await;
+        assert_eq!(triggers.len(), 40);
+        let outcomes = d.handle_group(&triggers).await;
+        for (t, o) in triggers.iter().zip(&outcomes) {
+            let i: usize = t.order_id[2..].parse().unwrap();
+            if i % 3 == 0 {
+                assert!(matches!(o, Outcome::Closed { .. }), "{}: {o:?}", t.order_id);
+                assert_eq!(env.status(&t.order_id).await, "CLOSED", "{}", t.order_id);
+            } else {
+                assert!(matches!(o, Outcome::Waiting { next_phase: 1, due_ms } if *due_ms == T0 + 60_000), "{}: {o:?}", t.order_id);
+                assert_eq!(env.status(&t.order_id).await, "PENDING", "{}", t.order_id);
+                assert_eq!(env.int("SELECT COUNT(*) FROM effect_ledger WHERE kind = 'remind' AND order_id = ?", &t.order_id).await, 1);
+            }
+        }
+        assert_eq!(env.int("SELECT COUNT(*) FROM order_timeout_msg WHERE phase = 0 AND status <> ?", "PROCESSED").await, 0);
+        assert_eq!(env.int("SELECT COUNT(*) FROM decision_log WHERE outcome = ?", "closed").await, 14);
+        assert_eq!(env.int("SELECT COUNT(*) FROM decision_log WHERE outcome = ?", "waiting").await, 26);
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (1_000 - 26 * 2, 1_000 - 26));
+    }
+}
+
 /// Waits until a transaction of this test's database is blocked on a row lock (the group
 /// waiting for the payment's lock): PostgreSQL `pg_stat_activity`, MariaDB's process list.
 async fn until_blocked_on_a_lock(env: &Env) {

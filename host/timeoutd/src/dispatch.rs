@@ -17,6 +17,7 @@
 //!   close-at-deadline policy ([`fallback`]); or dead-letter at once (`dead_letter`).
 
 pub mod align;
+mod ask;
 mod close;
 mod failure;
 pub mod fallback;
@@ -32,8 +33,9 @@ use timeoutd_runtime::model::{Context, Decision, Order, OrderStatus, TriggerKind
 use timeoutd_runtime::DecideError;
 use tracing::Instrument;
 
-use crate::clock::{Clock, Stopwatch};
+use crate::clock::Clock;
 pub use align::PaymentQuery;
+use ask::{Answered, Asking, Staged};
 
 use crate::config::{DispatchConfig, OnPluginError, PaymentConfig};
 use crate::db::{Db, DbError, journal, orders, outbox};
@@ -209,6 +211,8 @@ pub struct Dispatcher {
     /// 10 µs); a burst's groups starting together once asked for hundreds at once, each on its
     /// own blocking thread with its own live instance, which bought no speed and cost memory.
     deciders: Arc<tokio::sync::Semaphore>,
+    /// The deciders' permits: the most blocking calls a group's asks are split into ([`ask`]).
+    decider_count: usize,
 }
 
 /// The ledger executor's side of a commit: told which orders a transaction just recorded
@@ -317,6 +321,7 @@ impl Dispatcher {
         retry: DispatchConfig,
         effects: Arc<dyn AfterCommit>,
     ) -> Self {
+        let cores = std::thread::available_parallelism().map_or(2, usize::from);
         Dispatcher {
             db,
             clock,
@@ -324,9 +329,8 @@ impl Dispatcher {
             retry,
             effects,
             provider: None,
-            deciders: Arc::new(tokio::sync::Semaphore::new(
-                std::thread::available_parallelism().map_or(2, usize::from),
-            )),
+            deciders: Arc::new(tokio::sync::Semaphore::new(cores)),
+            decider_count: cores,
         }
     }
 
@@ -400,40 +404,62 @@ impl Dispatcher {
 
     /// Takes a trigger as far as the plugin's decision: the order's state, the deadline, the
     /// merchant's plugin and breaker, the call, and what a plugin failure means. Everything that
-    /// ends a trigger before a decision is carried out ends here.
+    /// ends a trigger before a decision is carried out ends here. A group does the same in three
+    /// steps, its plugin calls batched ([`ask`]).
     async fn prepare(
         &self,
         trigger: &Trigger,
         now_ms: i64,
         loaded: Result<Option<Order>, DbError>,
     ) -> Result<Step, DbError> {
+        match self.stage(trigger, now_ms, loaded).await? {
+            Staged::Ended(step) => Ok(step),
+            Staged::Ask(asking) => {
+                let (asking, answered) = self
+                    .ask_all(vec![*asking])
+                    .await
+                    .pop()
+                    .expect("one answer per ask");
+                self.conclude(trigger, asking, answered).await
+            }
+        }
+    }
+
+    /// The part of [`Dispatcher::prepare`] before the plugin call: everything that ends a
+    /// trigger without asking its plugin, else what the call needs.
+    async fn stage(
+        &self,
+        trigger: &Trigger,
+        now_ms: i64,
+        loaded: Result<Option<Order>, DbError>,
+    ) -> Result<Staged, DbError> {
         let order = match loaded {
             Ok(Some(order)) => order,
             Ok(None) => {
                 let reason = format!("order `{}` does not exist", trigger.order_id);
-                return Ok(Step::Done(
+                return Ok(Staged::Ended(Step::Done(
                     self.dead_letter(trigger, now_ms, &reason).await?,
-                ));
+                )));
             }
             Err(DbError::BadRow { detail, .. }) => {
-                return Ok(Step::Done(
+                return Ok(Staged::Ended(Step::Done(
                     self.dead_letter(trigger, now_ms, &detail).await?,
-                ));
+                )));
             }
             Err(e) => return Err(e),
         };
         if order.status != OrderStatus::Pending {
             let reason = format!("order is {}", order.status.as_str());
-            return Ok(Step::NotPending { reason });
+            return Ok(Staged::Ended(Step::NotPending { reason }));
         }
         if let Some((field, reason)) =
             implausible(&order, trigger, self.retry.max_window.as_millis() as i64)
         {
             tracing::error!(order = %order.id, field, %reason, "quarantined: implausible times; nothing closed");
             emit(Event::Quarantined { field });
-            return Ok(Step::Done(
+            return Ok(Staged::Ended(Step::Done(
                 self.dead_letter(trigger, now_ms, &reason).await?,
-            ));
+            )));
         }
         let early = trigger.kind != TriggerKind::Manual && now_ms < order.deadline_ms;
         let policy = self.policies.get(&order.merchant);
@@ -443,29 +469,29 @@ impl Dispatcher {
                 .is_some_and(|p| p.plugin.asks_before_deadline())
         {
             // A 0.1.0 plugin is asked at the deadline, not before.
-            return Ok(Step::Done(
+            return Ok(Staged::Ended(Step::Done(
                 self.hold(trigger, &order, now_ms, "trigger").await?,
-            ));
+            )));
         }
         let Some(policy) = policy else {
             let reason = format!(
                 "merchant `{}` of order `{}` has no plugin configured",
                 order.merchant, order.id
             );
-            return Ok(Step::Done(
+            return Ok(Staged::Ended(Step::Done(
                 self.dead_letter(trigger, now_ms, &reason).await?,
-            ));
+            )));
         };
         if let Some(until_ms) = policy.breaker.open_until(now_ms) {
             if let Some(row) = trigger.row() {
                 outbox::defer(&self.db, row, until_ms).await?;
             }
             tracing::debug!(merchant = %order.merchant, until_ms, "plugin tripped; trigger waits");
-            return Ok(Step::Done(Outcome::Tripped { until_ms }));
+            return Ok(Staged::Ended(Step::Done(Outcome::Tripped { until_ms })));
         }
         let payment = match self.consult(trigger, &order, now_ms, early).await? {
             align::Consulted::Decide(payment) => payment,
-            align::Consulted::Done(outcome) => return Ok(Step::Done(outcome)),
+            align::Consulted::Done(outcome) => return Ok(Staged::Ended(Step::Done(outcome))),
         };
         let ctx = Context {
             now_ms,
@@ -477,21 +503,31 @@ impl Dispatcher {
             payment,
         };
         let input = serde_json::json!({ "order": &order, "context": &ctx }).to_string();
-        let (answer, latency_us) = {
-            let (plugin, order) = (policy.plugin.clone(), order.clone());
-            let _slot = self
-                .deciders
-                .acquire()
-                .await
-                .expect("the deciders' semaphore is never closed");
-            tokio::task::spawn_blocking(move || {
-                let watch = Stopwatch::start();
-                let answer = plugin.decide(&order, &ctx);
-                (answer, watch.elapsed_us())
-            })
-            .await
-            .expect("plugin call thread panicked")
-        };
+        Ok(Staged::Ask(Box::new(Asking {
+            policy,
+            order,
+            ctx,
+            early,
+            input,
+        })))
+    }
+
+    /// The part of [`Dispatcher::prepare`] after the plugin call: the breaker, the metrics, what a
+    /// failure means, an early answer held until the deadline, else the decision to carry out.
+    async fn conclude(
+        &self,
+        trigger: &Trigger,
+        asking: Asking,
+        (answer, latency_us): Answered,
+    ) -> Result<Step, DbError> {
+        let Asking {
+            policy,
+            order,
+            ctx,
+            early,
+            input,
+        } = asking;
+        let now_ms = ctx.now_ms;
         if policy.breaker.record(answer.is_ok(), now_ms) {
             emit(Event::PluginTripped {
                 merchant: &order.merchant,

@@ -94,16 +94,17 @@ impl Dispatcher {
             return self.handle_each(triggers).await;
         };
         // Missing or unreadable orders go alone: `handle` names what is wrong with them.
-        let steps = join_all(triggers.iter().map(|t| {
+        let staged = join_all(triggers.iter().map(|t| {
             let order = found.remove(&t.order_id);
             async move {
                 match order {
-                    Some(order) => Some(self.prepare(t, now_ms, Ok(Some(order))).await),
+                    Some(order) => Some(self.stage(t, now_ms, Ok(Some(order))).await),
                     None => None,
                 }
             }
         }))
         .await;
+        let steps = self.conclude_staged(triggers, staged).await;
         let mut outcomes: Vec<Option<Outcome>> = vec![None; triggers.len()];
         let mut alone = Vec::new();
         let mut not_pending = Vec::new();
