@@ -309,7 +309,7 @@ each_backend! {
     /// pattern no shift by a chunk's length maps onto itself.
     async fn a_groups_decisions_made_on_shared_calls_each_reach_their_own_order(env) {
         env.stock_up(&[("sku-a", 1_000), ("sku-b", 1_000)]).await;
-        for i in 0..40 {
+        for i in 0..40u32 {
             let deadline_ms = if i.is_multiple_of(3) { T0 - 60_000 } else { T0 };
             env.create(&order(&format!("m-{i:02}"), "flashy", deadline_ms)).await;
         }
@@ -319,7 +319,7 @@ each_backend! {
         assert_eq!(triggers.len(), 40);
         let outcomes = d.handle_group(&triggers).await;
         for (t, o) in triggers.iter().zip(&outcomes) {
-            let i: usize = t.order_id[2..].parse().unwrap();
+            let i: u32 = t.order_id[2..].parse().unwrap();
             if i.is_multiple_of(3) {
                 assert!(matches!(o, Outcome::Closed { .. }), "{}: {o:?}", t.order_id);
                 assert_eq!(env.status(&t.order_id).await, "CLOSED", "{}", t.order_id);
