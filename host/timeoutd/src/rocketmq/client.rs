@@ -250,32 +250,57 @@ impl Transport {
     /// # Errors
     /// [`TransportError::Send`] when the client fails or the broker does not answer `SEND_OK`.
     pub async fn send(&self, message: Message) -> Result<String, TransportError> {
-        let topic = message.topic().to_string();
-        let _permit = self.in_flight.acquire().await.expect("never closed");
-        let producer = self.producer.clone();
+        self.send_all(vec![message])
+            .await
+            .pop()
+            .expect("one result per message")
+    }
+
+    /// Sends each of `messages` (any topics), at most `rocketmq.max_in_flight` at once across
+    /// the process: each one's message id or error, in order. The sends run side by side in one
+    /// task on the client's runtime, so a batch crosses between the daemon's runtime and the
+    /// client's once each way, not once per message (each crossing is a thread wake-up, which
+    /// cost as much CPU as the send itself: `perf` of the relay's burst).
+    ///
+    /// # Errors
+    /// Per message, as [`Transport::send`].
+    pub async fn send_all(&self, messages: Vec<Message>) -> Vec<Result<String, TransportError>> {
+        let count = messages.len();
+        if count == 0 {
+            return Vec::new();
+        }
+        let (producer, in_flight) = (self.producer.clone(), self.in_flight.clone());
         let timeout = self.config.send_timeout.as_millis() as u64;
-        let result = self
-            .on_client(async move { producer.send_with_timeout(message, timeout).await })
-            .await?;
-        let outcome = match result {
-            Ok(Some(r)) if r.send_status == SendStatus::SendOk => {
-                Ok(r.msg_id.map(|m| m.to_string()).unwrap_or_default())
+        let sent = self
+            .on_client(async move {
+                futures_util::future::join_all(messages.into_iter().map(|message| {
+                    let (producer, in_flight) = (producer.clone(), in_flight.clone());
+                    async move {
+                        let topic = message.topic().to_string();
+                        let _permit = in_flight.acquire_owned().await.expect("never closed");
+                        let answer = producer
+                            .send_with_timeout(message, timeout)
+                            .await
+                            .map(|r| r.map(|r| (r.send_status, r.msg_id.map(|m| m.to_string()))))
+                            .map_err(|e| e.to_string());
+                        send_outcome(topic, answer)
+                    }
+                }))
+                .await
+            })
+            .await;
+        let outcomes = match sent {
+            Ok(outcomes) => outcomes,
+            Err(e) => {
+                let detail = e.to_string();
+                (0..count)
+                    .map(|_| Err(TransportError::Start(detail.clone())))
+                    .collect()
             }
-            Ok(Some(r)) => Err(TransportError::Send {
-                topic,
-                detail: format!("broker answered {:?}", r.send_status),
-            }),
-            Ok(None) => Err(TransportError::Send {
-                topic,
-                detail: "no send result".into(),
-            }),
-            Err(e) => Err(TransportError::Send {
-                topic,
-                detail: e.to_string(),
-            }),
         };
-        self.last_send_ok.store(outcome.is_ok(), Ordering::Relaxed);
-        outcome
+        let all_ok = outcomes.iter().all(Result::is_ok);
+        self.last_send_ok.store(all_ok, Ordering::Relaxed);
+        outcomes
     }
 
     /// Publishes the next hop of `message` towards its due time (`message.due_ms`, now when
@@ -290,26 +315,72 @@ impl Transport {
         message: &TimeoutMessage,
         now_ms: i64,
     ) -> Result<Scheduled, TransportError> {
-        let due_ms = message.due_ms.unwrap_or(now_ms);
+        self.schedule_all(std::slice::from_ref(message), now_ms)
+            .await
+            .pop()
+            .expect("one result per message")
+    }
+
+    /// [`Transport::schedule`] for each of `messages`, their sends together
+    /// ([`Transport::send_all`]): each one's result, in order. The relay publishes its round
+    /// this way.
+    ///
+    /// # Errors
+    /// Per message, as [`Transport::schedule`].
+    pub async fn schedule_all(
+        &self,
+        messages: &[TimeoutMessage],
+        now_ms: i64,
+    ) -> Vec<Result<Scheduled, TransportError>> {
         let refused = self.timer_refused.load(Ordering::Relaxed);
-        let hop = self.planner.next_hop(now_ms, due_ms, refused);
-        if let Hop::Now { wait_ms } = hop {
-            return Ok(Scheduled::Now { wait_ms });
-        }
-        match self.send(self.hop_message(message, hop)?).await {
-            Ok(message_id) => Ok(Scheduled::Sent { message_id, hop }),
-            Err(e)
-                if matches!(hop, Hop::Timer(_))
-                    && self.config.delay_mode == crate::config::DelayMode::Auto =>
-            {
-                tracing::warn!(error = %e, "timer message refused; using delay levels from now on");
-                self.timer_refused.store(true, Ordering::Relaxed);
-                let hop = self.planner.next_hop(now_ms, due_ms, true);
-                let message_id = self.send(self.hop_message(message, hop)?).await?;
-                Ok(Scheduled::Sent { message_id, hop })
+        let mut results: Vec<Option<Result<Scheduled, TransportError>>> =
+            Vec::with_capacity(messages.len());
+        let (mut places, mut hops, mut batch) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, message) in messages.iter().enumerate() {
+            let due_ms = message.due_ms.unwrap_or(now_ms);
+            let hop = self.planner.next_hop(now_ms, due_ms, refused);
+            if let Hop::Now { wait_ms } = hop {
+                results.push(Some(Ok(Scheduled::Now { wait_ms })));
+                continue;
             }
-            Err(e) => Err(e),
+            match self.hop_message(message, hop) {
+                Ok(built) => {
+                    results.push(None);
+                    places.push(i);
+                    hops.push(hop);
+                    batch.push(built);
+                }
+                Err(e) => results.push(Some(Err(e))),
+            }
         }
+        let sent = self.send_all(batch).await;
+        for ((i, hop), outcome) in places.into_iter().zip(hops).zip(sent) {
+            results[i] = Some(match outcome {
+                Ok(message_id) => Ok(Scheduled::Sent { message_id, hop }),
+                Err(e)
+                    if matches!(hop, Hop::Timer(_))
+                        && self.config.delay_mode == crate::config::DelayMode::Auto =>
+                {
+                    if !self.timer_refused.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(error = %e, "timer message refused; using delay levels from now on");
+                    }
+                    let due_ms = messages[i].due_ms.unwrap_or(now_ms);
+                    let hop = self.planner.next_hop(now_ms, due_ms, true);
+                    match self.hop_message(&messages[i], hop) {
+                        Ok(built) => self
+                            .send(built)
+                            .await
+                            .map(|message_id| Scheduled::Sent { message_id, hop }),
+                        Err(e) => Err(e),
+                    }
+                }
+                Err(e) => Err(e),
+            });
+        }
+        results
+            .into_iter()
+            .map(|r| r.expect("every message has a result"))
+            .collect()
     }
 
     /// Publishes one notice on `rocketmq.notification_topic`, keyed by its idempotency key (so
@@ -546,4 +617,24 @@ pub(super) fn spawn_client_runtime(
         .map_err(|_| TransportError::Start("client runtime thread died".into()))?
         .map_err(TransportError::Start)?;
     Ok((handle, client_runtime, stop_tx, thread))
+}
+
+/// What a send's answer (`(status, message id)`, or the client's error) means: the message id
+/// when the broker answered `SEND_OK`.
+fn send_outcome(
+    topic: String,
+    answer: Result<Option<(SendStatus, Option<String>)>, String>,
+) -> Result<String, TransportError> {
+    match answer {
+        Ok(Some((SendStatus::SendOk, id))) => Ok(id.unwrap_or_default()),
+        Ok(Some((status, _))) => Err(TransportError::Send {
+            topic,
+            detail: format!("broker answered {status:?}"),
+        }),
+        Ok(None) => Err(TransportError::Send {
+            topic,
+            detail: "no send result".into(),
+        }),
+        Err(detail) => Err(TransportError::Send { topic, detail }),
+    }
 }

@@ -9,10 +9,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 
-use super::client::{Scheduled, Transport};
+use super::client::{Scheduled, Transport, TransportError};
 use super::codec::TimeoutMessage;
 use crate::clock::Clock;
 use crate::db::outbox::DueRow;
@@ -75,19 +75,17 @@ pub async fn relay_once(
     )
     .await?;
     let handled = rows.len();
-    let mut set = JoinSet::new();
-    for row in rows {
-        let (db, transport, token, backoff) =
-            (db.clone(), transport.clone(), token.clone(), *backoff);
-        set.spawn(async move { publish(&db, &transport, &token, &backoff, row, now_ms).await });
-    }
-    // The round's sent rows are marked together: a few statements per round, not one per row.
-    let mut sent = Vec::with_capacity(handled);
-    while let Some(published) = set.join_next().await {
-        if let Ok(Some(row)) = published {
-            sent.push(row);
-        }
-    }
+    // The round's messages go out together (one hand-off to the client's runtime for the
+    // round), and its sent rows are marked together: a few statements per round, not one per row.
+    let messages: Vec<TimeoutMessage> = rows.iter().map(message_of).collect();
+    let scheduled = transport.schedule_all(&messages, now_ms).await;
+    let settled = join_all(
+        rows.into_iter()
+            .zip(scheduled)
+            .map(|(row, result)| settle(db, &token, backoff, row, result, now_ms)),
+    )
+    .await;
+    let sent: Vec<(i64, String)> = settled.into_iter().flatten().collect();
     if let Err(e) = relay::mark_sent(db, &token, now_ms, &sent).await {
         // Their rows stay PENDING under the claim; once it lapses they are relayed again, and
         // the duplicate messages are no-ops (F9).
@@ -96,24 +94,28 @@ pub async fn relay_once(
     Ok(handled)
 }
 
-/// Publishes one row's message. Returns `(row id, message id)` when it was sent (marked SENT
-/// with the round's others); a failure or a row due too soon is recorded on the row here.
-async fn publish(
-    db: &Db,
-    transport: &Transport,
-    token: &str,
-    backoff: &Backoff,
-    row: DueRow,
-    now_ms: i64,
-) -> Option<(i64, String)> {
-    let message = TimeoutMessage {
+/// The message a row stands for: its first hop.
+fn message_of(row: &DueRow) -> TimeoutMessage {
+    TimeoutMessage {
         order_id: row.order_id.clone(),
         phase: u32::try_from(row.phase).unwrap_or(0),
         due_ms: Some(row.due_ms),
         row_id: Some(row.id),
         hop: 0,
-    };
-    let result = match transport.schedule(&message, now_ms).await {
+    }
+}
+
+/// What one row's publication came to. Returns `(row id, message id)` when it was sent (marked
+/// SENT with the round's others); a failure or a row due too soon is recorded on the row here.
+async fn settle(
+    db: &Db,
+    token: &str,
+    backoff: &Backoff,
+    row: DueRow,
+    scheduled: Result<Scheduled, TransportError>,
+    now_ms: i64,
+) -> Option<(i64, String)> {
+    let result = match scheduled {
         Ok(Scheduled::Sent { message_id, .. }) => {
             emit(Event::Relayed {
                 outcome: "sent",
