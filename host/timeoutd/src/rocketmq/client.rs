@@ -332,50 +332,49 @@ impl Transport {
         messages: &[TimeoutMessage],
         now_ms: i64,
     ) -> Vec<Result<Scheduled, TransportError>> {
-        let refused = self.timer_refused.load(Ordering::Relaxed);
         let mut results: Vec<Option<Result<Scheduled, TransportError>>> =
-            Vec::with_capacity(messages.len());
-        let (mut places, mut hops, mut batch) = (Vec::new(), Vec::new(), Vec::new());
-        for (i, message) in messages.iter().enumerate() {
-            let due_ms = message.due_ms.unwrap_or(now_ms);
-            let hop = self.planner.next_hop(now_ms, due_ms, refused);
-            if let Hop::Now { wait_ms } = hop {
-                results.push(Some(Ok(Scheduled::Now { wait_ms })));
-                continue;
-            }
-            match self.hop_message(message, hop) {
-                Ok(built) => {
-                    results.push(None);
-                    places.push(i);
-                    hops.push(hop);
-                    batch.push(built);
+            messages.iter().map(|_| None).collect();
+        // At most two passes: in `auto` mode the timer messages the broker refused are planned
+        // again, as levels, and sent together once more.
+        let mut pending: Vec<usize> = (0..messages.len()).collect();
+        while !pending.is_empty() {
+            let refused = self.timer_refused.load(Ordering::Relaxed);
+            let (mut places, mut hops, mut batch) = (Vec::new(), Vec::new(), Vec::new());
+            for i in pending.drain(..) {
+                let message = &messages[i];
+                let hop = self
+                    .planner
+                    .next_hop(now_ms, message.due_ms.unwrap_or(now_ms), refused);
+                if let Hop::Now { wait_ms } = hop {
+                    results[i] = Some(Ok(Scheduled::Now { wait_ms }));
+                    continue;
                 }
-                Err(e) => results.push(Some(Err(e))),
-            }
-        }
-        let sent = self.send_all(batch).await;
-        for ((i, hop), outcome) in places.into_iter().zip(hops).zip(sent) {
-            results[i] = Some(match outcome {
-                Ok(message_id) => Ok(Scheduled::Sent { message_id, hop }),
-                Err(e)
-                    if matches!(hop, Hop::Timer(_))
-                        && self.config.delay_mode == crate::config::DelayMode::Auto =>
-                {
-                    if !self.timer_refused.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(error = %e, "timer message refused; using delay levels from now on");
+                match self.hop_message(message, hop) {
+                    Ok(built) => {
+                        places.push(i);
+                        hops.push(hop);
+                        batch.push(built);
                     }
-                    let due_ms = messages[i].due_ms.unwrap_or(now_ms);
-                    let hop = self.planner.next_hop(now_ms, due_ms, true);
-                    match self.hop_message(&messages[i], hop) {
-                        Ok(built) => self
-                            .send(built)
-                            .await
-                            .map(|message_id| Scheduled::Sent { message_id, hop }),
-                        Err(e) => Err(e),
-                    }
+                    Err(e) => results[i] = Some(Err(e)),
                 }
-                Err(e) => Err(e),
-            });
+            }
+            let sent = self.send_all(batch).await;
+            for ((i, hop), outcome) in places.into_iter().zip(hops).zip(sent) {
+                results[i] = Some(match outcome {
+                    Ok(message_id) => Ok(Scheduled::Sent { message_id, hop }),
+                    Err(e)
+                        if matches!(hop, Hop::Timer(_))
+                            && self.config.delay_mode == crate::config::DelayMode::Auto =>
+                    {
+                        if !self.timer_refused.swap(true, Ordering::Relaxed) {
+                            tracing::warn!(error = %e, "timer message refused; using delay levels from now on");
+                        }
+                        pending.push(i);
+                        continue;
+                    }
+                    Err(e) => Err(e),
+                });
+            }
         }
         results
             .into_iter()
