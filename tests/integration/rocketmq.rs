@@ -841,13 +841,14 @@ with_broker!(
 
 // The relay marks a round's sent rows SENT together, a few statements per round: every row of
 // a round larger than one statement's chunk (64) is SENT with its own message id and its claim
-// dropped; a row whose claim another took meanwhile is left alone.
+// dropped; a row whose claim another took meanwhile is left alone. (A message per row:
+// `rows_per_message = 1`.)
 with_broker!(
     async fn a_relay_round_marks_each_sent_row_with_its_own_message_id(env) {
         let (topic, group) = names("relayround");
         let config = env.config(
             ACME,
-            &format!("[outbox]\nenabled = false\n[sweep]\nenabled = false\n{}", section(&topic, &group, "consume = false")),
+            &format!("[outbox]\nenabled = false\n[sweep]\nenabled = false\n{}", section(&topic, &group, "consume = false\nrows_per_message = 1")),
         );
         env.stock_up(&[("sku-a", 1_000), ("sku-b", 1_000)]).await;
         let now = env.db.now_ms().await.unwrap();
@@ -880,6 +881,119 @@ with_broker!(
         assert!(claimed(env, "stolen-0").await, "the other claim stands");
     }
 );
+
+/// `count` orders `burst-<k>` due together `ahead_ms` from now, created before a daemon with
+/// `extra` `[rocketmq]` keys starts (so its relay's first round claims them all), closed by the
+/// broker's messages (the outbox fallback only 20 s late). Checks each order closed once, by
+/// `delay-message`, never early, stock back; returns how many distinct message ids the rows
+/// were sent with.
+async fn burst_closes_by_shared_messages(
+    env: &Env,
+    count: usize,
+    ahead_ms: i64,
+    extra: &str,
+) -> i64 {
+    let (topic, group) = names("shared");
+    let config = env.config(
+        ACME,
+        &section(
+            &topic,
+            &group,
+            &format!("fallback_after = \"20s\"\n{extra}"),
+        ),
+    );
+    env.stock_up(&[("sku-a", 1_000), ("sku-b", 1_000)]).await;
+    let deadline = env.db.now_ms().await.unwrap() + ahead_ms;
+    for k in 0..count {
+        env.create(&order(&format!("burst-{k}"), "acme", deadline))
+            .await;
+    }
+    let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
+    eventually(
+        Duration::from_secs(60),
+        "every order of the burst closes",
+        || async {
+            env.int(
+                "SELECT COUNT(*) FROM orders WHERE status = 'CLOSED' AND id LIKE ?",
+                "burst-%",
+            )
+            .await
+                == count as i64
+        },
+    )
+    .await;
+    daemon.stop().await;
+    assert_eq!(
+        env.int(
+            "SELECT COUNT(*) FROM orders WHERE id LIKE ? AND closed_by = 'delay-message' \
+             AND closed_at_ms >= deadline_ms",
+            "burst-%"
+        )
+        .await,
+        count as i64,
+        "each order closed by its rows message, none before its deadline"
+    );
+    assert_eq!(
+        env.int(
+            "SELECT COUNT(*) FROM decision_log WHERE order_id LIKE ? AND outcome = 'closed'",
+            "burst-%"
+        )
+        .await,
+        count as i64,
+        "one close per order"
+    );
+    assert_eq!(
+        (env.stock("sku-a").await, env.stock("sku-b").await),
+        (1_000, 1_000),
+        "stock back exactly once"
+    );
+    env.int(
+        "SELECT COUNT(DISTINCT message_id) FROM order_timeout_msg WHERE order_id LIKE ? AND phase = 0",
+        "burst-%",
+    )
+    .await
+}
+
+// Rows due together share relayed messages (`rows_per_message`): 40 rows of one deadline,
+// claimed in one round, are 3 messages (16, 16, 8), and each message's rows are held until
+// their due time and closed by it, each once. A consumer that took only a message's first row
+// would leave the rest to the outbox fallback (`closed_by = outbox`).
+with_broker!(
+    async fn a_burst_relayed_in_shared_messages_closes_each_order_once_by_its_message(env) {
+        let messages = burst_closes_by_shared_messages(env, 40, 10_000, "rows_per_message = 16").await;
+        assert_eq!(messages, 3, "40 rows of one deadline in messages of at most 16");
+    }
+);
+
+/// A rows message too far ahead for one timer message (`timer_max = 4s`, due in 14 s) is
+/// chained through the broker as one message: each hop re-sends the message, not its rows one
+/// by one. 24 rows in messages of 8 are 3 messages; their 2 hops each count 6 re-sends, where a
+/// message split into its rows at the first hop would count 24 or more at the second. (SQLite
+/// only: the chain is the planner's and the broker's.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rows_message_past_the_timer_maximum_is_chained_as_one_message() {
+    let _broker = broker().await;
+    let env = Env::new(timeoutd::db::Backend::Sqlite).await;
+    let before = Outcomes::broker();
+    let messages = burst_closes_by_shared_messages(
+        &env,
+        24,
+        14_000,
+        "delay_mode = \"timer\"\ntimer_max = \"4s\"\nrows_per_message = 8",
+    )
+    .await;
+    assert_eq!(
+        messages, 3,
+        "24 rows of one deadline in messages of at most 8"
+    );
+    let hops = Outcomes::broker().since(&before, "hop");
+    assert!(
+        (3..=9).contains(&hops),
+        "{hops} hop(s): 3 messages, each chained as one ({:?})",
+        Outcomes::broker()
+    );
+    env.cleanup().await;
+}
 
 /// Handles each message with a [`TimeoutConsumer`], then the first time "crashes" before the
 /// acknowledgement (answers `ReconsumeLater`), so the broker delivers it again.

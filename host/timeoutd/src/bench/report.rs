@@ -60,10 +60,12 @@ pub struct Report {
     /// `EXPLAIN` of the hot queries (MariaDB and PostgreSQL), one line each.
     pub plans: Vec<(String, String)>,
     /// Path `broker`: when the broker released the messages, against their due time (host
-    /// clock; a second consumer group watched), ms, and how many it released. Negative: before
-    /// the due time (the last hop is aimed `rocketmq.timer_lead` early).
+    /// clock; a second consumer group watched), ms, and how many rows they woke (a message may
+    /// wake several: `rocketmq.rows_per_message`), each against its own due time. Negative:
+    /// before the due time (the last hop is aimed `rocketmq.timer_lead` early).
     pub broker_release_ms: Option<Lateness>,
-    /// Path `broker`: messages released ÷ (last release − first release), per second.
+    /// Path `broker`: rows woken by released messages ÷ (last release − first release), per
+    /// second.
     pub broker_releases_per_s: Option<f64>,
     /// Closes by trigger kind (`outbox`, `delay-message`, `sweep`): who closed them.
     pub closed_by: Vec<(String, i64)>,

@@ -93,14 +93,20 @@ impl MessageListenerConcurrently for Recorder {
         let mut released = self.released.lock().expect("not poisoned");
         for r in Received::all(messages) {
             let decoded =
-                codec::decode(&r.body, r.keys.as_deref(), |k| r.properties.get(k).cloned());
+                codec::decode_wakeup(&r.body, r.keys.as_deref(), |k| r.properties.get(k).cloned());
             // A hop of a chain, released earlier than a last hop can be (aimed `timer_lead`
-            // early) to be re-sent towards its due time, is not the release of the burst.
+            // early) to be re-sent towards its due time, is not the release of the burst. A
+            // message that wakes several rows releases each of them, against its own due time.
             if let Ok(message) = decoded
-                && let Some(due_ms) = message.due_ms
+                && let Some(due_ms) = message.due_ms()
                 && now_ms - due_ms >= self.earliest_ms
             {
-                released.push(now_ms - due_ms);
+                released.extend(
+                    message
+                        .messages()
+                        .iter()
+                        .map(|m| now_ms - m.due_ms.unwrap_or(due_ms)),
+                );
             }
         }
         Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)

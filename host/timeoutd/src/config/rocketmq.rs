@@ -95,6 +95,12 @@ pub struct RocketMqConfig {
     /// Rows the relay publishes per round.
     #[serde(default = "defaults::relay_batch")]
     pub relay_batch: u32,
+    /// Most rows one relayed message wakes: rows of a round due within a second of each other
+    /// share a message (`rocketmq/codec/rows.rs`), so a flash sale's burst is a few hundred
+    /// sends and deliveries, not one per order; each row is still decided at its own due time.
+    /// `1` publishes a message per row (seed 001's per-order JSON with timeoutd's properties).
+    #[serde(default = "defaults::rows_per_message")]
+    pub rows_per_message: u32,
     /// Sends in flight at once (the client's queue saturates when unbounded).
     #[serde(default = "defaults::max_in_flight")]
     pub max_in_flight: u32,
@@ -123,9 +129,10 @@ pub struct RocketMqConfig {
     /// prefetch's groups (`outbox.group_commit`, `outbox.concurrency`), acknowledged when held.
     #[serde(default = "defaults::consume_batch")]
     pub consume_batch: u32,
-    /// Most messages in one group: the batches of concurrent listener calls are merged
-    /// (`rocketmq/coalesce.rs`) and decided and committed together, as the outbox timer's
-    /// `group_commit`. A lone message on an idle daemon is handled at once.
+    /// Most rows in one group (a message wakes one row, or several: `rows_per_message`): the
+    /// batches of concurrent listener calls are merged (`rocketmq/coalesce.rs`) and decided and
+    /// committed together, as the outbox timer's `group_commit`. A lone message on an idle
+    /// daemon is handled at once.
     #[serde(default = "defaults::group_commit")]
     pub group_commit: u32,
     /// Groups handled at once; while all are busy, further calls queue and form the next group.
@@ -209,6 +216,7 @@ impl RocketMqConfig {
         }
         for (key, value) in [
             ("rocketmq.relay_batch", self.relay_batch),
+            ("rocketmq.rows_per_message", self.rows_per_message),
             ("rocketmq.max_in_flight", self.max_in_flight),
             ("rocketmq.consume_threads", self.consume_threads),
             ("rocketmq.consume_batch", self.consume_batch),
@@ -295,6 +303,9 @@ mod defaults {
     }
     pub fn relay_batch() -> u32 {
         256
+    }
+    pub fn rows_per_message() -> u32 {
+        64
     }
     pub fn max_in_flight() -> u32 {
         64

@@ -20,7 +20,7 @@ use rocketmq_runtime::{RuntimeConfig, RuntimeOwner};
 use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
 
-use super::codec::{self, PROP_DUE_MS, PROP_HOP, PROP_ROW, TimeoutMessage};
+use super::codec::{self, PROP_DUE_MS, PROP_HOP, PROP_ROW, PROP_ROWS, Wakeup};
 use super::planner::{Hop, Planner};
 use crate::config::{ConsumeFrom, RocketMqConfig};
 use rocketmq_model::common::consumer::consume_from_where::ConsumeFromWhere;
@@ -303,16 +303,16 @@ impl Transport {
         outcomes
     }
 
-    /// Publishes the next hop of `message` towards its due time (`message.due_ms`, now when
+    /// Publishes the next hop of `message` towards its due time ([`Wakeup::due_ms`], now when
     /// absent) at `now_ms`: a timer message, a delay level, or nothing when it is due within a
-    /// second. In `auto` mode a refused timer message switches this process to levels and the hop
-    /// is re-sent as a level.
+    /// second. A message that wakes several rows hops as one. In `auto` mode a refused timer
+    /// message switches this process to levels and the hop is re-sent as a level.
     ///
     /// # Errors
     /// [`TransportError`] when the send fails.
     pub async fn schedule(
         &self,
-        message: &TimeoutMessage,
+        message: &Wakeup,
         now_ms: i64,
     ) -> Result<Scheduled, TransportError> {
         self.schedule_all(std::slice::from_ref(message), now_ms)
@@ -329,7 +329,7 @@ impl Transport {
     /// Per message, as [`Transport::schedule`].
     pub async fn schedule_all(
         &self,
-        messages: &[TimeoutMessage],
+        messages: &[Wakeup],
         now_ms: i64,
     ) -> Vec<Result<Scheduled, TransportError>> {
         let mut results: Vec<Option<Result<Scheduled, TransportError>>> =
@@ -342,9 +342,9 @@ impl Transport {
             let (mut places, mut hops, mut batch) = (Vec::new(), Vec::new(), Vec::new());
             for i in pending.drain(..) {
                 let message = &messages[i];
-                let hop = self
-                    .planner
-                    .next_hop(now_ms, message.due_ms.unwrap_or(now_ms), refused);
+                let hop =
+                    self.planner
+                        .next_hop(now_ms, message.due_ms().unwrap_or(now_ms), refused);
                 if let Hop::Now { wait_ms } = hop {
                     results[i] = Some(Ok(Scheduled::Now { wait_ms }));
                     continue;
@@ -413,24 +413,34 @@ impl Transport {
         self.send(message).await
     }
 
-    /// The broker message for one hop of `message`.
-    fn hop_message(&self, message: &TimeoutMessage, hop: Hop) -> Result<Message, TransportError> {
+    /// The broker message for one hop of `message` (its format: [`codec`]).
+    fn hop_message(&self, message: &Wakeup, hop: Hop) -> Result<Message, TransportError> {
         let bad = |e| TransportError::Message(format!("{e}"));
-        let mut builder = Message::builder()
+        let builder = Message::builder()
             .topic(self.config.topic.as_str())
-            .tags(TAG_TIMEOUT)
-            .key(message.order_id.as_str())
-            .body(codec::encode_body(message))
-            .raw_property(PROP_HOP, (message.hop + 1).to_string())
-            .map_err(bad)?;
-        if let Some(due) = message.due_ms {
+            .tags(TAG_TIMEOUT);
+        let mut builder = match message {
+            Wakeup::Order(order) => {
+                let builder = builder
+                    .key(order.order_id.as_str())
+                    .body(codec::encode_body(order));
+                match order.row_id {
+                    Some(row) => builder
+                        .raw_property(PROP_ROW, row.to_string())
+                        .map_err(bad)?,
+                    None => builder,
+                }
+            }
+            Wakeup::Rows { rows, .. } => builder
+                .body(codec::rows::encode(rows))
+                .raw_property(PROP_ROWS, rows.len().to_string())
+                .map_err(bad)?,
+        }
+        .raw_property(PROP_HOP, (message.hop() + 1).to_string())
+        .map_err(bad)?;
+        if let Some(due) = message.due_ms() {
             builder = builder
                 .raw_property(PROP_DUE_MS, due.to_string())
-                .map_err(bad)?;
-        }
-        if let Some(row) = message.row_id {
-            builder = builder
-                .raw_property(PROP_ROW, row.to_string())
                 .map_err(bad)?;
         }
         builder = match hop {

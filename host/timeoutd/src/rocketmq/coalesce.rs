@@ -6,7 +6,8 @@
 //! and a timer burst released a few messages at a time makes those batches small. Here the
 //! calls queue;
 //! while `rocketmq.groups_in_flight` groups are being handled, the queue fills, and the next
-//! free slot takes everything queued (up to `rocketmq.group_commit` messages) as one group.
+//! free slot takes everything queued (up to `rocketmq.group_commit` rows; a message of the
+//! relay's may wake several, [`Received::rows`]) as one group.
 //! An idle daemon handles a lone message at once: a message due now never waits for company.
 //! A group whose messages all come early (a timer burst the broker delivers `timer_lead`
 //! ahead, to be held until due) waits up to `rocketmq.early_linger` for more calls, since the
@@ -35,13 +36,20 @@ struct Call {
     reply: oneshot::Sender<Vec<Ack>>,
 }
 
+impl Call {
+    /// The rows its messages wake.
+    fn rows(&self) -> usize {
+        self.messages.iter().map(Received::rows).sum()
+    }
+}
+
 /// Merges listener calls into groups; cheap to share (the listener threads hold one).
 pub struct Coalescer {
     calls: mpsc::UnboundedSender<Call>,
 }
 
 impl Coalescer {
-    /// Starts the merging task on `app`: groups of at most `group` messages (a call is never
+    /// Starts the merging task on `app`: groups of at most `group` rows (a call is never
     /// split, so one call larger than that is its own group), at most `in_flight` at once; a
     /// group of early messages waits up to `linger` for more calls. The task ends when the
     /// coalescer is dropped and the queued calls are answered.
@@ -78,7 +86,7 @@ impl Coalescer {
 
 /// How calls are merged.
 struct Shape {
-    /// Most messages in one group.
+    /// Most rows in one group.
     group: usize,
     /// Groups handled at once.
     in_flight: usize,
@@ -102,12 +110,12 @@ async fn merge(
     while let Some(first) = queue.recv().await {
         // Waiting for a slot is what lets the queue fill under a burst.
         let slot = slots.clone().acquire_owned().await.expect("never closed");
-        let mut size = first.messages.len();
+        let mut size = first.rows();
         let mut calls = vec![first];
         while size < group {
             match queue.try_recv() {
                 Ok(call) => {
-                    size += call.messages.len();
+                    size += call.rows();
                     calls.push(call);
                 }
                 Err(_) => break,
@@ -120,7 +128,7 @@ async fn merge(
                     break;
                 };
                 let still_early = early(&call);
-                size += call.messages.len();
+                size += call.rows();
                 calls.push(call);
                 if !still_early {
                     break;

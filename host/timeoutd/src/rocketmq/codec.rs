@@ -12,8 +12,14 @@
 //! makes the message malformed. Messages timeoutd publishes itself are JSON and carry, as user
 //! properties, the absolute due time ([`PROP_DUE_MS`], epoch ms) that chains of delay hops steer
 //! by, and the outbox row they stand for ([`PROP_ROW`]).
+//!
+//! A message timeoutd's relay publishes may also wake several rows due within a second of each
+//! other (a flash sale's): it carries [`PROP_ROWS`], the number of rows, and a body listing
+//! them ([`rows`]); its [`PROP_DUE_MS`] is the earliest row's due time. [`decode_wakeup`] reads
+//! either kind.
 
 mod java_json;
+pub mod rows;
 
 use serde::Serialize;
 
@@ -23,6 +29,8 @@ pub const PROP_DUE_MS: &str = "TIMEOUTD_DUE_MS";
 pub const PROP_ROW: &str = "TIMEOUTD_ROW";
 /// User property: hops taken so far (diagnostics).
 pub const PROP_HOP: &str = "TIMEOUTD_HOP";
+/// User property of a message that wakes several rows: how many its body lists ([`rows`]).
+pub const PROP_ROWS: &str = "TIMEOUTD_ROWS";
 /// Longest order id accepted (the `orders.id` column holds 64 characters).
 pub const MAX_ORDER_ID: usize = 64;
 
@@ -39,6 +47,55 @@ pub struct TimeoutMessage {
     pub row_id: Option<i64>,
     /// Hops taken so far.
     pub hop: u32,
+}
+
+/// What a timeout message wakes: one order's row, or several rows ([`rows`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wakeup {
+    /// One order (the seeds' messages, and timeoutd's own for a row due alone).
+    Order(TimeoutMessage),
+    /// Several outbox rows, each with its order, phase, row id and due time (epoch ms), in the
+    /// order listed; the message's own due time ([`Wakeup::due_ms`]) is the earliest of theirs.
+    Rows {
+        /// The rows, each with `row_id` and `due_ms` set and the message's `hop`.
+        rows: Vec<TimeoutMessage>,
+        /// Hops taken so far.
+        hop: u32,
+    },
+}
+
+impl Wakeup {
+    /// When the message is due, epoch ms: its order's, or its earliest row's.
+    pub fn due_ms(&self) -> Option<i64> {
+        match self {
+            Wakeup::Order(m) => m.due_ms,
+            Wakeup::Rows { rows, .. } => rows.iter().filter_map(|r| r.due_ms).min(),
+        }
+    }
+
+    /// Hops taken so far.
+    pub fn hop(&self) -> u32 {
+        match self {
+            Wakeup::Order(m) => m.hop,
+            Wakeup::Rows { hop, .. } => *hop,
+        }
+    }
+
+    /// The rows it wakes, one for an order's message.
+    pub fn messages(&self) -> &[TimeoutMessage] {
+        match self {
+            Wakeup::Order(m) => std::slice::from_ref(m),
+            Wakeup::Rows { rows, .. } => rows,
+        }
+    }
+
+    /// The rows it wakes, owned.
+    pub fn into_messages(self) -> Vec<TimeoutMessage> {
+        match self {
+            Wakeup::Order(m) => vec![m],
+            Wakeup::Rows { rows, .. } => rows,
+        }
+    }
 }
 
 /// The body timeoutd writes: the seeds' JSON with the order id as a string.
@@ -68,19 +125,7 @@ pub fn decode(
     } else {
         (trimmed.to_string(), 0)
     };
-    if order_id.is_empty() {
-        return Err("order id is empty".into());
-    }
-    if order_id.len() > MAX_ORDER_ID
-        || order_id
-            .chars()
-            .any(|c| c.is_whitespace() || c.is_control())
-    {
-        return Err(format!(
-            "`{}` is not an order id (≤ {MAX_ORDER_ID} characters, no spaces)",
-            preview(&order_id)
-        ));
-    }
+    check_order_id(&order_id)?;
     if let Some(keys) = keys.filter(|k| !k.trim().is_empty())
         && !keys.split(' ').any(|k| k == order_id)
     {
@@ -104,6 +149,45 @@ pub fn decode(
         row_id: number(PROP_ROW)?,
         hop: number(PROP_HOP)?.unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32,
     })
+}
+
+/// Decodes a message that may wake one order ([`decode`]) or several rows (it carries
+/// [`PROP_ROWS`]; [`rows::decode`]).
+///
+/// # Errors
+/// As [`decode`] and [`rows::decode`]: a sentence naming what is wrong; such a message is
+/// dead-lettered.
+pub fn decode_wakeup(
+    body: &[u8],
+    keys: Option<&str>,
+    property: impl Fn(&str) -> Option<String>,
+) -> Result<Wakeup, String> {
+    match property(PROP_ROWS) {
+        Some(count) => rows::decode(body, &count, property(PROP_HOP).as_deref()),
+        None => decode(body, keys, property).map(Wakeup::Order),
+    }
+}
+
+/// Whether `order_id` can be an order id: not empty, at most [`MAX_ORDER_ID`] bytes, no spaces
+/// or control characters.
+///
+/// # Errors
+/// A sentence naming the id and the rule.
+fn check_order_id(order_id: &str) -> Result<(), String> {
+    if order_id.is_empty() {
+        return Err("order id is empty".into());
+    }
+    if order_id.len() > MAX_ORDER_ID
+        || order_id
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(format!(
+            "`{}` is not an order id (≤ {MAX_ORDER_ID} characters, no spaces)",
+            preview(order_id)
+        ));
+    }
+    Ok(())
 }
 
 /// The JSON body timeoutd publishes for `message`.

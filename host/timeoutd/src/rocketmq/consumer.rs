@@ -1,9 +1,12 @@
 //! The consumer of the timeout topic (clustering mode: daemons in one consumer group share its
 //! queues).
 //!
-//! A message is a fast wake-up for one outbox row, never the only record of a timeout:
+//! A message is a fast wake-up for one outbox row (or, from timeoutd's relay, several rows due
+//! within a second: [`super::codec::rows`]), never the only record of a timeout:
 //! 1. decode it ([`super::codec`]); a malformed one is dead-lettered at once with its raw body
-//!    (it can never succeed) and acknowledged — it never blocks the queue (F14);
+//!    (it can never succeed) and acknowledged — it never blocks the queue (F14). A message that
+//!    wakes several rows hops as one (step 2), then each of its rows goes on as a message of its
+//!    own would: its outcome counted, and the message acknowledged once all of theirs are;
 //! 2. a hop of a chain not yet due is re-sent towards its due time ([`super::planner`]); a
 //!    message due within `rocketmq.timer_lead` plus a second has its row claimed and its order
 //!    loaded at once, is acknowledged, and is decided when the row falls due
@@ -26,7 +29,7 @@ use timeoutd_runtime::model::TriggerKind;
 use tracing::Instrument;
 
 use super::client::{Scheduled, Transport};
-use super::codec::{self, TimeoutMessage};
+use super::codec::{self, TimeoutMessage, Wakeup};
 pub use super::received::Received;
 use crate::db::journal::{self, DeadLetter};
 use crate::db::relay::{self, RowClaim};
@@ -86,11 +89,25 @@ fn ack_of(outcome: &Outcome) -> Ack {
     }
 }
 
-/// Records message `i`'s acknowledgement and counts its `timeoutd_broker_messages_total`
-/// outcome.
+/// Records the acknowledgement of (one row of) message `i` and counts its
+/// `timeoutd_broker_messages_total` outcome. A message that wakes several rows is
+/// [`Ack::Later`] once any of its rows is.
 fn settle(acks: &mut [Ack], i: usize, ack: Ack, outcome: &'static str) {
     emit(Event::Consumed { outcome });
-    acks[i] = ack;
+    if ack == Ack::Later {
+        acks[i] = Ack::Later;
+    }
+}
+
+/// A row whose message has come and needs no further hop: [`Hop::Early`] until its own due time
+/// (`message.due_ms`), taken at once when that has passed or is unknown.
+fn due_hop(message: TimeoutMessage, now_ms: i64) -> Hop {
+    match message.due_ms {
+        Some(due_ms) if due_ms > now_ms => {
+            Hop::Early(message, Duration::from_millis((due_ms - now_ms) as u64))
+        }
+        _ => Hop::Take(message),
+    }
 }
 
 /// Handles timeout messages. Shared by the listener threads.
@@ -217,7 +234,7 @@ impl TimeoutConsumer {
         let mut acks = vec![Ack::Done; batch.len()];
         let mut decoded = Vec::new();
         for (i, received) in batch.iter().enumerate() {
-            let message = codec::decode(&received.body, received.keys.as_deref(), |k| {
+            let message = codec::decode_wakeup(&received.body, received.keys.as_deref(), |k| {
                 received.properties.get(k).cloned()
             });
             match message {
@@ -292,18 +309,23 @@ impl TimeoutConsumer {
     async fn take_all(
         &self,
         batch: &[Received],
-        decoded: Vec<(usize, TimeoutMessage)>,
+        decoded: Vec<(usize, Wakeup)>,
     ) -> Vec<(usize, Taken)> {
         let (read_at, now_ms) = match self.read_clock().await {
             Ok(read) => read,
             Err(e) => return later(decoded.iter().map(|(i, _)| *i), &e),
         };
-        let scheduled = futures_util::future::join_all(
+        // A message that wakes several rows gives a hop step for each of them, all under its
+        // index.
+        let scheduled: Vec<(usize, Hop)> = futures_util::future::join_all(
             decoded
                 .into_iter()
                 .map(|(i, m)| async move { (i, self.schedule(&batch[i], m, now_ms).await) }),
         )
-        .await;
+        .await
+        .into_iter()
+        .flat_map(|(i, hops)| hops.into_iter().map(move |hop| (i, hop)))
+        .collect();
         let due = scheduled
             .iter()
             .filter(|(_, s)| matches!(s, Hop::Take(_)))
@@ -435,28 +457,31 @@ impl TimeoutConsumer {
             .collect())
     }
 
-    /// A hop not yet due is re-sent towards its due time; one due within the lead plus a second
-    /// is [`Hop::Early`] (held, or waited out); one due now is taken.
-    async fn schedule(&self, received: &Received, message: TimeoutMessage, now_ms: i64) -> Hop {
-        let Some(due_ms) = message.due_ms else {
-            return Hop::Take(message);
+    /// A hop not yet due is re-sent towards its due time (a message that wakes several rows as
+    /// one); otherwise each row it wakes due within the lead plus a second is [`Hop::Early`]
+    /// (held, or waited out) and each one due now is taken.
+    async fn schedule(&self, received: &Received, message: Wakeup, now_ms: i64) -> Vec<Hop> {
+        let Some(due_ms) = message.due_ms() else {
+            return message.into_messages().into_iter().map(Hop::Take).collect();
         };
-        let span = tracing::info_span!("message", order = %message.order_id, phase = message.phase, id = %received.message_id);
+        let first = &message.messages()[0];
+        let span = tracing::info_span!("message", order = %first.order_id, phase = first.phase, rows = message.messages().len(), id = %received.message_id);
         match self
             .transport
             .schedule(&message, now_ms)
             .instrument(span)
             .await
         {
-            Ok(Scheduled::Sent { .. }) => Hop::Settled(Ack::Done, "hop"),
-            Ok(Scheduled::Now { wait_ms }) if wait_ms > 0 => {
-                Hop::Early(message, Duration::from_millis(wait_ms))
-            }
-            Ok(Scheduled::Now { .. }) => Hop::Take(message),
+            Ok(Scheduled::Sent { .. }) => vec![Hop::Settled(Ack::Done, "hop")],
+            Ok(Scheduled::Now { .. }) => message
+                .into_messages()
+                .into_iter()
+                .map(|m| due_hop(m, now_ms))
+                .collect(),
             Err(e) => {
-                // The row is SENT; the outbox timer takes it back at due + fallback_after.
-                tracing::warn!(error = %e, due_ms, order = %message.order_id, "re-sending a hop failed");
-                Hop::Settled(Ack::Later, "later")
+                // The rows are SENT; the outbox timer takes them back at due + fallback_after.
+                tracing::warn!(error = %e, due_ms, order = %first.order_id, "re-sending a hop failed");
+                vec![Hop::Settled(Ack::Later, "later")]
             }
         }
     }

@@ -77,6 +77,17 @@ impl Received {
         }
     }
 
+    /// How many outbox rows it wakes: its [`super::codec::PROP_ROWS`] (a message of timeoutd's
+    /// relay for several rows), else 1. A count that does not parse is 1 here; the consumer's
+    /// decoding refuses it.
+    pub fn rows(&self) -> usize {
+        self.properties
+            .get(super::codec::PROP_ROWS)
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or(1)
+            .max(1)
+    }
+
     /// The dead-letter payload: topic, ids, keys and the raw body (as text, or hex when it is not
     /// UTF-8).
     pub fn payload(&self) -> String {

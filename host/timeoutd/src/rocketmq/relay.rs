@@ -5,6 +5,12 @@
 //! and retried with backoff (F7); the outbox timer still closes the order on time. A SENT row
 //! whose message never comes is taken back by the outbox timer `rocketmq.fallback_after` past
 //! its due time (F1, F6). `wait` decisions' next phases are relayed the same way.
+//!
+//! Rows of a round due within [`SPAN_MS`] of each other share one message (at most
+//! `rocketmq.rows_per_message` each; [`super::codec::rows`]): a flash sale's 10,000 rows due in
+//! the same second are a few hundred messages, not 10,000, each costing the relay a send and
+//! the consumer a pull and an acknowledgement. A shared message is due at its earliest row;
+//! when it comes back (`timer_lead` early) each of its rows is held until its own due time.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +19,7 @@ use futures_util::future::join_all;
 use tokio::sync::watch;
 
 use super::client::{Scheduled, Transport, TransportError};
-use super::codec::TimeoutMessage;
+use super::codec::{TimeoutMessage, Wakeup};
 use crate::clock::Clock;
 use crate::db::outbox::DueRow;
 use crate::db::{Db, relay};
@@ -22,6 +28,12 @@ use crate::retry::Backoff;
 
 /// How often the relay looks for rows when it found none.
 const IDLE: Duration = Duration::from_millis(250);
+
+/// Rows share a message only when due within this long of its earliest row, ms. The message
+/// comes back `timer_lead` before that row, so each of its rows is then due within the lead
+/// plus this span: held for its own due time, never sent on as a hop of its own (the planner
+/// sends on only what is due later than the lead plus a second).
+pub const SPAN_MS: i64 = 1000;
 
 /// Runs the relay until `shutdown` turns true.
 pub async fn run(
@@ -77,11 +89,20 @@ pub async fn relay_once(
     let handled = rows.len();
     // The round's messages go out together (one hand-off to the client's runtime for the
     // round), and its sent rows are marked together: a few statements per round, not one per row.
-    let messages: Vec<TimeoutMessage> = rows.iter().map(message_of).collect();
+    let shares = shares(&rows, config.rows_per_message.max(1) as usize);
+    let messages: Vec<Wakeup> = shares
+        .iter()
+        .map(|share| wakeup_of(&rows[share.clone()]))
+        .collect();
     let scheduled = transport.schedule_all(&messages, now_ms).await;
+    // Each row settles with its message's result.
+    let results = shares
+        .iter()
+        .zip(scheduled)
+        .flat_map(|(share, result)| std::iter::repeat_n(result, share.len()));
     let settled = join_all(
         rows.into_iter()
-            .zip(scheduled)
+            .zip(results)
             .map(|(row, result)| settle(db, &token, backoff, row, result, now_ms)),
     )
     .await;
@@ -92,6 +113,37 @@ pub async fn relay_once(
         tracing::warn!(error = %e, rows = sent.len(), "relay could not mark its sent rows; the claim lapses");
     }
     Ok(handled)
+}
+
+/// How `rows` (sorted by due time, as claimed) share messages: consecutive runs of at most
+/// `per_message` rows, each due within [`SPAN_MS`] of the run's first. Index ranges into `rows`,
+/// in order, covering every row once.
+fn shares(rows: &[DueRow], per_message: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out: Vec<std::ops::Range<usize>> = Vec::new();
+    for (k, row) in rows.iter().enumerate() {
+        match out.last_mut() {
+            Some(run)
+                if run.len() < per_message
+                    && (row.due_ms - rows[run.start].due_ms) < SPAN_MS
+                    && row.due_ms >= rows[run.start].due_ms =>
+            {
+                run.end = k + 1;
+            }
+            _ => out.push(k..k + 1),
+        }
+    }
+    out
+}
+
+/// The message for a share of rows: the row's own for one, a rows message for more.
+fn wakeup_of(share: &[DueRow]) -> Wakeup {
+    match share {
+        [row] => Wakeup::Order(message_of(row)),
+        rows => Wakeup::Rows {
+            rows: rows.iter().map(message_of).collect(),
+            hop: 0,
+        },
+    }
 }
 
 /// The message a row stands for: its first hop.
@@ -149,4 +201,51 @@ async fn settle(
         tracing::warn!(error = %e, row = row.id, "relay could not record a failed send; the claim lapses");
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: i64, due_ms: i64) -> DueRow {
+        DueRow {
+            id,
+            order_id: format!("O-{id}"),
+            phase: 0,
+            attempts: 0,
+            due_ms,
+            source: "order-service".into(),
+            state: None,
+            claim_token: None,
+        }
+    }
+
+    #[test]
+    fn rows_share_a_message_only_within_a_second_of_its_earliest_and_up_to_the_limit() {
+        let rows: Vec<DueRow> = [0, 10, 20, 999, 1_000, 1_001, 5_000]
+            .iter()
+            .enumerate()
+            .map(|(k, due)| row(k as i64, *due))
+            .collect();
+        assert_eq!(shares(&rows, 64), vec![0..4, 4..6, 6..7]);
+        assert_eq!(shares(&rows, 2), vec![0..2, 2..4, 4..6, 6..7]);
+        assert_eq!(
+            shares(&rows, 1),
+            (0..7).map(|k| k..k + 1).collect::<Vec<_>>()
+        );
+        assert!(shares(&[], 64).is_empty());
+    }
+
+    #[test]
+    fn a_share_of_one_row_is_that_orders_message_and_more_is_a_rows_message() {
+        let rows = [row(1, 100), row(2, 150)];
+        match wakeup_of(&rows[..1]) {
+            Wakeup::Order(m) => assert_eq!((m.row_id, m.due_ms), (Some(1), Some(100))),
+            other => panic!("{other:?}"),
+        }
+        let both = wakeup_of(&rows);
+        assert!(matches!(both, Wakeup::Rows { .. }));
+        assert_eq!(both.due_ms(), Some(100));
+        assert_eq!(both.messages().len(), 2);
+    }
 }
