@@ -100,8 +100,8 @@ pub struct RocketMqConfig {
     /// sends and deliveries, not one per order; each row is still decided at its own due time.
     /// `1` publishes a message per row (seed 001's per-order JSON with timeoutd's properties):
     /// set it while a consumer group still has daemons built before rows messages (commit
-    /// `ba433d7`), which dead-letter
-    /// a rows message (its rows are then closed by the outbox timer, `fallback_after` late).
+    /// `ba433d7`), which dead-letter a rows message (its rows are then closed by the outbox
+    /// timer, `fallback_after` late).
     #[serde(default = "defaults::rows_per_message")]
     pub rows_per_message: u32,
     /// Sends in flight at once (the client's queue saturates when unbounded).
