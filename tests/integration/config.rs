@@ -174,6 +174,9 @@ marker_ttl = "0s"
 [runtime]
 deadline = "1000h"
 max_memory_mib = 4000000
+[rocketmq]
+namesrv = "127.0.0.1:19876"
+rows_per_message = 100000
 [merchants.a]
 plugin = "builtin:single-phase"
 "#;
@@ -188,6 +191,7 @@ plugin = "builtin:single-phase"
         "redis.marker_ttl",
         "runtime.deadline",
         "runtime.max_memory_mib",
+        "rocketmq.rows_per_message",
     ] {
         assert!(keys.contains(&key), "{key} not reported:\n{problems}");
     }

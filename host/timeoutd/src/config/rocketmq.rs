@@ -232,6 +232,16 @@ impl RocketMqConfig {
                 p.push(key, "must be at least 1");
             }
         }
+        if self.rows_per_message > MAX_ROWS_PER_MESSAGE {
+            p.push(
+                "rocketmq.rows_per_message",
+                format!(
+                    "must be at most {MAX_ROWS_PER_MESSAGE}: a message's body lists its rows (up to \
+                     about 110 bytes each), and RocketMQ refuses a body over 4 MiB \
+                     (`maxMessageSize`)"
+                ),
+            );
+        }
         if self.relay_lead < Duration::from_secs(1) {
             p.push(
                 "rocketmq.relay_lead",
@@ -267,6 +277,11 @@ impl RocketMqConfig {
         }
     }
 }
+
+/// Most rows one relayed message may wake (`rocketmq.rows_per_message`): 4,096 rows of at most
+/// about 110 bytes each keep its body near 450 KiB, well under RocketMQ's 4 MiB
+/// `maxMessageSize`.
+pub const MAX_ROWS_PER_MESSAGE: u32 = 4096;
 
 mod defaults {
     use std::time::Duration;
