@@ -957,10 +957,12 @@ async fn burst_closes_by_shared_messages(
 // Rows due together share relayed messages (`rows_per_message`): 40 rows of one deadline,
 // claimed in one round, are 3 messages (16, 16, 8), and each message's rows are held until
 // their due time and closed by it, each once. A consumer that took only a message's first row
-// would leave the rest to the outbox fallback (`closed_by = outbox`).
+// would leave the rest to the outbox fallback (`closed_by = outbox`). With `group_commit = 5`
+// the consumer claims, loads and commits a message's rows 5 at a time.
 with_broker!(
     async fn a_burst_relayed_in_shared_messages_closes_each_order_once_by_its_message(env) {
-        let messages = burst_closes_by_shared_messages(env, 40, 10_000, "rows_per_message = 16").await;
+        let messages =
+            burst_closes_by_shared_messages(env, 40, 10_000, "rows_per_message = 16\ngroup_commit = 5").await;
         assert_eq!(messages, 3, "40 rows of one deadline in messages of at most 16");
     }
 );

@@ -75,7 +75,10 @@ pub enum Event<'a> {
         /// Why it failed, if it did.
         error: Option<&'a str>,
     },
-    /// A broker message was consumed.
+    /// A broker message was consumed: counted per row it wakes (a rows message of the relay's
+    /// counts each of its rows' `handled`, `held`, `duplicate`, `busy` and, after its claim,
+    /// `later`), and once per message for `hop`, `poison` and a `later` before any row is taken
+    /// (the clock could not be read, a hop could not be re-sent).
     Consumed {
         /// `handled`, `hop` (re-sent towards its due time), `held` (its row claimed and its
         /// order loaded ahead, acknowledged, and decided at its due time through the

@@ -95,8 +95,8 @@ pub struct RocketMqConfig {
     /// Rows the relay publishes per round.
     #[serde(default = "defaults::relay_batch")]
     pub relay_batch: u32,
-    /// Most rows one relayed message wakes: rows of a round due within a second of each other
-    /// share a message (`rocketmq/codec/rows.rs`), so a flash sale's burst is a few hundred
+    /// Most rows one relayed message wakes: rows of one relay round (`relay_batch`, so at most
+    /// that many) due within a second of each other share a message (`rocketmq/codec/rows.rs`), so a flash sale's burst is a few hundred
     /// sends and deliveries, not one per order; each row is still decided at its own due time.
     /// `1` publishes a message per row (seed 001's per-order JSON with timeoutd's properties):
     /// set it while a consumer group still has daemons built before rows messages (commit

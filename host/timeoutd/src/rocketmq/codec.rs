@@ -173,7 +173,7 @@ pub fn decode_wakeup(
 ///
 /// # Errors
 /// A sentence naming the id and the rule.
-fn check_order_id(order_id: &str) -> Result<(), String> {
+pub(crate) fn check_order_id(order_id: &str) -> Result<(), String> {
     if order_id.is_empty() {
         return Err("order id is empty".into());
     }

@@ -6,7 +6,8 @@
 //! 1. decode it ([`super::codec`]); a malformed one is dead-lettered at once with its raw body
 //!    (it can never succeed) and acknowledged — it never blocks the queue (F14). A message that
 //!    wakes several rows hops as one (step 2), then each of its rows goes on as a message of its
-//!    own would: its outcome counted, and the message acknowledged once all of theirs are;
+//!    own would (held, or handled, its outcome counted); the message is acknowledged once each
+//!    of its rows is held or committed, and redelivered whole when one could not be;
 //! 2. a hop of a chain not yet due is re-sent towards its due time ([`super::planner`]); a
 //!    message due within `rocketmq.timer_lead` plus a second has its row claimed and its order
 //!    loaded at once, is acknowledged, and is decided when the row falls due
@@ -118,6 +119,9 @@ pub struct TimeoutConsumer {
     ahead: Option<Prefetch>,
     /// Due messages in one merged group from which they are held too (a burst).
     burst: usize,
+    /// Most rows one statement claims or loads, and one group decides and commits
+    /// (`rocketmq.group_commit`): a merged group of rows messages can name thousands of rows.
+    chunk: usize,
     /// The last database clock read (host instant, epoch ms), for [`TimeoutConsumer::all_early`].
     last_read: std::sync::Mutex<Option<(tokio::time::Instant, i64)>>,
 }
@@ -126,12 +130,15 @@ impl TimeoutConsumer {
     /// A consumer dispatching through `dispatcher`, re-sending hops through `transport`, holding
     /// a row for `lease` while it handles it.
     pub fn new(dispatcher: Arc<Dispatcher>, transport: Arc<Transport>, lease: Duration) -> Self {
+        let chunk = transport.config().group_commit.max(1) as usize;
         TimeoutConsumer {
+            chunk,
             dispatcher,
             transport,
             lease_ms: lease.as_millis() as i64,
             ahead: None,
             burst: usize::MAX,
+
             last_read: std::sync::Mutex::new(None),
         }
     }
@@ -282,13 +289,20 @@ impl TimeoutConsumer {
         tokens.sort();
         tokens.dedup();
         let lease = Duration::from_millis(self.lease_ms.max(0) as u64);
-        let outcomes =
-            crate::lease::renewing(self.dispatcher.handle_group(&triggers), lease, || async {
-                for token in &tokens {
-                    crate::sources::outbox::renew_rows(&self.dispatcher, Some(token), lease).await;
-                }
-            })
-            .await;
+        // At most `chunk` triggers a group: one transaction each, in turn.
+        let all_groups = async {
+            let mut outcomes = Vec::with_capacity(triggers.len());
+            for group in triggers.chunks(self.chunk) {
+                outcomes.extend(self.dispatcher.handle_group(group).await);
+            }
+            outcomes
+        };
+        let outcomes = crate::lease::renewing(all_groups, lease, || async {
+            for token in &tokens {
+                crate::sources::outbox::renew_rows(&self.dispatcher, Some(token), lease).await;
+            }
+        })
+        .await;
         for (i, outcome) in owners.into_iter().zip(outcomes) {
             let ack = ack_of(&outcome);
             settle(
@@ -303,7 +317,7 @@ impl TimeoutConsumer {
 
     /// Re-sends the hops not yet due; takes the rows of the messages due within the lead ahead
     /// and holds them (as many as the hold has room for), waits out the rest; then takes the
-    /// rows of the due ones in one claim. In a burst (`self.burst` due messages or more) the
+    /// rows of the due ones in one claim. In a burst (`self.burst` due rows or more) the
     /// due ones are held as well, while there is room. When the database cannot be read or
     /// written, the messages not yet settled are left to be redelivered ([`Ack::Later`]).
     async fn take_all(
@@ -361,8 +375,9 @@ impl TimeoutConsumer {
         if ready.is_empty() {
             return out;
         }
-        // The hold is full: the last sub-second rest is waited out here, and the claim reads
-        // the clock again.
+        // The hold is full: the rest until the latest due time (under `timer_lead` plus two
+        // seconds for a rows message's last row) is waited out here, and the claim reads the
+        // clock again.
         let claim_at = if wait.is_zero() {
             Some(now_ms)
         } else {
@@ -408,13 +423,17 @@ impl TimeoutConsumer {
         let lease = Duration::from_millis(self.lease_ms.max(0) as u64);
         let (alive, renewer) = prefetch::keep_alive(&self.dispatcher, tokens, lease);
         tokio::spawn(renewer);
-        ahead
-            .load_and_hold(&self.dispatcher, triggers, clock_read, &alive)
-            .await;
+        let mut triggers = triggers.into_iter().peekable();
+        while triggers.peek().is_some() {
+            let group: Vec<Trigger> = triggers.by_ref().take(self.chunk).collect();
+            ahead
+                .load_and_hold(&self.dispatcher, group, clock_read, &alive)
+                .await;
+        }
         out
     }
 
-    /// Takes the rows of `ready` in one claim (adopting a row for each message that names none,
+    /// Takes the rows of `ready` in one claim per `chunk` rows (adopting a row for each message that names none,
     /// or whose row is gone), at `now_ms` or, after a wait, a fresh clock read.
     async fn claim(
         &self,
@@ -432,7 +451,10 @@ impl TimeoutConsumer {
                 None => self.adopt(m, now_ms).await?,
             });
         }
-        let mut claims = relay::claim_rows(self.db(), &ids, now_ms, self.lease_ms).await?;
+        let mut claims = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(self.chunk) {
+            claims.extend(relay::claim_rows(self.db(), chunk, now_ms, self.lease_ms).await?);
+        }
         for (k, (_, m)) in ready.iter().enumerate() {
             if claims[k] == RowClaim::Missing && m.row_id.is_some() {
                 // The row named by the message is gone (an operator deleted it): adopt a new one.

@@ -6,7 +6,7 @@
 //! whose message never comes is taken back by the outbox timer `rocketmq.fallback_after` past
 //! its due time (F1, F6). `wait` decisions' next phases are relayed the same way.
 //!
-//! Rows of a round due within [`SPAN_MS`] of each other share one message (at most
+//! Rows of a round due within [`rows::SPAN_MS`] of each other share one message (at most
 //! `rocketmq.rows_per_message` each; [`super::codec::rows`]): a flash sale's 10,000 rows due in
 //! the same second are a few hundred messages, not 10,000, each costing the relay a send and
 //! the consumer a pull and an acknowledgement. A shared message is due at its earliest row;
@@ -19,7 +19,7 @@ use futures_util::future::join_all;
 use tokio::sync::watch;
 
 use super::client::{Scheduled, Transport, TransportError};
-use super::codec::{TimeoutMessage, Wakeup};
+use super::codec::{self, TimeoutMessage, Wakeup, rows};
 use crate::clock::Clock;
 use crate::db::outbox::DueRow;
 use crate::db::{Db, relay};
@@ -28,12 +28,6 @@ use crate::retry::Backoff;
 
 /// How often the relay looks for rows when it found none.
 const IDLE: Duration = Duration::from_millis(250);
-
-/// Rows share a message only when due within this long of its earliest row, ms. The message
-/// comes back `timer_lead` before that row, so each of its rows is then due within the lead
-/// plus this span: held for its own due time, never sent on as a hop of its own (the planner
-/// sends on only what is due later than the lead plus a second).
-pub const SPAN_MS: i64 = 1000;
 
 /// Runs the relay until `shutdown` turns true.
 pub async fn run(
@@ -116,21 +110,28 @@ pub async fn relay_once(
 }
 
 /// How `rows` (sorted by due time, as claimed) share messages: consecutive runs of at most
-/// `per_message` rows, each due within [`SPAN_MS`] of the run's first. Index ranges into `rows`,
-/// in order, covering every row once.
+/// `per_message` rows, each due within [`rows::SPAN_MS`] of the run's first. A row whose order
+/// id a consumer would refuse goes alone, so it is dead-lettered by itself instead of with the
+/// rows it would have shared a message with. Index ranges into `rows`, in order, covering every
+/// row once.
 fn shares(rows: &[DueRow], per_message: usize) -> Vec<std::ops::Range<usize>> {
     let mut out: Vec<std::ops::Range<usize>> = Vec::new();
+    let mut open = false;
     for (k, row) in rows.iter().enumerate() {
+        let shareable = codec::check_order_id(&row.order_id).is_ok();
         match out.last_mut() {
             Some(run)
-                if run.len() < per_message
-                    && (row.due_ms - rows[run.start].due_ms) < SPAN_MS
+                if open
+                    && shareable
+                    && run.len() < per_message
+                    && (row.due_ms - rows[run.start].due_ms) < rows::SPAN_MS
                     && row.due_ms >= rows[run.start].due_ms =>
             {
                 run.end = k + 1;
             }
             _ => out.push(k..k + 1),
         }
+        open = shareable;
     }
     out
 }
@@ -234,6 +235,13 @@ mod tests {
             (0..7).map(|k| k..k + 1).collect::<Vec<_>>()
         );
         assert!(shares(&[], 64).is_empty());
+    }
+
+    #[test]
+    fn a_row_whose_order_id_would_be_refused_goes_alone() {
+        let mut rows: Vec<DueRow> = (0..4).map(|k| row(k, 100)).collect();
+        rows[1].order_id = "two words".into();
+        assert_eq!(shares(&rows, 64), vec![0..1, 1..2, 2..4]);
     }
 
     #[test]

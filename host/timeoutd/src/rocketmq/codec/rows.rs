@@ -14,6 +14,12 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The rows of one message are due within this long of the earliest of them, ms (the relay
+/// shares a message only so; a wider message is refused as malformed). The message comes back
+/// `rocketmq.timer_lead` before its earliest row, so each of its rows is then due within the
+/// lead plus this span: held for its own due time, never sent on as a hop of its own.
+pub const SPAN_MS: i64 = 1000;
+
 use super::{TimeoutMessage, Wakeup, check_order_id, preview};
 
 #[derive(Serialize)]
@@ -103,6 +109,19 @@ pub fn decode(body: &[u8], count: &str, hop: Option<&str>) -> Result<Wakeup, Str
             parsed.rows.len()
         ));
     }
+    let earliest = parsed.rows.iter().map(|r| r.due_ms).min().unwrap_or(0);
+    if let Some(late) = parsed
+        .rows
+        .iter()
+        .find(|r| r.due_ms.saturating_sub(earliest) >= SPAN_MS)
+    {
+        return Err(format!(
+            "row id {} is due {} ms after the message's earliest row; a rows message spans less \
+             than {SPAN_MS} ms",
+            late.row,
+            late.due_ms.saturating_sub(earliest)
+        ));
+    }
     let mut rows = Vec::with_capacity(parsed.rows.len());
     for (k, r) in parsed.rows.into_iter().enumerate() {
         check_order_id(&r.order_id).map_err(|e| format!("row {k} (id {}): {e}", r.row))?;
@@ -160,6 +179,11 @@ mod tests {
             (&body[..], "many", "not a row count"),
             (&br#"{"rows":[]}"#[..], "0", "lists no rows"),
             (&b"O-1"[..], "1", "not a rows message"),
+            (
+                &br#"{"rows":[{"row":1,"orderId":"a","phase":0,"dueMs":0},{"row":2,"orderId":"b","phase":0,"dueMs":1000}]}"#[..],
+                "2",
+                "row id 2 is due 1000 ms after",
+            ),
             (
                 &br#"{"rows":[{"row":4,"orderId":"two words","phase":0,"dueMs":1}]}"#[..],
                 "1",
