@@ -486,8 +486,23 @@ impl Transport {
             })
             .build();
         let topic = topic.to_string();
+        // The group's retry topic (RocketMQ's `MixAll.getRetryTopic`): the client subscribes to
+        // it too, and until the broker makes it (at the group's first reconsumed message) the
+        // client warns on every route refresh that it has no route. Created as the others are
+        // in `start_named` (1 queue, as the broker makes it); a refusal is fine.
+        let retry = self
+            .config
+            .create_topics
+            .then(|| (format!("%RETRY%{group}"), (*self.producer).clone()));
         let started = self
             .on_client(async move {
+                if let Some((retry, mut producer)) = retry
+                    && let Err(e) = producer
+                        .create_topic("TBW102", &retry, 1, Default::default())
+                        .await
+                {
+                    tracing::debug!(topic = retry, error = %e, "retry topic not created");
+                }
                 consumer.subscribe(topic.as_str(), "*").await?;
                 consumer.register_message_listener_concurrently(listener);
                 consumer.start().await?;
