@@ -134,21 +134,32 @@ pub fn decode(
             preview(keys)
         ));
     }
-    let number = |name: &str| -> Result<Option<i64>, String> {
-        property(name)
-            .map(|v| {
-                v.parse::<i64>()
-                    .map_err(|_| format!("property {name} = `{}` is not an integer", preview(&v)))
-            })
-            .transpose()
-    };
+    let number = |name: &str| number_property(name, property(name).as_deref());
     Ok(TimeoutMessage {
         order_id,
         phase,
         due_ms: number(PROP_DUE_MS)?,
         row_id: number(PROP_ROW)?,
-        hop: number(PROP_HOP)?.unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32,
+        hop: hop_of(number(PROP_HOP)?),
     })
+}
+
+/// The integer in property `name` (`value`, `None` when the message lacks it).
+///
+/// # Errors
+/// `property NAME = `VALUE` is not an integer`.
+pub(crate) fn number_property(name: &str, value: Option<&str>) -> Result<Option<i64>, String> {
+    value
+        .map(|v| {
+            v.parse::<i64>()
+                .map_err(|_| format!("property {name} = `{}` is not an integer", preview(v)))
+        })
+        .transpose()
+}
+
+/// A message's hop count from its [`PROP_HOP`]: 0 when absent, clamped into `u32`.
+pub(crate) fn hop_of(hop: Option<i64>) -> u32 {
+    hop.unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32
 }
 
 /// Decodes a message that may wake one order ([`decode`]) or several rows (it carries

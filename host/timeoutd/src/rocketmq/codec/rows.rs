@@ -84,16 +84,7 @@ pub fn decode(body: &[u8], count: &str, hop: Option<&str>) -> Result<Wakeup, Str
             preview(count)
         )
     })?;
-    let hop = match hop {
-        Some(h) => h.parse::<u32>().map_err(|_| {
-            format!(
-                "property {} = `{}` is not an integer",
-                super::PROP_HOP,
-                preview(h)
-            )
-        })?,
-        None => 0,
-    };
+    let hop = super::hop_of(super::number_property(super::PROP_HOP, hop)?);
     let parsed: OwnedBody = serde_json::from_slice(body).map_err(|e| {
         format!(
             "body is not a rows message (`{{\"rows\":[{{\"row\",\"orderId\",\"phase\",\"dueMs\"}}]}}`): {e}"
