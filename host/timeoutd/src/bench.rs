@@ -16,8 +16,8 @@
 //!    a few seconds ahead, and waits until every one is closed;
 //! 4. reports closes/s, the ratio to the baseline, lateness p50/p99/max from the database
 //!    (`closed_at_ms − deadline_ms`), CPU seconds per 1,000 closes, peak RSS, commits and
-//!    statements per close ([`counters`]), the plans of the hot queries, and an exactly-once
-//!    audit ([`report`]).
+//!    statements per close ([`counters`]), where the drain's CPU went and what bounded it
+//!    ([`bottleneck`]), the plans of the hot queries, and an exactly-once audit ([`report`]).
 //!
 //! Options: `--spread D` puts the deadlines D apart instead of at one instant (`--orders 100
 //! --spread 200ms`: a single order at a time on an idle daemon); `--history N` first fills the
@@ -28,6 +28,7 @@
 //! rate R, p99 ≥ 0.99·N/R (the "drain floor", reported beside p99).
 
 mod baseline;
+mod bottleneck;
 mod counters;
 mod plot;
 mod report;
@@ -118,7 +119,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
             .context("the config has no merchants")?,
     };
     let (url, _tempdir) = seed::fresh_database(&args.config.database.url).await?;
-    let max_connections = args.config.database.max_connections;
+    let max_connections = args.config.database.pool_size(&url);
     let db = Db::connect(&url, max_connections).await?;
     db.migrate().await?;
     let backend = db.backend();
@@ -266,12 +267,20 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     let cpu_before = counters::cpu_seconds();
     let watcher_cpu_before = counters::thread_cpu_seconds(watch::WATCHER_THREADS);
     let limit_ms = (i64::from(n) * 50).max(120_000);
-    loop {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    // The drain starts at the deadline: the CPU readings start there.
+    let lead_left_ms = deadline_ms - db.now_ms().await?;
+    if lead_left_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(lead_left_ms as u64)).await;
+    }
+    let drain_start = bottleneck::Snapshot::take();
+    // Polled every 100 ms, so the drain's end (and its CPU readings) is seen within 100 ms;
+    // progress every 500 ms.
+    for poll in 1u64.. {
+        tokio::time::sleep(Duration::from_millis(100)).await;
         let open = seed::open_orders(&db).await?;
         let now = db.now_ms().await?;
         let since = now - last_due_ms;
-        if now >= deadline_ms {
+        if now >= deadline_ms && (poll % 5 == 0 || open == 0) {
             progress(format_args!(
                 "{} / {n} closed, {:.1} s after the (first) deadline",
                 u64::from(n).saturating_sub(open),
@@ -294,6 +303,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         .map(|_| counters::thread_cpu_seconds(watch::WATCHER_THREADS) - watcher_cpu_before);
     let cpu_s = counters::cpu_seconds() - cpu_before - watcher_cpu_s.unwrap_or(0.0);
     let daemon_peak_rss_mib = peak_reset.then(counters::peak_rss_mib);
+    let drain_end = bottleneck::Snapshot::take();
+    let bottleneck =
+        bottleneck::Bottleneck::between(&drain_start, &drain_end, backend == Backend::Sqlite);
     if let Some(cleaning) = cleaning {
         cleaning.await.context("the retention pass")??;
     }
@@ -329,6 +341,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
             watcher_cpu_s,
             setup_peak_rss_mib,
             daemon_peak_rss_mib,
+            bottleneck,
             released,
             shape,
             database: url,

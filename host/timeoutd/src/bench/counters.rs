@@ -69,7 +69,7 @@ pub(super) fn thread_cpu_seconds(name: &str) -> f64 {
 }
 
 /// utime + stime of a `/proc/.../stat` line, clock ticks (USER_HZ = 100 on Linux).
-fn stat_cpu_ticks(stat: &str) -> f64 {
+pub(super) fn stat_cpu_ticks(stat: &str) -> f64 {
     let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
     let fields: Vec<&str> = after_name.split_whitespace().collect();
     let tick = |i: usize| {

@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use super::BenchPath;
 use super::baseline::Baseline;
+use super::bottleneck::Bottleneck;
 use super::counters::{PerClose, peak_rss_mib};
 use super::seed::Shape;
 use crate::db::{Backend, Db};
@@ -49,6 +50,8 @@ pub struct Report {
     /// an upper bound (the bench's own seed and baseline memory still held counts too).
     /// `None` where the peak cannot be reset (not Linux).
     pub daemon_peak_rss_mib: Option<f64>,
+    /// Where the CPU went during the drain (deadline to last close) and what bounded it.
+    pub bottleneck: Bottleneck,
     /// The daemon's commits and statements per close.
     pub daemon: PerClose,
     /// The baseline's commits and statements per close.
@@ -163,6 +166,10 @@ impl Report {
                 "  watcher cpu         {w:.3} s / 1000 closes (the bench's watching group, not counted above)\n"
             ));
         }
+        out.push_str(&format!(
+            "  bottleneck          {}\n",
+            self.bottleneck.verdict
+        ));
         let by: Vec<String> = self
             .closed_by
             .iter()
@@ -212,6 +219,8 @@ pub(super) struct Inputs {
     pub setup_peak_rss_mib: f64,
     /// Peak RSS from the daemons' start to the drain's end, MiB, where it could be reset.
     pub daemon_peak_rss_mib: Option<f64>,
+    /// CPU during the drain and the verdict.
+    pub bottleneck: Bottleneck,
     pub released: Option<Vec<i64>>,
     pub shape: Shape,
     pub database: String,
@@ -280,6 +289,7 @@ pub(super) async fn collect(db: &Db, closes: &Closes, i: Inputs) -> anyhow::Resu
             .map(|w| w * 1000.0 / f64::from(i.orders.max(1))),
         peak_rss_mib: peak_rss_mib().max(i.setup_peak_rss_mib),
         daemon_peak_rss_mib: i.daemon_peak_rss_mib,
+        bottleneck: i.bottleneck,
         daemon: i.daemon_counts,
         baseline: i.baseline_counts,
         baseline_run: i.baseline,
