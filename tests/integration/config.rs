@@ -279,3 +279,27 @@ plugin = "builtin:single-phase"
     let fine = raw.replace("marker_ttl = \"1d\"", "marker_ttl = \"7d\"");
     assert!(Config::from_toml(&fine, std::path::Path::new("."), &|_| None).is_ok());
 }
+
+/// The pool size left out is 4 on SQLite (one writer at a time; each connection's own page
+/// cache counts in the RSS) and 8 on a server; `max_connections` overrides both, shards
+/// included.
+#[test]
+fn the_pool_size_left_out_depends_on_the_backend_and_max_connections_overrides_it() {
+    let parse = |database: &str| {
+        let raw = format!("{database}\n[merchants.acme]\nplugin = \"builtin:single-phase\"\n");
+        Config::from_toml(&raw, std::path::Path::new("/nonexistent"), &|_| None)
+            .unwrap_or_else(|p| panic!("{database}: {p}"))
+    };
+    let sqlite = parse("[database]\nurl = \"sqlite:///tmp/t.db\"");
+    assert_eq!(sqlite.database.pool_size(&sqlite.database.url), 4);
+    let mariadb = parse("[database]\nurl = \"mysql://root@127.0.0.1:3306/test\"");
+    assert_eq!(mariadb.database.pool_size(&mariadb.database.url), 8);
+    let postgres = parse("[database]\nurl = \"postgres://postgres@127.0.0.1/test\"");
+    assert_eq!(postgres.database.pool_size(&postgres.database.url), 8);
+    let set = parse("[database]\nurl = \"sqlite:///tmp/t.db\"\nmax_connections = 12");
+    assert_eq!(set.database.pool_size(&set.database.url), 12);
+    assert_eq!(
+        set.database.pool_size("mysql://root@127.0.0.1:3306/shop_0"),
+        12
+    );
+}

@@ -134,7 +134,11 @@ impl Daemon {
         for warning in crate::effects::unexecuted(config) {
             tracing::warn!("{warning}");
         }
-        let db = Db::connect(&config.database.url, config.database.max_connections).await?;
+        let db = Db::connect(
+            &config.database.url,
+            config.database.pool_size(&config.database.url),
+        )
+        .await?;
         if let Err(e) = prepare(&db, config.database.migrate).await {
             db.close().await;
             return Err(e);

@@ -137,7 +137,7 @@ impl Sharded {
         let mut front = Vec::new();
         for (index, s) in config.database.shards.iter().enumerate() {
             let named = |e: String| StartError::Shard(s.name.clone(), e);
-            let db = Db::connect_lazy(&s.url, config.database.max_connections)
+            let db = Db::connect_lazy(&s.url, config.database.pool_size(&s.url))
                 .await
                 .map_err(|e| named(e.to_string()))?;
             let migrate = match tokio::time::timeout(
@@ -355,7 +355,7 @@ async fn work(
                 let start = async {
                     let db = Db::connect_lazy(
                         &shard.config.database.url,
-                        shard.config.database.max_connections,
+                        shard.config.database.pool_size(&shard.config.database.url),
                     )
                     .await?;
                     Daemon::start_prepared(&shard.config, clock.clone(), policies.clone(), db).await

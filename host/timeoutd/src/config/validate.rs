@@ -134,7 +134,7 @@ fn url(url: &str, at: &str, p: &mut ConfigProblems) {
 pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
     let mut p = ConfigProblems::default();
     database(c, &mut p);
-    if c.database.max_connections == 0 {
+    if c.database.max_connections == Some(0) {
         p.push("database.max_connections", "must be at least 1");
     }
     for (key, value) in [

@@ -362,7 +362,11 @@ pub async fn arm_orders(
         .as_ref()
         .ok_or_else(|| anyhow::anyhow!("the configuration has no [rocketmq] section"))?;
     let policies = crate::policies::load(config)?;
-    let db = Db::connect(&config.database.url, config.database.max_connections).await?;
+    let db = Db::connect(
+        &config.database.url,
+        config.database.pool_size(&config.database.url),
+    )
+    .await?;
     if config.database.migrate {
         db.migrate().await?;
     }
