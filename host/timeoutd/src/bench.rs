@@ -275,10 +275,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     let drain_start = bottleneck::Snapshot::take();
     // Polled every 100 ms, so the drain's end (and its CPU readings) is seen within 100 ms;
     // progress every 500 ms.
+    let mut polls = Vec::new();
     for poll in 1u64.. {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let open = seed::open_orders(&db).await?;
         let now = db.now_ms().await?;
+        polls.push((now - deadline_ms, u64::from(n).saturating_sub(open)));
         let since = now - last_due_ms;
         if now >= deadline_ms && (poll % 5 == 0 || open == 0) {
             progress(format_args!(
@@ -342,6 +344,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
             setup_peak_rss_mib,
             daemon_peak_rss_mib,
             bottleneck,
+            polls,
             released,
             shape,
             database: url,

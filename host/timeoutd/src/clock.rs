@@ -9,6 +9,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
+use sqlx::AnyConnection;
+
 use crate::db::{Db, DbError};
 
 /// Where "now" comes from.
@@ -42,6 +44,18 @@ impl Clock {
     pub async fn now_ms(&self, db: &Db) -> Result<i64, DbError> {
         match self {
             Clock::Database => db.now_ms().await,
+            Clock::Manual(cell) => Ok(cell.load(Ordering::SeqCst)),
+        }
+    }
+
+    /// As [`Clock::now_ms`], the database clock read on `conn` (inside a transaction: no
+    /// second pool connection is taken while the transaction holds one).
+    ///
+    /// # Errors
+    /// [`DbError`] when the database clock cannot be read.
+    pub async fn now_ms_on(&self, db: &Db, conn: &mut AnyConnection) -> Result<i64, DbError> {
+        match self {
+            Clock::Database => db.now_ms_on(conn).await,
             Clock::Manual(cell) => Ok(cell.load(Ordering::SeqCst)),
         }
     }

@@ -28,7 +28,7 @@ use timeoutd_runtime::model::{Decision, Effect, Order};
 use super::close::{CAS_LOST, closed_detail, held_detail, is_external, noop_detail};
 use super::wait::{next_due_ms, wait_detail};
 use super::{Dispatcher, Outcome, Ready, Step, Trigger, permitted};
-use crate::db::{DbError, journal, ledger, orders, outbox};
+use crate::db::{DbError, WriteTx, journal, ledger, orders, outbox};
 
 /// Which shared transaction a group of decisions goes through.
 #[derive(Clone, Copy)]
@@ -327,6 +327,19 @@ impl Dispatcher {
             .collect())
     }
 
+    /// When a close is written: the clock read now on the write transaction's own connection,
+    /// and never before `decided_ms` (the clock the group was decided by, which also bounds the
+    /// compare-and-set's `deadline_ms <= now`). A clock that cannot be read keeps `decided_ms`.
+    async fn written_at(&self, tx: &mut WriteTx, decided_ms: i64) -> i64 {
+        match self.clock.now_ms_on(&self.db, tx).await {
+            Ok(now_ms) => now_ms.max(decided_ms),
+            Err(e) => {
+                tracing::debug!(error = %e, "clock unread at the close; stamped with the decision's");
+                decided_ms
+            }
+        }
+    }
+
     /// Closes a group of permitted cancels in one transaction; outcomes in the same order.
     /// An order that left PENDING before the lock (paid, closed by another trigger) is a no-op
     /// with its decision logged, exactly as in the single close.
@@ -361,20 +374,10 @@ impl Dispatcher {
         let leases = orders::live_leases(&mut tx, &lost, now_ms).await?;
         let held = |k: usize| leases.get(ids[k]).copied();
         let closing = || (0..group.len()).filter(|&k| won[k]);
-        let stamps: Vec<(&str, orders::CloseStamp<'_>)> = closing()
-            .map(|k| (ids[k], decided[k].close_stamp(cancels[k].0)))
-            .collect();
-        let changed = orders::close_many(&mut tx, &stamps, now_ms).await?;
-        if changed != stamps.len() as u64 {
-            return Err(DbError::BadRow {
-                table: "orders",
-                detail: format!(
-                    "group close changed {changed} of {} locked orders",
-                    stamps.len()
-                ),
-            });
-        }
         // Stock: one statement per SKU, in SKU order (two groups never deadlock on stock rows).
+        // Before the orders' update, so that a group waiting for a hot SKU's row lock (a flash
+        // sale's groups all touch the same few) is stamped after the wait: the orders it won
+        // are already locked by `lock_pending`.
         let mut per_sku: BTreeMap<&str, i64> = BTreeMap::new();
         let mut coupons: Vec<(&str, &str)> = Vec::new();
         for k in closing() {
@@ -393,6 +396,23 @@ impl Dispatcher {
             if !orders::restore_units(&mut tx, sku, *units).await? {
                 missing_skus.insert(sku);
             }
+        }
+        // The close's stamp: when it is written, not when the group was decided. Staged groups
+        // queue for the writer (SQLite) or for the hot rows; a stamp read before that said an
+        // order closed up to a second before it did.
+        let written_ms = self.written_at(&mut tx, now_ms).await;
+        let stamps: Vec<(&str, orders::CloseStamp<'_>)> = closing()
+            .map(|k| (ids[k], decided[k].close_stamp(cancels[k].0)))
+            .collect();
+        let changed = orders::close_many(&mut tx, &stamps, written_ms).await?;
+        if changed != stamps.len() as u64 {
+            return Err(DbError::BadRow {
+                table: "orders",
+                detail: format!(
+                    "group close changed {changed} of {} locked orders",
+                    stamps.len()
+                ),
+            });
         }
         let released = orders::release_coupons(&mut tx, &coupons).await?;
         let applied = |_: usize, e: &Effect| match e {
@@ -435,10 +455,10 @@ impl Dispatcher {
         let outcomes: Vec<Outcome> = (0..group.len())
             .map(|k| match won[k] {
                 true => {
-                    let lateness_ms = group[k].now_ms - decided[k].close_due_ms();
+                    let lateness_ms = written_ms - decided[k].close_due_ms();
                     emit(Event::Closed {
                         source: group[k].trigger.kind.as_str(),
-                        lateness_ms: group[k].now_ms - group[k].order.deadline_ms,
+                        lateness_ms: written_ms - group[k].order.deadline_ms,
                         trigger_lateness_ms: lateness_ms,
                         effects: cancels[k].1.len(),
                     });
