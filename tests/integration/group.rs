@@ -614,3 +614,47 @@ each_backend! {
         }
     }
 }
+
+each_backend! {
+    /// A group decided at the deadline that then waits (another transaction holds a SKU's row
+    /// on MariaDB and PostgreSQL, the database's write lock on SQLite) is stamped when it is
+    /// written: `closed_at_ms` is the clock after the wait, not the one it was decided by.
+    async fn a_group_that_waits_for_a_lock_is_stamped_when_written_not_when_decided(env) {
+        env.stock_up(&[("sku-a", 1_000), ("sku-b", 1_000)]).await;
+        for i in 0..3 {
+            env.create(&order(&format!("wait-{i}"), "acme", T0)).await;
+        }
+        let config = env.config(SINGLE, "");
+        let (clock, now) = Clock::manual(T0 + 1);
+        let dispatcher = env.dispatcher(&config, clock).await;
+        let triggers = env.claim(T0 + 1).await;
+        assert_eq!(triggers.len(), 3);
+        // Another writer holds the hot SKU's row (and on SQLite the write lock).
+        let mut holder = env.db.pool().begin().await.unwrap();
+        env.db
+            .backend()
+            .query("UPDATE sku_stock SET available = available WHERE sku = ?")
+            .bind("sku-a")
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+        let group = tokio::spawn(async move { dispatcher.handle_group(&triggers).await });
+        // The group is decided at T0 + 1 within a few ms; it then waits for the row.
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        now.store(T0 + 5_000, std::sync::atomic::Ordering::SeqCst);
+        holder.rollback().await.unwrap();
+        let (closed, noop) = tally(&group.await.unwrap());
+        assert_eq!((closed, noop), (3, 0));
+        for sql in [
+            "SELECT MIN(closed_at_ms) FROM orders WHERE status = ?",
+            "SELECT MAX(closed_at_ms) FROM orders WHERE status = ?",
+        ] {
+            assert_eq!(
+                env.int(sql, "CLOSED").await,
+                T0 + 5_000,
+                "each close stamped with the clock it was written at, after the wait"
+            );
+        }
+        assert_eq!(env.stock("sku-a").await, 1_000, "stock back once the row was free");
+    }
+}
