@@ -618,7 +618,9 @@ each_backend! {
 each_backend! {
     /// A group decided at the deadline that then waits (another transaction holds a SKU's row
     /// on MariaDB and PostgreSQL, the database's write lock on SQLite) is stamped when it is
-    /// written: `closed_at_ms` is the clock after the wait, not the one it was decided by.
+    /// written: `closed_at_ms` is the clock after the wait, not the one it was decided by. On
+    /// SQLite the wait is at `BEGIN IMMEDIATE`, before any statement; on the servers it is at
+    /// the stock statement, so there the test also holds the stock-before-close order.
     async fn a_group_that_waits_for_a_lock_is_stamped_when_written_not_when_decided(env) {
         env.stock_up(&[("sku-a", 1_000), ("sku-b", 1_000)]).await;
         for i in 0..3 {
@@ -641,6 +643,7 @@ each_backend! {
         let group = tokio::spawn(async move { dispatcher.handle_group(&triggers).await });
         // The group is decided at T0 + 1 within a few ms; it then waits for the row.
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        assert!(!group.is_finished(), "the group waits for the held row");
         now.store(T0 + 5_000, std::sync::atomic::Ordering::SeqCst);
         holder.rollback().await.unwrap();
         let (closed, noop) = tally(&group.await.unwrap());
@@ -655,6 +658,11 @@ each_backend! {
                 "each close stamped with the clock it was written at, after the wait"
             );
         }
+        assert_eq!(
+            env.int("SELECT MAX(decided_at_ms) FROM decision_log WHERE outcome = ?", "closed").await,
+            T0 + 1,
+            "decided before the wait, by the clock then"
+        );
         assert_eq!(env.stock("sku-a").await, 1_000, "stock back once the row was free");
     }
 }

@@ -9,9 +9,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use sqlx::AnyConnection;
-
-use crate::db::{Db, DbError};
+use crate::db::{Db, DbError, WriteTx};
 
 /// Where "now" comes from.
 #[derive(Debug, Clone, Default)]
@@ -48,14 +46,14 @@ impl Clock {
         }
     }
 
-    /// As [`Clock::now_ms`], the database clock read on `conn` (inside a transaction: no
-    /// second pool connection is taken while the transaction holds one).
+    /// As [`Clock::now_ms`], the database clock read on `tx`'s connection (no second pool
+    /// connection is taken while the transaction holds one).
     ///
     /// # Errors
     /// [`DbError`] when the database clock cannot be read.
-    pub async fn now_ms_on(&self, db: &Db, conn: &mut AnyConnection) -> Result<i64, DbError> {
+    pub async fn now_ms_on(&self, db: &Db, tx: &mut WriteTx) -> Result<i64, DbError> {
         match self {
-            Clock::Database => db.now_ms_on(conn).await,
+            Clock::Database => db.now_ms_on(tx).await,
             Clock::Manual(cell) => Ok(cell.load(Ordering::SeqCst)),
         }
     }

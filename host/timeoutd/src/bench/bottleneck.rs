@@ -32,10 +32,12 @@ pub(super) struct Snapshot {
     at: Instant,
     /// The machine: (busy, idle, iowait) clock ticks summed over every core.
     machine: (f64, f64, f64),
+    /// The machine's cores (`cpuN` lines of `/proc/stat`, the cores those ticks cover).
+    cores: usize,
     /// CPU seconds of this process.
     process_s: f64,
-    /// CPU seconds of the database server's processes.
-    database_s: f64,
+    /// CPU seconds of the database server's processes; `None` when none runs here.
+    database_s: Option<f64>,
     /// CPU seconds of the broker's processes.
     broker_s: f64,
 }
@@ -44,9 +46,11 @@ impl Snapshot {
     /// Reads everything now.
     pub(super) fn take() -> Snapshot {
         let (database_s, broker_s) = servers_cpu_seconds();
+        let (machine, cores) = machine_ticks();
         Snapshot {
             at: Instant::now(),
-            machine: machine_ticks(),
+            machine,
+            cores,
             process_s: super::counters::cpu_seconds(),
             database_s,
             broker_s,
@@ -67,7 +71,8 @@ pub struct Bottleneck {
     /// This process: the daemons (the bench's polling and, on the broker paths, its watching
     /// group are a small part of it).
     pub daemon_cores: f64,
-    /// The database server's processes; `None` on SQLite (it runs inside the daemon).
+    /// The database server's processes; `None` on SQLite (it runs inside the daemon) and when
+    /// no server process runs on this machine (a remote database).
     pub database_cores: Option<f64>,
     /// The RocketMQ processes on this machine (name server, broker).
     pub broker_cores: f64,
@@ -81,7 +86,7 @@ impl Bottleneck {
     /// What happened between `start` and `end`; `in_process_database` on SQLite.
     pub(super) fn between(start: &Snapshot, end: &Snapshot, in_process_database: bool) -> Self {
         let seconds = end.at.duration_since(start.at).as_secs_f64();
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let cores = end.cores.max(1);
         let (busy, idle, iowait) = (
             end.machine.0 - start.machine.0,
             end.machine.1 - start.machine.1,
@@ -98,9 +103,12 @@ impl Bottleneck {
         let per_second = |s: f64| s / seconds;
         let machine_busy = busy / total;
         let daemon_cores = per_second(end.process_s - start.process_s);
-        let database_cores =
-            (!in_process_database).then(|| per_second(end.database_s - start.database_s));
-        let broker_cores = per_second(end.broker_s - start.broker_s);
+        // A server process that exits during the drain takes its CPU with it: never below 0.
+        let database_cores = match (in_process_database, start.database_s, end.database_s) {
+            (false, Some(a), Some(b)) => Some(per_second(b - a).max(0.0)),
+            _ => None,
+        };
+        let broker_cores = per_second(end.broker_s - start.broker_s).max(0.0);
         let other_cores = (machine_busy * cores as f64
             - daemon_cores
             - database_cores.unwrap_or(0.0)
@@ -164,7 +172,9 @@ impl Bottleneck {
     fn split(&self) -> String {
         let database = self
             .database_cores
-            .map_or("in the daemon".to_string(), |d| format!("{d:.2}"));
+            .map_or("in the daemon or elsewhere".to_string(), |d| {
+                format!("{d:.2}")
+            });
         format!(
             "daemons {:.2} · database {database} · broker {:.2} · other {:.2} cores",
             self.daemon_cores, self.broker_cores, self.other_cores
@@ -172,9 +182,19 @@ impl Bottleneck {
     }
 }
 
-/// `/proc/stat`'s first line: (busy, idle, iowait) ticks over all cores; zeros where unreadable.
-fn machine_ticks() -> (f64, f64, f64) {
-    std::fs::read_to_string("/proc/stat").map_or((0.0, 0.0, 0.0), |s| parse_machine(&s))
+/// `/proc/stat`'s first line: (busy, idle, iowait) ticks over all cores, and how many cores
+/// (`cpuN` lines) it sums; zeros where unreadable.
+fn machine_ticks() -> ((f64, f64, f64), usize) {
+    std::fs::read_to_string("/proc/stat").map_or(((0.0, 0.0, 0.0), 0), |s| {
+        (parse_machine(&s), count_cores(&s))
+    })
+}
+
+/// The `cpuN` lines of `/proc/stat`.
+fn count_cores(stat: &str) -> usize {
+    stat.lines()
+        .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+        .count()
 }
 
 /// Parses `cpu  user nice system idle iowait irq softirq steal …` (proc(5)); guest time is
@@ -193,12 +213,13 @@ fn parse_machine(stat: &str) -> (f64, f64, f64) {
     (busy, at(3), at(4))
 }
 
-/// CPU seconds so far of the database server's processes and of the broker's.
-fn servers_cpu_seconds() -> (f64, f64) {
+/// CPU seconds so far of the database server's processes (`None` when none runs here) and of
+/// the broker's.
+fn servers_cpu_seconds() -> (Option<f64>, f64) {
     let Ok(procs) = std::fs::read_dir("/proc") else {
-        return (0.0, 0.0);
+        return (None, 0.0);
     };
-    let (mut database, mut broker) = (0.0, 0.0);
+    let (mut database, mut broker) = (None::<f64>, 0.0);
     for entry in procs.flatten() {
         let path = entry.path();
         let numeric = entry
@@ -213,7 +234,7 @@ fn servers_cpu_seconds() -> (f64, f64) {
         };
         let comm = comm.trim_end();
         let slot = if DATABASE_SERVERS.contains(&comm) {
-            &mut database
+            database.get_or_insert(0.0)
         } else if comm.starts_with(BROKER_PREFIX) {
             &mut broker
         } else {
@@ -230,12 +251,15 @@ fn servers_cpu_seconds() -> (f64, f64) {
 mod tests {
     use super::*;
 
+    const CORES: usize = 2;
+
     fn snapshot(secs: u64, machine: (f64, f64, f64), process_s: f64, database_s: f64) -> Snapshot {
         Snapshot {
             at: Instant::now() + std::time::Duration::from_secs(secs),
             machine,
+            cores: CORES,
             process_s,
-            database_s,
+            database_s: Some(database_s),
             broker_s: 0.0,
         }
     }
@@ -245,11 +269,12 @@ mod tests {
         let stat = "cpu  100 5 50 800 40 3 2 0 0 0\ncpu0 50 2 25 400 20 1 1 0 0 0\n";
         assert_eq!(parse_machine(stat), (160.0, 800.0, 40.0));
         assert_eq!(parse_machine("nothing"), (0.0, 0.0, 0.0));
+        assert_eq!(count_cores(stat), 1);
     }
 
     #[test]
     fn busy_cores_make_the_cpu_the_bottleneck_and_name_who_used_them() {
-        let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
+        let cores = CORES as f64;
         // 10 s, every core busy: daemons 0.5 core, the database server the rest but 0.1.
         let start = snapshot(0, (0.0, 0.0, 0.0), 0.0, 0.0);
         let end = snapshot(10, (1000.0 * cores, 0.0, 0.0), 5.0, 10.0 * (cores - 0.6));
@@ -271,18 +296,14 @@ mod tests {
         assert!(disk.verdict.starts_with("the disk"), "{}", disk.verdict);
         let wait = Bottleneck::between(&start, &snapshot(10, (300.0, 690.0, 10.0), 1.0, 1.0), true);
         assert!(wait.verdict.starts_with("waiting"), "{}", wait.verdict);
-        // SQLite with the daemon at one core out of several: its one writer.
-        let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
-        if cores >= 2.0 {
-            let busy = 1000.0 * (cores / 2.0);
-            let serial =
-                Bottleneck::between(&start, &snapshot(10, (busy, busy, 0.0), 9.5, 0.0), true);
-            assert!(
-                serial.verdict.starts_with("one serial stage"),
-                "{}",
-                serial.verdict
-            );
-        }
+        // SQLite with the daemon at one core of two: its one writer.
+        let serial =
+            Bottleneck::between(&start, &snapshot(10, (1000.0, 1000.0, 0.0), 9.5, 0.0), true);
+        assert!(
+            serial.verdict.starts_with("one serial stage"),
+            "{}",
+            serial.verdict
+        );
         assert_eq!(wait.database_cores, None);
         assert!(
             wait.verdict.contains("database in the daemon"),

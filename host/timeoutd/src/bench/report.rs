@@ -40,9 +40,10 @@ pub struct Report {
     /// deadline (`None` with a spread).
     pub drain_floor_p99_ms: Option<f64>,
     /// When the closes became visible to another connection (committed), as the bench's
-    /// polling saw them: `closed_at_ms` is the close's stamp, the clock its group read before
-    /// deciding, so a commit that waited (decisions, lock waits, statements) is visible later.
-    pub visible: Visible,
+    /// polling saw them; `closed_at_ms` is read inside the close's transaction, so the commit
+    /// that ends it is seen a little later. `None` with a spread (the polls would measure the
+    /// spread).
+    pub visible: Option<Visible>,
     /// Daemon CPU seconds per 1,000 closes (this process from the daemons' start to the end of
     /// the drain, less the watching group's threads on the broker paths).
     pub cpu_s_per_1000: f64,
@@ -116,9 +117,10 @@ pub struct Visible {
     pub p50_ms: i64,
     /// 99 % seen closed.
     pub p99_ms: i64,
-    /// Every order seen closed.
+    /// Every order seen closed (0: never seen).
     pub all_ms: i64,
-    /// Orders ÷ `all_ms`, per second: the drain rate as a reader sees it (a lower bound).
+    /// Orders ÷ `all_ms`, per second: the drain rate as a reader sees it (a lower bound; 0
+    /// when never all seen).
     pub closes_per_s: f64,
 }
 
@@ -126,19 +128,24 @@ impl Visible {
     /// From the polls: (ms after the deadline, orders closed by then), in poll order.
     pub fn of(polls: &[(i64, u64)], orders: u32) -> Visible {
         let n = u64::from(orders);
-        let first = |share: f64| {
-            let want = (share * n as f64).ceil() as u64;
+        // The first poll that saw `percent` % of the orders closed (0 when none did).
+        let first = |percent: u64| {
+            let want = (n * percent).div_ceil(100);
             polls
                 .iter()
                 .find(|(_, closed)| *closed >= want)
                 .map_or(0, |(ms, _)| *ms)
         };
-        let all_ms = first(1.0);
+        let all_ms = first(100);
         Visible {
-            p50_ms: first(0.50),
-            p99_ms: first(0.99),
+            p50_ms: first(50),
+            p99_ms: first(99),
             all_ms,
-            closes_per_s: f64::from(orders) * 1000.0 / all_ms.max(1) as f64,
+            closes_per_s: if all_ms > 0 {
+                f64::from(orders) * 1000.0 / all_ms as f64
+            } else {
+                0.0
+            },
         }
     }
 }
@@ -184,10 +191,12 @@ impl Report {
             self.drain_floor_p99_ms
                 .map_or(String::new(), |f| format!("   (drain floor p99 {f:.0})"))
         ));
-        out.push_str(&format!(
-            "  seen committed ms   p50 ≤ {} · p99 ≤ {} · all ≤ {}   ({:.0} closes/s as a reader sees them)\n",
-            self.visible.p50_ms, self.visible.p99_ms, self.visible.all_ms, self.visible.closes_per_s
-        ));
+        if let Some(v) = &self.visible {
+            out.push_str(&format!(
+                "  seen committed ms   p50 ≤ {} · p99 ≤ {} · all ≤ {}   ({:.0} closes/s as a reader sees them)\n",
+                v.p50_ms, v.p99_ms, v.all_ms, v.closes_per_s
+            ));
+        }
         out.push_str(&format!(
             "  commits/close       daemon {} · baseline {}\n",
             opt(self.daemon.commits),
@@ -330,7 +339,7 @@ pub(super) async fn collect(db: &Db, closes: &Closes, i: Inputs) -> anyhow::Resu
         lateness_ms: late,
         drain_floor_p99_ms: (i.spread_ms == 0)
             .then(|| 0.99 * f64::from(i.orders) * 1000.0 / closes_per_s),
-        visible: Visible::of(&i.polls, i.orders),
+        visible: (i.spread_ms == 0).then(|| Visible::of(&i.polls, i.orders)),
         cpu_s_per_1000: i.cpu_s * 1000.0 / f64::from(i.orders.max(1)),
         watcher_cpu_s_per_1000: i
             .watcher_cpu_s
@@ -422,6 +431,7 @@ mod tests {
         assert_eq!((v.p50_ms, v.p99_ms, v.all_ms), (260, 260, 460));
         assert!((v.closes_per_s - 1000.0 * 1000.0 / 460.0).abs() < 1e-9);
         // Never all seen (the drain failed): 0, not a made-up figure.
-        assert_eq!(Visible::of(&polls[..3], 1000).all_ms, 0);
+        let unseen = Visible::of(&polls[..3], 1000);
+        assert_eq!((unseen.all_ms, unseen.closes_per_s), (0, 0.0));
     }
 }

@@ -6,7 +6,7 @@
 use timeoutd_runtime::model::Effect;
 
 use super::{Decided, Dispatcher, Outcome};
-use crate::db::{DbError, journal, ledger, orders, outbox};
+use crate::db::{DbError, WriteTx, journal, ledger, orders, outbox};
 use crate::kinds::LedgerKind;
 
 /// Why a close that lost its compare-and-set did nothing (paid in between, F12; a concurrent
@@ -102,6 +102,20 @@ impl Dispatcher {
     /// database are applied in the transaction and recorded DONE; effects outside it (notices,
     /// payment, Redis) are recorded PENDING and carried out from the ledger after the commit
     /// ([`Dispatcher::after_commit`]). The one-order form of the group close.
+    /// When a close is written: the clock read now on the write transaction's own connection,
+    /// and never before `decided_ms` (the clock the close was decided by, which also bounds the
+    /// compare-and-set's `deadline_ms <= now`).
+    ///
+    /// # Errors
+    /// [`DbError`] when the clock cannot be read (on PostgreSQL that aborts the transaction).
+    pub(super) async fn written_at(
+        &self,
+        tx: &mut WriteTx,
+        decided_ms: i64,
+    ) -> Result<i64, DbError> {
+        Ok(self.clock.now_ms_on(&self.db, tx).await?.max(decided_ms))
+    }
+
     pub(super) async fn close(
         &self,
         d: &Decided<'_>,
@@ -109,9 +123,13 @@ impl Dispatcher {
         effects: &[Effect],
     ) -> Result<Outcome, DbError> {
         let order = d.order;
-        let stamp = d.close_stamp(reason);
         let backend = self.db.backend();
         let mut tx = self.db.begin().await?;
+        // Stamped when written: on SQLite the transaction may have queued for the writer.
+        let stamp = orders::CloseStamp {
+            now_ms: self.written_at(&mut tx, d.now_ms).await?,
+            ..d.close_stamp(reason)
+        };
         if !orders::compare_and_close(&mut tx, &order.id, &stamp).await? {
             tx.rollback().await?;
             let mut tx = self.db.begin().await?;
@@ -167,10 +185,10 @@ impl Dispatcher {
             outbox::finish(&mut tx, row, d.now_ms, None).await?;
         }
         tx.commit().await?;
-        let lateness_ms = d.now_ms - stamp.due_ms;
+        let lateness_ms = stamp.now_ms - stamp.due_ms;
         crate::events::emit(crate::events::Event::Closed {
             source: d.trigger.kind.as_str(),
-            lateness_ms: d.now_ms - order.deadline_ms,
+            lateness_ms: stamp.now_ms - order.deadline_ms,
             trigger_lateness_ms: lateness_ms,
             effects: effects.len(),
         });

@@ -3,14 +3,16 @@
 //! A flash sale makes thousands of orders lapse at one instant, and lateness under such a burst
 //! is drain time: at R closes/s the last of N closes N/R after the deadline. One transaction per
 //! close caps R at the database's commit rate, so claimed triggers are handled as a group:
-//! - one clock read and one load (two statements) for the group;
+//! - one clock read and one load (two statements) for the group, and one more clock read when
+//!   its closes are written (the stamp: when written, not when decided);
 //! - each order decided by its plugin as usual; anything but a permitted `cancel` (a wait, an
 //!   ignore, a refusal, a plugin failure) is carried out on its own, exactly as for one trigger;
-//! - the cancels share one transaction: the orders are locked (`FOR UPDATE`, in id order) and
-//!   those still PENDING past their deadline are closed by one compare-and-set statement — each
-//!   order's own condition, so a payment that landed first simply leaves that order out (F12)
-//!   — then one statement per SKU for the stock, two for the coupons, and multi-row inserts for
-//!   the ledger and the decision log, and one update for the outbox rows;
+//! - the cancels share one transaction: the orders are locked (`FOR UPDATE`, in id order), one
+//!   statement per SKU gives back the stock of those still PENDING past their deadline (a
+//!   flash sale's hot rows, waited for here), then one compare-and-set statement closes them —
+//!   each order's own condition, so a payment that landed first simply leaves that order out
+//!   (F12) — then two statements for the coupons, multi-row inserts for the ledger and the
+//!   decision log, and one update for the outbox rows;
 //! - the permitted waits share another: their next phases' rows, reminders and decisions in
 //!   multi-row statements, for the orders still PENDING (locked likewise);
 //! - if a shared transaction fails, the group is split: each order is tried alone through the
@@ -28,7 +30,7 @@ use timeoutd_runtime::model::{Decision, Effect, Order};
 use super::close::{CAS_LOST, closed_detail, held_detail, is_external, noop_detail};
 use super::wait::{next_due_ms, wait_detail};
 use super::{Dispatcher, Outcome, Ready, Step, Trigger, permitted};
-use crate::db::{DbError, WriteTx, journal, ledger, orders, outbox};
+use crate::db::{DbError, journal, ledger, orders, outbox};
 
 /// Which shared transaction a group of decisions goes through.
 #[derive(Clone, Copy)]
@@ -327,19 +329,6 @@ impl Dispatcher {
             .collect())
     }
 
-    /// When a close is written: the clock read now on the write transaction's own connection,
-    /// and never before `decided_ms` (the clock the group was decided by, which also bounds the
-    /// compare-and-set's `deadline_ms <= now`). A clock that cannot be read keeps `decided_ms`.
-    async fn written_at(&self, tx: &mut WriteTx, decided_ms: i64) -> i64 {
-        match self.clock.now_ms_on(&self.db, tx).await {
-            Ok(now_ms) => now_ms.max(decided_ms),
-            Err(e) => {
-                tracing::debug!(error = %e, "clock unread at the close; stamped with the decision's");
-                decided_ms
-            }
-        }
-    }
-
     /// Closes a group of permitted cancels in one transaction; outcomes in the same order.
     /// An order that left PENDING before the lock (paid, closed by another trigger) is a no-op
     /// with its decision logged, exactly as in the single close.
@@ -400,7 +389,7 @@ impl Dispatcher {
         // The close's stamp: when it is written, not when the group was decided. Staged groups
         // queue for the writer (SQLite) or for the hot rows; a stamp read before that said an
         // order closed up to a second before it did.
-        let written_ms = self.written_at(&mut tx, now_ms).await;
+        let written_ms = self.written_at(&mut tx, now_ms).await?;
         let stamps: Vec<(&str, orders::CloseStamp<'_>)> = closing()
             .map(|k| (ids[k], decided[k].close_stamp(cancels[k].0)))
             .collect();

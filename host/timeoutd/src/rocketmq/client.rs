@@ -436,7 +436,7 @@ impl Transport {
                 .raw_property(PROP_ROWS, rows.len().to_string())
                 .map_err(bad)?,
         }
-        .raw_property(PROP_HOP, (message.hop() + 1).to_string())
+        .raw_property(PROP_HOP, message.hop().saturating_add(1).to_string())
         .map_err(bad)?;
         if let Some(due) = message.due_ms() {
             builder = builder

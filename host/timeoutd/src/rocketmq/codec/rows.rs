@@ -71,11 +71,11 @@ pub fn encode(rows: &[TimeoutMessage]) -> Vec<u8> {
 }
 
 /// Decodes a body listing rows; `count` is the message's [`super::PROP_ROWS`], `hop` its
-/// [`super::PROP_HOP`].
+/// [`super::PROP_HOP`] (clamped into `u32` as a per-order message's is: [`super::hop_of`]).
 ///
 /// # Errors
 /// A sentence naming what is wrong: a body that is not this JSON, no rows, a count that does
-/// not match the body, an order id that cannot be one (which row), a hop that is not a number.
+/// not match the body, an order id that cannot be one (which row), a hop that is not an integer.
 pub fn decode(body: &[u8], count: &str, hop: Option<&str>) -> Result<Wakeup, String> {
     let count: usize = count.parse().map_err(|_| {
         format!(
