@@ -98,10 +98,6 @@ pub(super) fn noop_detail() -> String {
 }
 
 impl Dispatcher {
-    /// Closes the order with `effects` (already checked against it). Effects inside the
-    /// database are applied in the transaction and recorded DONE; effects outside it (notices,
-    /// payment, Redis) are recorded PENDING and carried out from the ledger after the commit
-    /// ([`Dispatcher::after_commit`]). The one-order form of the group close.
     /// When a close is written: the clock read now on the write transaction's own connection,
     /// and never before `decided_ms` (the clock the close was decided by, which also bounds the
     /// compare-and-set's `deadline_ms <= now`).
@@ -116,6 +112,10 @@ impl Dispatcher {
         Ok(self.clock.now_ms_on(&self.db, tx).await?.max(decided_ms))
     }
 
+    /// Closes the order with `effects` (already checked against it). Effects inside the
+    /// database are applied in the transaction and recorded DONE; effects outside it (notices,
+    /// payment, Redis) are recorded PENDING and carried out from the ledger after the commit
+    /// ([`Dispatcher::after_commit`]). The one-order form of the group close.
     pub(super) async fn close(
         &self,
         d: &Decided<'_>,
