@@ -185,6 +185,59 @@ each_backend! {
 }
 
 each_backend! {
+    /// A sweep's batch is re-armed together (multi-row statements, one transaction), and each
+    /// orphan still gets what it alone would: `lost` (no row) a row inserted at its deadline;
+    /// `stuck-0` and `stuck-1` (SENT rows of phases 0 and 1, whose messages were lost) re-opened
+    /// with their past due times; `leased` (a live lease) and `paid` (paid since it was found)
+    /// left as they were.
+    async fn a_sweep_batch_re_arms_each_orphan_as_it_alone_would_be(env) {
+        use timeoutd::db::outbox::{self, Orphan};
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        for id in ["lost", "stuck-0", "stuck-1", "leased", "paid"] {
+            env.create(&order(id, "acme", T0)).await;
+        }
+        let sql = |s: &'static str| env.db.backend().query(s);
+        sql("DELETE FROM order_timeout_msg WHERE order_id = 'lost'").execute(env.db.pool()).await.unwrap();
+        sql("UPDATE order_timeout_msg SET status = 'SENT', due_ms = ?, claim_token = 'm1', claim_until_ms = ? WHERE order_id IN ('stuck-0', 'stuck-1', 'paid')")
+            .bind(T0 - 500).bind(T0 + 1_000).execute(env.db.pool()).await.unwrap();
+        sql("UPDATE order_timeout_msg SET phase = 1 WHERE order_id = 'stuck-1'").execute(env.db.pool()).await.unwrap();
+        sql("UPDATE order_timeout_msg SET claim_token = 'live', claim_until_ms = ? WHERE order_id = 'leased'")
+            .bind(T0 + 60_000).execute(env.db.pool()).await.unwrap();
+        assert!(env.pay("paid", T0 + 100).await);
+        sql("UPDATE order_timeout_msg SET status = 'PROCESSED' WHERE order_id = 'paid'").execute(env.db.pool()).await.unwrap();
+        let now = T0 + 20_000;
+        let orphan = |id: &str, phase: u32| Orphan { order_id: id.to_string(), phase, deadline_ms: T0 };
+        let batch = [orphan("lost", 0), orphan("stuck-0", 0), orphan("stuck-1", 1), orphan("leased", 0), orphan("paid", 0)];
+        outbox::rearm(&env.db, &batch, now).await.unwrap();
+        let row = |id: &'static str| async move {
+            let r = env.db.backend()
+                .query("SELECT status, source, due_ms, phase, COALESCE(claim_token, '-') FROM order_timeout_msg WHERE order_id = ?")
+                .bind(id).fetch_all(env.db.pool()).await.unwrap();
+            assert_eq!(r.len(), 1, "{id}: one row");
+            use sqlx::Row;
+            (r[0].get::<String, _>(0), r[0].get::<String, _>(1), r[0].get::<i64, _>(2), r[0].get::<i64, _>(3), r[0].get::<String, _>(4))
+        };
+        assert_eq!(row("lost").await, ("PENDING".into(), "sweep".into(), T0, 0, "-".into()));
+        assert_eq!(row("stuck-0").await, ("PENDING".into(), "sweep".into(), T0 - 500, 0, "-".into()));
+        assert_eq!(row("stuck-1").await, ("PENDING".into(), "sweep".into(), T0 - 500, 1, "-".into()));
+        assert_eq!(row("leased").await.0, "PENDING");
+        assert_eq!(row("leased").await.4, "live", "a live lease is left alone");
+        assert_eq!(row("paid").await.0, "PROCESSED", "an order paid since it was found is left alone");
+        // Each re-armed order closes once.
+        let config = env.config(SINGLE, "");
+        let (clock, _) = Clock::manual(now);
+        let d = env.dispatcher(&config, clock).await;
+        let outcomes = env.process(&d, now).await;
+        assert_eq!(outcomes.iter().filter(|o| matches!(o, Outcome::Closed { .. })).count(), 3, "{outcomes:?}");
+        for id in ["lost", "stuck-0", "stuck-1"] {
+            assert_eq!(env.status(id).await, "CLOSED", "{id}");
+            assert_eq!(env.text("SELECT closed_by FROM orders WHERE id = ?", id).await, "sweep", "{id}");
+        }
+        assert_eq!(env.status("leased").await, "PENDING");
+    }
+}
+
+each_backend! {
     async fn decision_restoring_more_than_the_order_held_is_refused(env) {
         env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
         env.create(&order("greedy", "evil", T0)).await;

@@ -280,12 +280,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let open = seed::open_orders(&db).await?;
         let now = db.now_ms().await?;
-        polls.push((now - deadline_ms, u64::from(n).saturating_sub(open)));
+        let closed = u64::from(n).saturating_sub(open);
+        polls.push((now - deadline_ms, closed));
         let since = now - last_due_ms;
         if now >= deadline_ms && (poll % 5 == 0 || open == 0) {
             progress(format_args!(
-                "{} / {n} closed, {:.1} s after the (first) deadline",
-                u64::from(n).saturating_sub(open),
+                "{closed} / {n} closed, {:.1} s after the (first) deadline",
                 (now - deadline_ms) as f64 / 1000.0
             ));
         }

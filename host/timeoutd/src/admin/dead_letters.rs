@@ -73,7 +73,7 @@ pub async fn redrive(State(s): State<AdminState>, Path(id): Path<i64>) -> ApiRes
         phase: outbox::latest_phase(&s.db, &order_id).await?,
         deadline_ms: now,
     };
-    outbox::rearm_as(&s.db, &orphan, now, SOURCE_MANUAL).await?;
+    outbox::rearm_as(&s.db, std::slice::from_ref(&orphan), now, SOURCE_MANUAL).await?;
     s.waker.notify_one();
     Ok(Json(
         json!({ "redriven": id, "order_id": order_id, "phase": orphan.phase }),

@@ -706,60 +706,94 @@ pub async fn find_orphans(
         .collect()
 }
 
-/// Re-arms an orphan: its latest phase becomes a claimable PENDING row with source `sweep`
-/// (inserted, due at the deadline, if the order has no row at all). The row keeps the due time
-/// it had when that is already past, so close lateness is still measured from when the close
-/// was really due. A row held under a live lease is left alone, and so is the row of an order
-/// that was closed or paid since the sweep found it (it stays PROCESSED). Several sweepers
+/// Re-arms orphans: each one's latest phase becomes a claimable PENDING row with source
+/// `sweep` (inserted, due at the deadline, if the order has no row at all). A row keeps the due
+/// time it had when that is already past, so close lateness is still measured from when the
+/// close was really due. A row held under a live lease is left alone, and so is the row of an
+/// order that was closed or paid since the sweep found it (it stays PROCESSED). Several sweepers
 /// re-arming the same order converge on the one row.
 ///
-/// # Errors
-/// [`DbError::Sql`] on query failure.
-pub async fn rearm(db: &Db, orphan: &Orphan, now_ms: i64) -> Result<(), DbError> {
-    rearm_as(db, orphan, now_ms, SOURCE_SWEEP).await
-}
-
-/// [`rearm`] with the row's `source` (`sweep`, or `manual` for an operator's re-drive, which also
-/// resets the attempt count).
+/// One transaction for the whole batch, in multi-row statements: an insert of every orphan's
+/// row (existing rows are left as they are), then, only when some row already existed, an update
+/// per phase of the batch's rows. A burst of orders that never had a row costs one statement
+/// per [`super::ledger::ROWS_PER_INSERT`] orphans, not one per orphan.
 ///
 /// # Errors
-/// [`DbError::Sql`] on query failure.
-pub async fn rearm_as(db: &Db, orphan: &Orphan, now_ms: i64, source: &str) -> Result<(), DbError> {
-    let _gate = db.write_gate().await;
-    let inserted = db
-        .backend()
-        .query_owned(format!(
-            "{insert} INTO order_timeout_msg (order_id, due_ms, phase, status, source) \
-         VALUES (?, ?, ?, 'PENDING', ?){on_conflict}",
-            insert = db.backend().insert_ignore().0,
-            on_conflict = db.backend().insert_ignore().1,
-        ))
-        .bind(&orphan.order_id)
-        .bind(orphan.deadline_ms.min(now_ms))
-        .bind(i64::from(orphan.phase))
-        .bind(source)
-        .execute(db.pool())
-        .await?;
-    if inserted.rows_affected() == 0 {
-        db.backend()
-            .query(
-                "UPDATE order_timeout_msg SET status = 'PENDING', \
-             due_ms = CASE WHEN due_ms > ? THEN ? ELSE due_ms END, source = ?, \
-             attempts = CASE WHEN ? = 'manual' THEN 0 ELSE attempts END, \
-             claim_token = NULL, claim_until_ms = NULL \
-             WHERE order_id = ? AND phase = ? AND (claim_until_ms IS NULL OR claim_until_ms < ?) \
-             AND EXISTS (SELECT 1 FROM orders o WHERE o.id = order_timeout_msg.order_id \
-             AND o.status = 'PENDING')",
-            )
-            .bind(now_ms)
-            .bind(now_ms)
-            .bind(source)
-            .bind(source)
-            .bind(&orphan.order_id)
-            .bind(i64::from(orphan.phase))
-            .bind(now_ms)
-            .execute(db.pool())
-            .await?;
+/// [`DbError::Sql`] on query failure; nothing of the batch is written then.
+pub async fn rearm(db: &Db, orphans: &[Orphan], now_ms: i64) -> Result<(), DbError> {
+    rearm_as(db, orphans, now_ms, SOURCE_SWEEP).await
+}
+
+/// [`rearm`] with the rows' `source` (`sweep`, or `manual` for an operator's re-drive, which
+/// also resets the attempt count).
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure; nothing of the batch is written then.
+pub async fn rearm_as(
+    db: &Db,
+    orphans: &[Orphan],
+    now_ms: i64,
+    source: &str,
+) -> Result<(), DbError> {
+    if orphans.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    let backend = db.backend();
+    let mut tx = db.begin().await?;
+    let mut inserted = 0u64;
+    for chunk in orphans.chunks(super::ledger::ROWS_PER_INSERT) {
+        let values = vec!["(?, ?, ?, 'PENDING', ?)"; chunk.len()].join(", ");
+        let mut q = backend.query_owned(format!(
+            "{insert} INTO order_timeout_msg (order_id, due_ms, phase, status, source) \
+             VALUES {values}{on_conflict}",
+            insert = backend.insert_ignore().0,
+            on_conflict = backend.insert_ignore().1,
+        ));
+        for orphan in chunk {
+            q = q
+                .bind(orphan.order_id.clone())
+                .bind(orphan.deadline_ms.min(now_ms))
+                .bind(i64::from(orphan.phase))
+                .bind(source.to_string());
+        }
+        inserted += q.execute(&mut *tx).await?.rows_affected();
+    }
+    if inserted < orphans.len() as u64 {
+        // Some rows existed: re-open them. Rows this batch just inserted match too, and are
+        // left as they are (PENDING, due by now, unleased, attempts 0).
+        let mut phases: Vec<u32> = orphans.iter().map(|o| o.phase).collect();
+        phases.sort_unstable();
+        phases.dedup();
+        for phase in phases {
+            let ids: Vec<&str> = orphans
+                .iter()
+                .filter(|o| o.phase == phase)
+                .map(|o| o.order_id.as_str())
+                .collect();
+            for chunk in ids.chunks(super::ledger::ROWS_PER_INSERT) {
+                let mut q = backend
+                    .query_owned(format!(
+                        "UPDATE order_timeout_msg SET status = 'PENDING', \
+                         due_ms = CASE WHEN due_ms > ? THEN ? ELSE due_ms END, source = ?, \
+                         attempts = CASE WHEN ? = 'manual' THEN 0 ELSE attempts END, \
+                         claim_token = NULL, claim_until_ms = NULL \
+                         WHERE phase = ? AND order_id IN ({}) \
+                         AND (claim_until_ms IS NULL OR claim_until_ms < ?) \
+                         AND EXISTS (SELECT 1 FROM orders o WHERE o.id = order_timeout_msg.order_id \
+                         AND o.status = 'PENDING')",
+                        super::orders::marks(chunk.len())
+                    ))
+                    .bind(now_ms)
+                    .bind(now_ms)
+                    .bind(source.to_string())
+                    .bind(source.to_string())
+                    .bind(i64::from(phase));
+                for id in chunk {
+                    q = q.bind(id.to_string());
+                }
+                q.bind(now_ms).execute(&mut *tx).await?;
+            }
+        }
+    }
+    tx.commit().await
 }

@@ -34,7 +34,8 @@ pub struct SweepReport {
 /// One sweep.
 ///
 /// # Errors
-/// [`DbError`] when the database fails; nothing is half-done (each re-arm is one statement).
+/// [`DbError`] when the database fails; nothing is half-done (a sweep's re-arms are one
+/// transaction).
 pub async fn sweep_once(
     db: &Db,
     clock: &Clock,
@@ -44,8 +45,8 @@ pub async fn sweep_once(
     let now_ms = clock.now_ms(db).await?;
     let orphans =
         outbox::find_orphans(db, now_ms, config.grace.as_millis() as i64, config.batch).await?;
+    outbox::rearm(db, &orphans, now_ms).await?;
     for orphan in &orphans {
-        outbox::rearm(db, orphan, now_ms).await?;
         tracing::warn!(order = %orphan.order_id, phase = orphan.phase, "sweep re-armed an overdue order with no live trigger");
     }
     Ok(SweepReport {
