@@ -651,11 +651,13 @@ each_backend! {
         for sql in [
             "SELECT MIN(closed_at_ms) FROM orders WHERE status = ?",
             "SELECT MAX(closed_at_ms) FROM orders WHERE status = ?",
+            "SELECT MIN(created_at_ms) FROM effect_ledger WHERE order_id IN (SELECT id FROM orders WHERE status = ?)",
+            "SELECT MAX(processed_at_ms) FROM order_timeout_msg WHERE order_id IN (SELECT id FROM orders WHERE status = ?)",
         ] {
             assert_eq!(
                 env.int(sql, "CLOSED").await,
                 T0 + 5_000,
-                "each close stamped with the clock it was written at, after the wait"
+                "each close, its ledger rows and its outbox row stamped with the clock they were written at, after the wait: {sql}"
             );
         }
         assert_eq!(

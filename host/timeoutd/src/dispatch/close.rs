@@ -174,7 +174,7 @@ impl Dispatcher {
             };
         }
         for entry in d.ledger_entries(effects, |i, _| applied[i]) {
-            ledger::record(&mut tx, backend, &entry, d.now_ms).await?;
+            ledger::record(&mut tx, backend, &entry, stamp.now_ms).await?;
         }
         journal::log_decision(
             &mut tx,
@@ -182,7 +182,7 @@ impl Dispatcher {
         )
         .await?;
         if let Some(row) = d.trigger.row() {
-            outbox::finish(&mut tx, row, d.now_ms, None).await?;
+            outbox::finish(&mut tx, row, stamp.now_ms, None).await?;
         }
         tx.commit().await?;
         let lateness_ms = stamp.now_ms - stamp.due_ms;

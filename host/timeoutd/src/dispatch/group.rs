@@ -412,7 +412,7 @@ impl Dispatcher {
         let entries: Vec<_> = closing()
             .flat_map(|k| decided[k].ledger_entries(cancels[k].1, applied))
             .collect();
-        ledger::record_many(&mut tx, backend, &entries, now_ms).await?;
+        ledger::record_many(&mut tx, backend, &entries, written_ms).await?;
         let records: Vec<journal::DecisionRecord<'_>> = (0..group.len())
             .map(|k| match (won[k], held(k)) {
                 (true, _) => decided[k].record(
@@ -438,8 +438,8 @@ impl Dispatcher {
                 outbox::defer_in(&mut tx, row, until_ms).await?;
             }
         }
-        outbox::finish_many(&mut tx, &rows(true), now_ms, None).await?;
-        outbox::finish_many(&mut tx, &rows(false), now_ms, Some(CAS_LOST)).await?;
+        outbox::finish_many(&mut tx, &rows(true), written_ms, None).await?;
+        outbox::finish_many(&mut tx, &rows(false), written_ms, Some(CAS_LOST)).await?;
         tx.commit().await?;
         let outcomes: Vec<Outcome> = (0..group.len())
             .map(|k| match won[k] {
