@@ -514,6 +514,34 @@ each_backend! {
 }
 
 each_backend! {
+    /// F11: two sweepers re-arm the same batch at once, found in opposite orders (their queries
+    /// break deadline ties as they like). Neither fails on a deadlock: both re-arms succeed and
+    /// converge on one row per order.
+    async fn two_sweepers_re_arming_one_batch_in_opposite_orders_both_succeed(env) {
+        use timeoutd::db::outbox::{self, Orphan};
+        let n = 400;
+        env.stock_up(&[("sku-a", 10_000), ("sku-b", 10_000)]).await;
+        for i in 0..n {
+            env.create(&order(&format!("race-{i:03}"), "acme", T0)).await;
+        }
+        let orphans: Vec<Orphan> = (0..n)
+            .map(|i| Orphan { order_id: format!("race-{i:03}"), phase: 0, deadline_ms: T0 })
+            .collect();
+        let reversed: Vec<Orphan> = orphans.iter().rev().cloned().collect();
+        for round in 0..5 {
+            env.db.backend().query("DELETE FROM order_timeout_msg").execute(env.db.pool()).await.unwrap();
+            let (a, b) = (env.db.clone(), env.db.clone());
+            let (forward, backward) = (orphans.clone(), reversed.clone());
+            let one = tokio::spawn(async move { outbox::rearm(&a, &forward, T0 + 20_000).await });
+            let two = tokio::spawn(async move { outbox::rearm(&b, &backward, T0 + 20_000).await });
+            let (one, two) = (one.await.unwrap(), two.await.unwrap());
+            assert!(one.is_ok() && two.is_ok(), "round {round}: {one:?} / {two:?}");
+            assert_eq!(env.int("SELECT COUNT(*) FROM order_timeout_msg WHERE source = ?", "sweep").await, n, "round {round}");
+        }
+    }
+}
+
+each_backend! {
     /// An ignored order is asked again later with backoff — not dropped, and not re-swept (and
     /// re-logged) every sweep interval, where it could crowd out orders the sweep must rescue.
     async fn ignored_order_is_asked_again_with_backoff_not_every_sweep(env) {

@@ -738,6 +738,11 @@ pub async fn rearm_as(
     if orphans.is_empty() {
         return Ok(());
     }
+    // In key order, so that two sweepers re-arming the same orders lock them in the same order
+    // and one waits for the other instead of deadlocking (their queries break ties of the
+    // deadline as they find them).
+    let mut orphans: Vec<&Orphan> = orphans.iter().collect();
+    orphans.sort_unstable_by(|a, b| (&a.order_id, a.phase).cmp(&(&b.order_id, b.phase)));
     let backend = db.backend();
     let mut tx = db.begin().await?;
     let mut inserted = 0u64;
