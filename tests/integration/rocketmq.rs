@@ -2186,3 +2186,75 @@ async fn doctor_finds_a_consumer_group_shared_with_another_subscription() {
     daemon.stop().await;
     env.cleanup().await;
 }
+
+/// `delay_mode = "auto"` on a broker that refuses a timer message. The broker here refuses a
+/// delay past its `timerMaxDelaySec` (3 days, `config/rocketmq/broker.toml`), so with
+/// `timer_max = "10d"` a message due in 4 days is a real refusal: in `timer` mode the send
+/// fails; in `auto` mode the same message is re-sent as the longest delay level (18, 2 h), and
+/// the process keeps to levels from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_mode_falls_back_to_delay_levels_when_the_broker_refuses_a_timer_message() {
+    use timeoutd::rocketmq::Scheduled;
+    use timeoutd::rocketmq::codec::{TimeoutMessage, Wakeup};
+    use timeoutd::rocketmq::planner::Hop;
+    let _broker = broker().await;
+    let env = Env::new(timeoutd::db::Backend::Sqlite).await;
+    let (topic, group) = names("auto");
+    let config = |mode: &str| {
+        env.config(
+            ACME,
+            &section(
+                &topic,
+                &group,
+                &format!("delay_mode = \"{mode}\"\ntimer_max = \"10d\"\n"),
+            ),
+        )
+    };
+    let now = env.db.now_ms().await.unwrap();
+    let (near, far) = (now + 60_000, now + 4 * 24 * 3_600_000);
+    let message = |due_ms: i64| {
+        Wakeup::Order(TimeoutMessage {
+            order_id: "auto-1".to_string(),
+            phase: 0,
+            due_ms: Some(due_ms),
+            row_id: None,
+            hop: 0,
+        })
+    };
+    let hop = |scheduled: Result<Scheduled, _>| match scheduled {
+        Ok(Scheduled::Sent { hop, .. }) => Ok(hop),
+        other => Err(format!("{other:?}")),
+    };
+    let auto = sender_as(&config("auto"), "AUTO").await;
+    // Accepted as a timer while the broker takes timers (retried while the topic is created).
+    let mut first = Err(String::new());
+    for _ in 0..10 {
+        first = hop(auto.schedule(&message(near), now).await);
+        if first.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        matches!(first, Ok(Hop::Timer(_))),
+        "a near message goes as a timer message: {first:?}"
+    );
+    let timer = sender_as(&config("timer"), "TIMER").await;
+    assert!(
+        timer.schedule(&message(far), now).await.is_err(),
+        "the broker refuses a timer message past its timerMaxDelaySec"
+    );
+    assert_eq!(
+        hop(auto.schedule(&message(far), now).await),
+        Ok(Hop::Level(18)),
+        "auto: the refused timer message is re-sent as the longest level"
+    );
+    assert!(
+        matches!(
+            hop(auto.schedule(&message(near), now).await),
+            Ok(Hop::Level(_))
+        ),
+        "auto keeps to levels once a timer message was refused"
+    );
+    env.cleanup().await;
+}
