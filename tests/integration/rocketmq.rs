@@ -2191,7 +2191,7 @@ async fn doctor_finds_a_consumer_group_shared_with_another_subscription() {
 /// delay past its `timerMaxDelaySec` (3 days, `config/rocketmq/broker.toml`), so with
 /// `timer_max = "10d"` a message due in 4 days is a real refusal: in `timer` mode the send
 /// fails; in `auto` mode the same message is re-sent as the longest delay level (18, 2 h), and
-/// the process keeps to levels from then on.
+/// the process keeps to levels for `TIMER_REPROBE_MS` (10 minutes), then tries timers again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_mode_falls_back_to_delay_levels_when_the_broker_refuses_a_timer_message() {
     use timeoutd::rocketmq::Scheduled;
@@ -2255,6 +2255,14 @@ async fn auto_mode_falls_back_to_delay_levels_when_the_broker_refuses_a_timer_me
             Ok(Hop::Level(_))
         ),
         "auto keeps to levels once a timer message was refused"
+    );
+    let later = now + timeoutd::rocketmq::client::TIMER_REPROBE_MS;
+    assert!(
+        matches!(
+            hop(auto.schedule(&message(later + 60_000), later).await),
+            Ok(Hop::Timer(_))
+        ),
+        "auto tries timers again once the re-probe period is over"
     );
     env.cleanup().await;
 }

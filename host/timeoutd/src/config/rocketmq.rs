@@ -17,8 +17,8 @@ pub enum DelayMode {
     Levels,
     /// One timer message (`__STARTDELIVERTIME`, RocketMQ 5 timer wheel) per `timer_max`.
     Timer,
-    /// Timer messages, falling back to levels for the rest of the process's life the first time
-    /// the broker refuses one.
+    /// Timer messages, falling back to levels for 10 minutes whenever the broker refuses one
+    /// ([`crate::rocketmq::client::TIMER_REPROBE_MS`]), then trying timers again.
     #[default]
     Auto,
 }

@@ -7,7 +7,7 @@
 //! other. Its blocking lanes (where push-consumer listeners run) are widened: the defaults for
 //! 2 cores queue 16 tasks, and a full queue bounces messages into the retry path under load.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -50,6 +50,13 @@ pub enum TransportError {
     Message(String),
 }
 
+/// `auto` mode: after the broker refuses a timer message, hops go as delay levels for this
+/// long, ms (10 minutes), then timers are tried again. The client reports a refusal only as a
+/// failed send, so a transient failure also switches; this bounds what such a switch costs (more
+/// hops, levels' 1 s tick), and a broker without the timer wheel costs one refused send per
+/// period.
+pub const TIMER_REPROBE_MS: i64 = 10 * 60_000;
+
 /// Where a hop went.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Scheduled {
@@ -77,7 +84,9 @@ pub struct Transport {
     producer: Arc<DefaultMQProducer>,
     consumers: tokio::sync::Mutex<Vec<DefaultMQPushConsumer>>,
     in_flight: Arc<Semaphore>,
-    timer_refused: AtomicBool,
+    /// `auto` mode: hops go as delay levels until this epoch ms (0: timers), set
+    /// [`TIMER_REPROBE_MS`] ahead when the broker refuses a timer message.
+    levels_until_ms: AtomicI64,
     last_send_ok: AtomicBool,
     instance: String,
     owner_stop: Mutex<Option<std::sync::mpsc::Sender<()>>>,
@@ -175,7 +184,7 @@ impl Transport {
             producer: Arc::new(producer),
             consumers: tokio::sync::Mutex::new(Vec::new()),
             in_flight: Arc::new(Semaphore::new(config.max_in_flight as usize)),
-            timer_refused: AtomicBool::new(false),
+            levels_until_ms: AtomicI64::new(0),
             last_send_ok: AtomicBool::new(true),
             instance,
             owner_stop: Mutex::new(Some(stop)),
@@ -306,7 +315,8 @@ impl Transport {
     /// Publishes the next hop of `message` towards its due time ([`Wakeup::due_ms`], now when
     /// absent) at `now_ms`: a timer message, a delay level, or nothing when it is due within a
     /// second. A message that wakes several rows hops as one. In `auto` mode a refused timer
-    /// message switches this process to levels and the hop is re-sent as a level.
+    /// message switches this process to levels for [`TIMER_REPROBE_MS`] and the hop is re-sent
+    /// as a level.
     ///
     /// # Errors
     /// [`TransportError`] when the send fails.
@@ -338,7 +348,7 @@ impl Transport {
         // again, as levels, and sent together once more.
         let mut pending: Vec<usize> = (0..messages.len()).collect();
         while !pending.is_empty() {
-            let refused = self.timer_refused.load(Ordering::Relaxed);
+            let refused = now_ms < self.levels_until_ms.load(Ordering::Relaxed);
             let (mut places, mut hops, mut batch) = (Vec::new(), Vec::new(), Vec::new());
             for i in pending.drain(..) {
                 let message = &messages[i];
@@ -366,8 +376,9 @@ impl Transport {
                         if matches!(hop, Hop::Timer(_))
                             && self.config.delay_mode == crate::config::DelayMode::Auto =>
                     {
-                        if !self.timer_refused.swap(true, Ordering::Relaxed) {
-                            tracing::warn!(error = %e, "timer message refused; using delay levels from now on");
+                        let until_ms = now_ms + TIMER_REPROBE_MS;
+                        if self.levels_until_ms.swap(until_ms, Ordering::Relaxed) <= now_ms {
+                            tracing::warn!(error = %e, retry_in_s = TIMER_REPROBE_MS / 1000, "timer message refused; using delay levels, and trying timers again later");
                         }
                         pending.push(i);
                         continue;
