@@ -605,7 +605,8 @@ async fn insert(
 }
 
 /// [`insert_row`] for many `(order, phase, due_ms)` rows with one `source`, in multi-row
-/// statements.
+/// statements: how many were inserted (rows whose `(order_id, phase)` existed are left as they
+/// are and not counted).
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
@@ -614,7 +615,8 @@ pub async fn insert_rows(
     backend: Backend,
     rows: &[(&str, u32, i64)],
     source: &str,
-) -> Result<(), DbError> {
+) -> Result<u64, DbError> {
+    let mut inserted = 0;
     for chunk in rows.chunks(super::ledger::ROWS_PER_INSERT) {
         let values = vec!["(?, ?, ?, 'PENDING', ?)"; chunk.len()].join(", ");
         let mut q = backend.query_owned(format!(
@@ -630,9 +632,9 @@ pub async fn insert_rows(
                 .bind(i64::from(*phase))
                 .bind(source.to_string());
         }
-        q.execute(&mut *conn).await?;
+        inserted += q.execute(&mut *conn).await?.rows_affected();
     }
-    Ok(())
+    Ok(inserted)
 }
 
 /// The latest phase scheduled for `order_id` (0 when it has no outbox row), the phase an
@@ -745,24 +747,11 @@ pub async fn rearm_as(
     orphans.sort_unstable_by(|a, b| (&a.order_id, a.phase).cmp(&(&b.order_id, b.phase)));
     let backend = db.backend();
     let mut tx = db.begin().await?;
-    let mut inserted = 0u64;
-    for chunk in orphans.chunks(super::ledger::ROWS_PER_INSERT) {
-        let values = vec!["(?, ?, ?, 'PENDING', ?)"; chunk.len()].join(", ");
-        let mut q = backend.query_owned(format!(
-            "{insert} INTO order_timeout_msg (order_id, due_ms, phase, status, source) \
-             VALUES {values}{on_conflict}",
-            insert = backend.insert_ignore().0,
-            on_conflict = backend.insert_ignore().1,
-        ));
-        for orphan in chunk {
-            q = q
-                .bind(orphan.order_id.clone())
-                .bind(orphan.deadline_ms.min(now_ms))
-                .bind(i64::from(orphan.phase))
-                .bind(source.to_string());
-        }
-        inserted += q.execute(&mut *tx).await?.rows_affected();
-    }
+    let rows: Vec<(&str, u32, i64)> = orphans
+        .iter()
+        .map(|o| (o.order_id.as_str(), o.phase, o.deadline_ms.min(now_ms)))
+        .collect();
+    let inserted = insert_rows(&mut tx, backend, &rows, source).await?;
     if inserted < orphans.len() as u64 {
         // Some rows existed: re-open them. Rows this batch just inserted match too, and are
         // left as they are (PENDING, due by now, unleased, attempts 0).
