@@ -4,6 +4,7 @@ mod admin;
 mod chaos;
 mod config;
 mod e2e;
+mod edges;
 mod effects;
 mod engines;
 mod fakes;

@@ -180,7 +180,7 @@ pub fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    runtime.block_on(async move {
+    let code = runtime.block_on(async move {
         match cli.command {
             Command::Validate { config } => validate(&config),
             Command::Doctor { config } => match load(&config) {
@@ -241,7 +241,11 @@ pub fn main() -> ExitCode {
                 }
             },
         }
-    })
+    });
+    // Blocking work that cannot be aborted (a plugin call ends at its own deadline; a client
+    // thread stuck on a hung peer) is not waited for past this: SIGTERM stops within 5 s.
+    runtime.shutdown_timeout(crate::shutdown::RUNTIME_EXIT);
+    code
 }
 
 /// Logs to stderr in `format` (filtered by `RUST_LOG`, else `default_level`), and with

@@ -525,13 +525,14 @@ async fn endpoints(config: &Config) -> Vec<Finding> {
     if let Some(a) = &config.alerts {
         targets.push(("alerts.webhook".into(), a.webhook.clone()));
     }
-    let client = match reqwest::Client::builder().timeout(PROBE_TIMEOUT).build() {
+    // The daemon's own client: a redirect is reported, not followed (crate::outbound).
+    let client = match crate::outbound::client("doctor", PROBE_TIMEOUT) {
         Ok(c) => c,
         Err(e) => {
             return vec![bad(
                 Level::Error,
                 "http",
-                e.to_string(),
+                e,
                 "the HTTP client could not be built",
             )];
         }
@@ -539,6 +540,20 @@ async fn endpoints(config: &Config) -> Vec<Finding> {
     let mut out = Vec::new();
     for (key, url) in targets {
         match client.get(&url).send().await {
+            Ok(answer) if answer.status().is_redirection() => {
+                let location = answer
+                    .headers()
+                    .get(reqwest::header::LOCATION)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("(no Location header)")
+                    .to_string();
+                out.push(bad(
+                    Level::Warn,
+                    &key,
+                    format!("{url} redirects (HTTP {}) to {location}", answer.status().as_u16()),
+                    "timeoutd never follows a redirect (a redirected POST arrives as a body-less GET), so every effect sent there fails and is retried: set the URL to the endpoint itself",
+                ));
+            }
             Ok(answer) => out.push(ok(&key, format!("{url} reachable (HTTP {})", answer.status().as_u16()))),
             Err(e) => out.push(bad(Level::Error, &key, format!("{url}: {e}"), "check the URL, DNS and that the service runs; effects to it wait in the ledger until it answers")),
         }
