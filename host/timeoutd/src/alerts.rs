@@ -48,11 +48,15 @@ impl Alerts {
     }
 
     /// Runs the rules in a task of `tasks` until `shutdown` (a notice in flight is abandoned
-    /// then), evaluating each sample the returned feed is given.
-    pub fn spawn(self, tasks: &mut JoinSet<()>, shutdown: watch::Receiver<bool>) -> AlertFeed {
+    /// then), evaluating each sample the returned feed is given; the task's id comes with it.
+    pub fn spawn(
+        self,
+        tasks: &mut JoinSet<()>,
+        shutdown: watch::Receiver<bool>,
+    ) -> (AlertFeed, tokio::task::Id) {
         let (feed, samples) = watch::channel(None);
-        tasks.spawn(self.run(samples, shutdown));
-        AlertFeed(feed)
+        let task = tasks.spawn(self.run(samples, shutdown));
+        (AlertFeed(feed), task.id())
     }
 
     async fn run(

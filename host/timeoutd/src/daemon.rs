@@ -107,8 +107,8 @@ pub struct Daemon {
     waker: Waker,
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<()>,
-    /// What each of `tasks` is, for the line that says what a stop abandoned (tasks the
-    /// broker spawns are not named: "a RocketMQ task").
+    /// What each of `tasks` is, for the line that says what a stop abandoned (the HTTP
+    /// listener's and the broker's tasks are not named one by one).
     names: std::collections::HashMap<tokio::task::Id, &'static str>,
     /// The ledger executor ([`crate::effects::worker::run`]).
     effects_worker: JoinSet<()>,
@@ -267,11 +267,13 @@ impl Daemon {
                     .map(|a| (a.interval, a.overdue_margin)),
             ];
             let alerts = match config.alerts.clone() {
-                Some(a) => Some(
-                    crate::alerts::Alerts::new(a)
+                Some(a) => {
+                    let (feed, task) = crate::alerts::Alerts::new(a)
                         .map_err(StartError::Effects)?
-                        .spawn(&mut tasks, rx.clone()),
-                ),
+                        .spawn(&mut tasks, rx.clone());
+                    names.insert(task, "the alert notices");
+                    Some(feed)
+                }
                 None => None,
             };
             let (every, margin) = intervals
@@ -412,7 +414,7 @@ impl Daemon {
                     left.sort_unstable();
                     abandoned.extend(left);
                     if unnamed > 0 {
-                        abandoned.push("the alert notices, the HTTP callbacks or RocketMQ tasks");
+                        abandoned.push("the HTTP callbacks or RocketMQ tasks");
                     }
                     self.tasks.abort_all();
                     break;
