@@ -253,60 +253,83 @@ async fn ddl_gives_up_a_held_lock_quickly_and_retries(backend: Backend) {
         .await
         .unwrap();
 
+    // The migration runs on this thread (joined, not spawned), so its log lines are captured.
+    let log = crate::support::LogCapture::default();
+    let _logging = tracing::subscriber::set_default(log.subscriber());
     let migrator = Db::connect(&env.url, 2).await.unwrap();
-    let started = Instant::now();
-    let migration = tokio::spawn({
-        let migrator = migrator.clone();
-        async move { migrator.migrate().await }
-    });
-    // The order service keeps inserting its rows: how long does each wait?
     let service = Db::connect(&env.url, 1).await.unwrap();
     let wait = timeoutd::db::migrate::DDL_LOCK_WAIT;
-    let mut longest = Duration::ZERO;
-    let mut i = 0;
-    while started.elapsed() < wait * 3 + Duration::from_millis(500) {
-        let t = Instant::now();
-        service
-            .backend()
-            .query("INSERT INTO order_timeout_msg (order_id, due_ms, phase, status) VALUES (?, ?, 0, 'PENDING')")
-            .bind(format!("svc-{i}"))
-            .bind(i64::MAX / 2)
-            .execute(service.pool())
-            .await
-            .unwrap();
-        longest = longest.max(t.elapsed());
-        i += 1;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(
-        !migration.is_finished(),
-        "still retrying after three lock waits: {:?}",
-        started.elapsed()
-    );
-    assert!(
-        longest >= Duration::from_millis(300),
-        "the DDL really queued the inserts ({longest:?}): the test holds the lock it needs"
-    );
-    assert!(
-        longest <= wait + Duration::from_millis(1_500),
-        "an insert waited {longest:?} behind the DDL (lock wait {wait:?})"
-    );
-    assert_eq!(
-        int(
-            &env.db,
-            "SELECT COUNT(*) FROM _sqlx_migrations WHERE version = 10 AND success = TRUE"
-        )
-        .await,
-        0,
-        "not applied while the lock is held"
-    );
-
-    long.rollback().await.unwrap();
-    let done = tokio::time::timeout(Duration::from_secs(30), migration)
-        .await
-        .expect("the migration completes once the transaction ends")
-        .unwrap();
+    let started = Instant::now();
+    let applied_after = std::sync::Mutex::new(None::<Duration>);
+    let migration = async {
+        let migrated = migrator.migrate().await;
+        *applied_after.lock().unwrap() = Some(started.elapsed());
+        migrated
+    };
+    // The order service keeps inserting its rows: how long does each wait?
+    let order_service = async {
+        let mut longest = Duration::ZERO;
+        let mut i = 0;
+        while started.elapsed() < wait * 3 + Duration::from_millis(500) {
+            let t = Instant::now();
+            let insert = service
+                .backend()
+                .query("INSERT INTO order_timeout_msg (order_id, due_ms, phase, status) VALUES (?, ?, 0, 'PENDING')")
+                .bind(format!("svc-{i}"))
+                .bind(i64::MAX / 2)
+                .execute(service.pool());
+            // Bounded, so a DDL that queues the inserts indefinitely fails the test, not hangs it.
+            if let Ok(inserted) = tokio::time::timeout(Duration::from_secs(10), insert).await {
+                inserted.unwrap();
+            }
+            longest = longest.max(t.elapsed());
+            i += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        eprintln!(
+            "{backend:?}: {i} inserts while the lock was held; the longest waited {longest:?}"
+        );
+        assert!(
+            applied_after.lock().unwrap().is_none(),
+            "still retrying after three lock waits: {:?}",
+            started.elapsed()
+        );
+        assert!(
+            longest >= Duration::from_millis(300),
+            "the DDL really queued the inserts ({longest:?}): the test holds the lock it needs"
+        );
+        assert!(
+            longest <= wait + Duration::from_millis(1_500),
+            "an insert waited {longest:?} behind the DDL (lock wait {wait:?})"
+        );
+        assert_eq!(
+            int(
+                &env.db,
+                "SELECT COUNT(*) FROM _sqlx_migrations WHERE version = 10 AND success = TRUE"
+            )
+            .await,
+            0,
+            "not applied while the lock is held"
+        );
+        long.rollback().await.unwrap();
+    };
+    let (done, ()) = tokio::time::timeout(Duration::from_secs(40), async {
+        tokio::join!(migration, order_service)
+    })
+    .await
+    .expect("the migration completes once the transaction ends");
     done.expect("migration 10 applied");
+    let released_to_applied = applied_after.lock().unwrap().unwrap();
+    eprintln!("{backend:?}: migration 10 applied {released_to_applied:?} after it started");
+    let said = log.text();
+    for attempt in 1..=3 {
+        assert!(
+            said.contains(&format!(
+                "waited 2 s for a lock and gave up (try {attempt} of 6)"
+            )),
+            "try {attempt} logged: {said}"
+        );
+    }
     assert_eq!(
         int(
             &env.db,
