@@ -80,8 +80,8 @@ async fn burst(env: &Env, prefix: &str, n: usize) {
     }
 }
 
-/// `timeoutd run` on `env`'s database, expected to refuse at once: its exit code and stderr.
-async fn run_binary(env: &Env) -> (Option<i32>, String) {
+/// A config file for the `timeoutd` binary on `env`'s database (no admin or HTTP port).
+fn config_file(env: &Env) -> std::path::PathBuf {
     let file = env.dir.path().join("skew.toml");
     std::fs::write(
         &file,
@@ -91,6 +91,13 @@ async fn run_binary(env: &Env) -> (Option<i32>, String) {
         ),
     )
     .unwrap();
+    file
+}
+
+/// `timeoutd run` on `env`'s database, expected to refuse at once: its exit code and stderr.
+async fn run_binary(env: &Env) -> (Option<i32>, String) {
+    let file = config_file(env);
+    let started = Instant::now();
     let out = tokio::time::timeout(
         Duration::from_secs(60),
         tokio::process::Command::new(crate::support::timeoutd_bin())
@@ -102,6 +109,11 @@ async fn run_binary(env: &Env) -> (Option<i32>, String) {
     .await
     .expect("a refused start exits at once")
     .unwrap();
+    eprintln!(
+        "timeoutd run exited {:?} after {:?}",
+        out.status.code(),
+        started.elapsed()
+    );
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -115,6 +127,7 @@ fn refusal_line(stderr: &str) -> &str {
         .filter(|l| l.contains("cannot start"))
         .collect();
     assert_eq!(lines.len(), 1, "one line: {stderr}");
+    eprintln!("{}", lines[0]);
     lines[0]
 }
 
@@ -157,6 +170,18 @@ each_backend! {
             .expect("inside its window this build starts beside the newer schema");
         assert_eq!(int(&env.db, "SELECT COUNT(*) FROM _sqlx_migrations").await, rows_before, "nothing applied");
         assert_eq!(int(&env.db, "SELECT version FROM timeoutd_schema WHERE id = 1").await, future, "the newer build's window stands");
+        // The same from the command line: one warning naming both versions, then it runs.
+        let log = env.dir.path().join("inside.log");
+        let mut third = crate::support::started_daemon(&config_file(env), &[], &log).await;
+        let said = std::fs::read_to_string(&log).unwrap();
+        let warned: Vec<&str> = said.lines().filter(|l| l.contains("newer than this build's")).collect();
+        assert_eq!(warned.len(), 1, "{said}");
+        eprintln!("{}", warned[0]);
+        assert!(
+            warned[0].contains(&format!("database schema version {future}")) && warned[0].contains(&format!("this build's {latest}")),
+            "{said}"
+        );
+        crate::support::sigterm(&mut third, Duration::from_secs(10)).await;
         burst(env, "down", n).await;
         crate::support::eventually(Duration::from_secs(60), "both bursts closed", || async {
             env.int("SELECT COUNT(*) FROM orders WHERE status = ?", "CLOSED").await == 2 * n as i64

@@ -428,7 +428,8 @@ impl SchemaError {
                 ..
             } => format!(
                 "migration {version} ({description}) is half-applied (_sqlx_migrations.success = \
-                 0; MariaDB/MySQL DDL is not transactional, so part of it may be in place)"
+                 0: it failed or was stopped part-way, and MariaDB/MySQL DDL is not \
+                 transactional, so part of it may be in place)"
             ),
             SchemaError::LockWait {
                 version,
@@ -657,8 +658,11 @@ pub(super) async fn run(db: &Db) -> Result<(), DbError> {
         }
         Err(e) => Err(e.into()),
     };
-    // Closed, not returned to the pool: its session keeps the short lock waits.
-    let _ = conn.close().await;
+    // Closed, not returned to the pool: its session keeps the short lock waits (SQLite's has
+    // none, and an in-memory database lives only as long as its connections).
+    if db.backend() != Backend::Sqlite {
+        let _ = conn.close().await;
+    }
     result
 }
 
