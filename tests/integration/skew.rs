@@ -394,3 +394,82 @@ async fn ddl_gives_up_a_held_lock_quickly_and_retries_mariadb() {
 async fn ddl_gives_up_a_held_lock_quickly_and_retries_postgres() {
     ddl_gives_up_a_held_lock_quickly_and_retries(Backend::Postgres).await;
 }
+
+/// MariaDB: a lock held longer than all the tries. Migration 10's first three statements apply,
+/// the fourth (an index on the held table) gives up after every try, and start-up fails with a
+/// transient error (exit 1, not 78) naming the statement; the row records where it stopped. Once
+/// the transaction ends, the next migration resumes at that statement instead of refusing the
+/// half-applied row or re-running the first three.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_migration_that_gives_up_on_a_lock_resumes_where_it_stopped_mariadb() {
+    use timeoutd::db::DbError;
+    let env = Env::new(Backend::MySql).await;
+    unapply_migration_10(&env).await;
+    let holder = Db::connect(&env.url, 1).await.unwrap();
+    let mut long = holder.pool().begin().await.unwrap();
+    sqlx::query("UPDATE order_timeout_msg SET due_ms = due_ms WHERE id = -1")
+        .execute(&mut *long)
+        .await
+        .unwrap();
+    let migrator = Db::connect(&env.url, 2).await.unwrap();
+    let started = Instant::now();
+    let gave_up = tokio::time::timeout(Duration::from_secs(90), migrator.migrate())
+        .await
+        .expect("the tries are bounded");
+    eprintln!("gave up after {:?}: {gave_up:?}", started.elapsed());
+    let Err(DbError::Schema(e @ SchemaError::LockWait { .. })) = gave_up else {
+        panic!("a lock held past every try fails the migration: {gave_up:?}");
+    };
+    assert!(!e.needs_operator(), "transient: systemd may restart it");
+    let said = e.to_string();
+    for part in [
+        "migration 10 statement 4",
+        "6 times",
+        "statements 1–3 are applied; the next start resumes at 4",
+    ] {
+        assert!(said.contains(part), "missing `{part}` in: {said}");
+    }
+    let state = timeoutd::db::migrate::schema_state(&env.db)
+        .await
+        .unwrap()
+        .unwrap();
+    let half = state
+        .half_applied
+        .expect("migration 10 is recorded half-applied");
+    assert_eq!((half.version, half.resume_at), (10, Some(3)));
+    assert_eq!(
+        int(&env.db, "SELECT COUNT(*) FROM maintenance_lease").await,
+        0,
+        "statement 1 applied"
+    );
+
+    long.rollback().await.unwrap();
+    migrator
+        .migrate()
+        .await
+        .expect("resumed once the lock is free");
+    assert_eq!(
+        int(
+            &env.db,
+            "SELECT COUNT(*) FROM _sqlx_migrations WHERE version = 10 AND success = TRUE"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        int(
+            &env.db,
+            "SELECT COUNT(DISTINCT INDEX_NAME) FROM information_schema.STATISTICS \
+             WHERE TABLE_SCHEMA = DATABASE() AND INDEX_NAME IN ('decision_log_decided', \
+             'effect_ledger_status_updated', 'order_timeout_msg_status_processed', \
+             'order_timeout_msg_claim')"
+        )
+        .await,
+        4,
+        "every index of migration 10, each made once"
+    );
+    for db in [holder, migrator] {
+        db.close().await;
+    }
+    env.cleanup().await;
+}

@@ -844,23 +844,23 @@ async fn apply_statements(
                 continue;
             }
             // Statement `i` did nothing (InnoDB DDL is atomic per statement): nothing of the
-            // migration is applied when it is the first, else the row says where to resume.
+            // migration is applied when it is the first. Else, after a lock wait, the row says
+            // where to resume; after any other error (which a retry would likely meet again) it
+            // says nothing (sqlx's -1), so start-up refuses it and an operator looks.
             let marker = if i == 0 {
                 "DELETE FROM _sqlx_migrations WHERE version = ?".to_string()
-            } else if timed_out {
-                format!(
-                    "UPDATE _sqlx_migrations SET execution_time = {} WHERE version = ?",
-                    -RESUME_MARK - i64::try_from(i).unwrap_or(0)
-                )
             } else {
-                String::new()
+                let at = if timed_out {
+                    -RESUME_MARK - i64::try_from(i).unwrap_or(0)
+                } else {
+                    -1
+                };
+                format!("UPDATE _sqlx_migrations SET execution_time = {at} WHERE version = ?")
             };
-            if !marker.is_empty() {
-                sqlx::query(AssertSqlSafe(marker))
-                    .bind(version)
-                    .execute(&mut *conn)
-                    .await?;
-            }
+            sqlx::query(AssertSqlSafe(marker))
+                .bind(version)
+                .execute(&mut *conn)
+                .await?;
             if !timed_out {
                 return Err(MigrateError::ExecuteMigration(failed, version).into());
             }
