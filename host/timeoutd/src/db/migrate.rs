@@ -36,9 +36,13 @@
 //! # A half-applied migration
 //!
 //! MariaDB/MySQL DDL is not transactional: a migration that fails after its first statement
-//! leaves part of its DDL applied and its `_sqlx_migrations` row with `success = 0`. Start-up
-//! then refuses ([`SchemaError::HalfApplied`]) naming the version and the recovery, and
-//! `timeoutd doctor` names it as an error; nothing is guessed.
+//! leaves part of its DDL applied and its `_sqlx_migrations` row with `success = 0`. timeoutd
+//! applies a MariaDB/MySQL migration one statement at a time and keeps, in that row's
+//! `execution_time`, the statement it is on (`RESUME_MARK`): a migration stopped by a lock
+//! wait, a crash or a cancelled start is resumed there by the next start. Any other
+//! half-applied row (an error other than a lock wait; a row sqlx wrote) stops start-up
+//! ([`SchemaError::HalfApplied`]) naming the version and the recovery, and `timeoutd doctor`
+//! names it as an error; nothing is guessed.
 //!
 //! # Lock waits
 //!
@@ -327,9 +331,11 @@ pub struct HalfApplied {
     pub version: i64,
     /// Its description.
     pub description: String,
-    /// When timeoutd itself stopped it on a lock-wait timeout (MariaDB/MySQL): the 0-based
-    /// index of the first statement not applied, where the next start resumes it. `None` when
-    /// nothing says how far it got (a crash or an error mid-statement): an operator must look.
+    /// When timeoutd was applying it statement by statement (MariaDB/MySQL) and stopped — gave
+    /// up on a lock, crashed, its start was cancelled — the 0-based index of the statement it
+    /// was on (every one before it is applied), where the next start resumes it. `None` when
+    /// nothing says how far it got (sqlx's marker, or an error other than a lock wait): an
+    /// operator must look.
     pub resume_at: Option<usize>,
 }
 
@@ -631,8 +637,10 @@ async fn read_state(conn: &mut AnyConnection) -> Result<Option<SchemaState>, DbE
     }))
 }
 
-/// `execution_time` of a half-applied row timeoutd stopped on a lock-wait timeout is
-/// `-(RESUME_MARK + i)`, `i` the first statement not applied (sqlx's own marker is `-1`).
+/// `execution_time` of a row timeoutd is applying statement by statement (MariaDB/MySQL) is
+/// `-(RESUME_MARK + i)`, `i` the statement it runs (every one before it is applied): where the
+/// next start resumes if this one stops. sqlx's own marker, and timeoutd's after an error other
+/// than a lock wait, is `-1`: nothing says how far it got.
 const RESUME_MARK: i64 = 1_000;
 
 fn migration(version: i64, description: &'static str, sql: &'static str) -> Migration {
@@ -721,10 +729,10 @@ async fn migrate_locked(conn: &mut AnyConnection, backend: Backend) -> Result<()
                     "resuming migration {version} at statement {}, where a lock-wait timeout stopped it",
                     at + 1
                 );
-                apply_statements(conn, &m, sql, at).await?;
+                apply_statements(conn, &m, sql, Some(at)).await?;
             }
             (Some(_), _) => {}
-            (None, _) if backend == Backend::MySql => apply_statements(conn, &m, sql, 0).await?,
+            (None, _) if backend == Backend::MySql => apply_statements(conn, &m, sql, None).await?,
             (None, _) => apply_whole(conn, &m).await?,
         }
     }
@@ -810,22 +818,38 @@ async fn apply_statements(
     conn: &mut AnyConnection,
     m: &Migration,
     sql: &str,
-    from: usize,
+    resume_at: Option<usize>,
 ) -> Result<(), DbError> {
     let started = Instant::now();
     let version = m.version;
-    if from == 0 {
-        sqlx::query(
-            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
-             VALUES (?, ?, FALSE, ?, -1)",
-        )
-        .bind(version)
-        .bind(&*m.description)
-        .bind(m.checksum.to_vec())
-        .execute(&mut *conn)
-        .await?;
-    }
+    let resume_mark = |i: usize| -RESUME_MARK - i64::try_from(i).unwrap_or(0);
+    let from = match resume_at {
+        Some(at) => at,
+        None => {
+            sqlx::query(
+                "INSERT INTO _sqlx_migrations (version, description, success, checksum, \
+                 execution_time) VALUES (?, ?, FALSE, ?, ?)",
+            )
+            .bind(version)
+            .bind(&*m.description)
+            .bind(m.checksum.to_vec())
+            .bind(resume_mark(0))
+            .execute(&mut *conn)
+            .await?;
+            0
+        }
+    };
     for (i, statement) in statements(sql).into_iter().enumerate().skip(from) {
+        // Where to resume if this process stops here (a crash, a cancelled start, a give-up):
+        // at this statement. Had it completed after all, running it again fails, and the row
+        // is then left for an operator (below).
+        if i > from {
+            sqlx::query("UPDATE _sqlx_migrations SET execution_time = ? WHERE version = ?")
+                .bind(resume_mark(i))
+                .bind(version)
+                .execute(&mut *conn)
+                .await?;
+        }
         let mut attempt = 1;
         loop {
             let failed = match sqlx::raw_sql(AssertSqlSafe(statement.to_string()))
@@ -844,23 +868,22 @@ async fn apply_statements(
                 continue;
             }
             // Statement `i` did nothing (InnoDB DDL is atomic per statement): nothing of the
-            // migration is applied when it is the first. Else, after a lock wait, the row says
-            // where to resume; after any other error (which a retry would likely meet again) it
-            // says nothing (sqlx's -1), so start-up refuses it and an operator looks.
+            // migration is applied when it is the first. Else, after a lock wait, the row keeps
+            // saying where to resume; after any other error (which a retry would likely meet
+            // again) it says nothing (sqlx's -1), so start-up refuses it and an operator looks.
             let marker = if i == 0 {
-                "DELETE FROM _sqlx_migrations WHERE version = ?".to_string()
+                Some("DELETE FROM _sqlx_migrations WHERE version = ?")
+            } else if timed_out {
+                None
             } else {
-                let at = if timed_out {
-                    -RESUME_MARK - i64::try_from(i).unwrap_or(0)
-                } else {
-                    -1
-                };
-                format!("UPDATE _sqlx_migrations SET execution_time = {at} WHERE version = ?")
+                Some("UPDATE _sqlx_migrations SET execution_time = -1 WHERE version = ?")
             };
-            sqlx::query(AssertSqlSafe(marker))
-                .bind(version)
-                .execute(&mut *conn)
-                .await?;
+            if let Some(marker) = marker {
+                sqlx::query(marker)
+                    .bind(version)
+                    .execute(&mut *conn)
+                    .await?;
+            }
             if !timed_out {
                 return Err(MigrateError::ExecuteMigration(failed, version).into());
             }
