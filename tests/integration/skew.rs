@@ -207,6 +207,15 @@ each_backend! {
         for part in [format!("schema version {future}"), format!("at least {future}"), format!("this build's is {latest}"), "upgrade this daemon".to_string()] {
             assert!(said.contains(&part), "missing `{part}` in: {said}");
         }
+        // A daemon that does not migrate (database.migrate = false) checks the window too.
+        let mut not_migrating = config.clone();
+        not_migrating.database.migrate = false;
+        let refused = Daemon::start(&not_migrating, Clock::Database).await;
+        assert!(
+            matches!(refused, Err(StartError::Schema(SchemaError::TooNew { .. }))),
+            "{:?}",
+            refused.err()
+        );
         let (code, stderr) = run_binary(env).await;
         assert_eq!(code, Some(78), "{stderr}");
         let line = refusal_line(&stderr);
