@@ -17,7 +17,13 @@ use crate::sources::{self, outbox::Waker};
 pub enum StartError {
     /// The database is unreachable or its schema could not be applied.
     #[error(transparent)]
-    Db(#[from] DbError),
+    Db(DbError),
+    /// The database's schema is one this build will not run on — migrated past this build's
+    /// compatibility window, or a migration half-applied — in one line naming the versions and
+    /// what to run (`timeoutd run` exits [`crate::cli::EXIT_SCHEMA`]); or a migration gave up
+    /// waiting for a lock (transient) ([`crate::db::migrate`]).
+    #[error(transparent)]
+    Schema(crate::db::migrate::SchemaError),
     /// The database server cannot run timeoutd safely (a Spider or non-InnoDB table, an engine
     /// without `SKIP LOCKED`): every reason, one per line ([`crate::db::engine`]).
     #[error("the database cannot run timeoutd safely:\n  {}", .0.join("\n  "))]
@@ -43,13 +49,24 @@ pub enum StartError {
     Listen(&'static str, std::net::SocketAddr, std::io::Error),
 }
 
+impl From<DbError> for StartError {
+    fn from(e: DbError) -> StartError {
+        match e {
+            DbError::Schema(e) => StartError::Schema(e),
+            e => StartError::Db(e),
+        }
+    }
+}
+
 /// Checks that the database can run timeoutd safely ([`crate::db::engine`]), applies the
 /// migrations when `migrate`, and checks again: refused before any DDL reaches, say, a Spider
-/// front, and refused after when a migration made it so. Logs the engine's warnings.
+/// front, and refused after when a migration made it so. Logs the engine's warnings. Without
+/// `migrate` it still refuses a schema this build cannot run on ([`crate::db::migrate::check`]).
 ///
 /// # Errors
-/// [`StartError::Unsafe`] with every reason; [`StartError::Db`] when the database cannot be
-/// read or migrated.
+/// [`StartError::Unsafe`] with every reason; [`StartError::Schema`] for a schema outside this
+/// build's window or half-applied; [`StartError::Db`] when the database cannot be read or
+/// migrated.
 pub(crate) async fn prepare(db: &Db, migrate: bool) -> Result<(), StartError> {
     let check = async || -> Result<crate::db::engine::Engine, StartError> {
         let engine = crate::db::engine::inspect(db).await?;
@@ -64,6 +81,8 @@ pub(crate) async fn prepare(db: &Db, migrate: bool) -> Result<(), StartError> {
     if migrate {
         db.migrate().await?;
         engine = check().await?;
+    } else {
+        crate::db::migrate::check(db).await?;
     }
     for warning in engine.warnings() {
         tracing::warn!("{warning}");

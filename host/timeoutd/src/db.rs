@@ -16,7 +16,7 @@ pub mod fixtures;
 pub mod journal;
 pub mod ledger;
 pub mod maintenance_lease;
-mod migrate;
+pub mod migrate;
 pub use migrate::latest as latest_schema_version;
 pub mod orders;
 pub mod outbox;
@@ -134,6 +134,10 @@ pub enum DbError {
     /// A migration failed.
     #[error("database migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The schema is one this build will not run on (outside its compatibility window, a
+    /// half-applied migration), or a migration kept timing out on a lock ([`migrate`]).
+    #[error(transparent)]
+    Schema(#[from] migrate::SchemaError),
     /// A completion under a claim token found the row no longer held by it: the lease lapsed
     /// and another holder took the row. The completion is refused (its transaction rolls back);
     /// the new holder's work stands.
@@ -288,10 +292,12 @@ impl Db {
         })
     }
 
-    /// Applies the schema migrations of this backend (`migrations/<backend>/`).
+    /// Applies the schema migrations of this backend (`migrations/<backend>/`), as
+    /// [`migrate`] describes (the compatibility window, short lock waits).
     ///
     /// # Errors
-    /// [`DbError::Migrate`] naming the failing migration.
+    /// [`DbError::Schema`] when this build will not run on the schema; [`DbError::Migrate`]
+    /// naming the failing migration.
     pub async fn migrate(&self) -> Result<(), DbError> {
         migrate::run(self).await
     }
