@@ -148,6 +148,12 @@ impl Sharded {
             {
                 Ok(Ok(())) => false,
                 Ok(Err(e @ StartError::Unsafe(_))) => return Err(named(e.to_string())),
+                // Outside the schema's compatibility window, or half-applied: no retry helps,
+                // an operator must act (exit 78, as for one database).
+                Ok(Err(StartError::Schema(e))) if e.needs_operator() => {
+                    tracing::error!(shard = %s.name, "{e}");
+                    return Err(StartError::Schema(e));
+                }
                 Ok(Err(e)) => {
                     tracing::error!(shard = %s.name, error = %e, "shard not reachable at start; its worker retries");
                     config.database.migrate
