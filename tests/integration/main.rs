@@ -22,4 +22,5 @@ mod retention;
 mod rocketmq;
 mod runtime;
 mod shards;
+mod stripe;
 mod support;
