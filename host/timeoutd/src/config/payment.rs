@@ -273,3 +273,46 @@ pub(super) fn validate(c: &Config, p: &mut ConfigProblems) {
         (None, false) => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::Config;
+
+    fn load(extra: &str) -> Result<Config, String> {
+        let toml = format!(
+            "[database]\nurl = \"sqlite://x.db\"\n[merchants.acme]\nplugin = \"builtin:single-phase\"\n{extra}"
+        );
+        Config::from_toml(&toml, std::path::Path::new("/nonexistent"), &|_| None)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_secret_written_in_the_config_is_refused_without_repeating_it() {
+        let e = load(
+            "[payment]\nprovider = \"stripe\"\n[payment.stripe]\napi_key = \"sk_live_TOPSECRET\"\n",
+        )
+        .unwrap_err();
+        assert!(e.contains("payment.stripe.api_key"), "{e}");
+        assert!(!e.contains("TOPSECRET"), "{e}");
+    }
+
+    #[test]
+    fn every_provider_problem_is_listed_with_its_key() {
+        let e = load(
+            "payment_provider = \"rest\"\n[payment]\nprovider = \"stripe\"\n\
+             [payment.stripe]\napi_key = { secret_env = \"TIMEOUTD_TEST_UNSET_KEY\" }\n\
+             webhook_secret = { secret_file = \"missing\" }\ncancellation_reason = \"bored\"\n",
+        )
+        .unwrap_err();
+        for key in [
+            "payment.base_url",
+            "payment.stripe.api_key",
+            "payment.stripe.webhook_secret",
+            "payment.stripe.cancellation_reason",
+        ] {
+            assert!(e.contains(key), "{key} in {e}");
+        }
+        let e = load("payment_provider = \"stripe\"\n").unwrap_err();
+        assert!(e.contains("merchants.acme.payment_provider"), "{e}");
+    }
+}
