@@ -23,4 +23,5 @@ mod rocketmq;
 mod runtime;
 mod shards;
 mod skew;
+mod stripe;
 mod support;
