@@ -263,18 +263,23 @@ fn init_logging(
     default_level: &str,
     traces: Option<&crate::config::TracingConfig>,
 ) -> Result<Option<crate::telemetry::Guard>, String> {
+    use tracing_subscriber::Layer as _;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     // Colours only on a terminal: a log file or journal gets plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    // sqlx's one line per slow statement is counted and summarised instead (crate::slowlog).
+    let not_slow =
+        || tracing_subscriber::filter::filter_fn(|meta| !crate::slowlog::is_slow_statement(meta));
     let (text, json) = match format {
         LogFormat::Text => (
             Some(
                 tracing_subscriber::fmt::layer()
                     .with_ansi(ansi)
-                    .with_writer(std::io::stderr),
+                    .with_writer(std::io::stderr)
+                    .with_filter(not_slow()),
             ),
             None,
         ),
@@ -283,7 +288,8 @@ fn init_logging(
             Some(
                 tracing_subscriber::fmt::layer()
                     .json()
-                    .with_writer(std::io::stderr),
+                    .with_writer(std::io::stderr)
+                    .with_filter(not_slow()),
             ),
         ),
     };
@@ -299,6 +305,7 @@ fn init_logging(
         .with(text)
         .with(json)
         .with(otel)
+        .with(crate::slowlog::Layer)
         .init();
     Ok(guard)
 }
@@ -359,6 +366,7 @@ fn validate(path: &std::path::Path) -> ExitCode {
 }
 
 async fn run(path: &std::path::Path, config: &Config) -> ExitCode {
+    crate::slowlog::set_threshold(config.database.slow_statement);
     // One database, or a sharded one ([`crate::shards`]).
     enum Running {
         One(Daemon),
@@ -388,12 +396,16 @@ async fn run(path: &std::path::Path, config: &Config) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let (summary_stop, summary_shutdown) = tokio::sync::watch::channel(false);
+    let summary = tokio::spawn(crate::slowlog::summarise(summary_shutdown));
     wait_for_signal().await;
     tracing::info!("signal received; draining");
     match running {
         Running::One(d) => d.stop().await,
         Running::Sharded(s) => s.stop().await,
     }
+    let _ = summary_stop.send(true);
+    let _ = summary.await;
     ExitCode::SUCCESS
 }
 

@@ -120,6 +120,12 @@ pub struct DatabaseConfig {
     /// that dies frees its shards after this; another daemon takes them over.
     #[serde(default = "defaults::shard_lease", with = "duration")]
     pub shard_lease: Duration,
+    /// A statement slower than this counts as slow (default 1s): each is recorded in the
+    /// histogram `timeoutd_slow_statement_seconds{statement}`, and the log gets one summary line
+    /// every 10 s at most (how many, the slowest) instead of a line per statement
+    /// ([`crate::slowlog`]).
+    #[serde(default = "defaults::slow_statement", with = "duration")]
+    pub slow_statement: Duration,
 }
 
 /// Pool size on a database server when `max_connections` is left out.
@@ -875,6 +881,9 @@ pub(crate) mod defaults {
     }
     pub fn log_channel() -> String {
         "log".to_string()
+    }
+    pub fn slow_statement() -> Duration {
+        Duration::from_secs(1)
     }
     pub fn alert_timeout() -> Duration {
         Duration::from_secs(5)

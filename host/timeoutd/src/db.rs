@@ -33,7 +33,7 @@ use std::time::Duration;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use sqlx::any::{AnyArguments, AnyConnectOptions, AnyPoolOptions};
-use sqlx::{AnyConnection, AnyPool, Executor, Row};
+use sqlx::{AnyConnection, AnyPool, ConnectOptions, Executor, Row};
 
 /// Which SQL dialect a [`Db`] speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,7 +241,11 @@ impl Db {
         if backend == Backend::Sqlite {
             create_sqlite_parent(&url)?;
         }
-        let options: AnyConnectOptions = url.parse()?;
+        // Slow statements at WARN over the configured threshold, counted and summarised by
+        // crate::slowlog instead of a line each.
+        let options = url
+            .parse::<AnyConnectOptions>()?
+            .log_slow_statements(log::LevelFilter::Warn, crate::slowlog::threshold());
         let pool = AnyPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(10))

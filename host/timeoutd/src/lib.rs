@@ -43,5 +43,6 @@ pub use timeoutd_runtime::retry;
 pub mod rocketmq;
 pub mod shards;
 pub mod shutdown;
+pub mod slowlog;
 pub mod sources;
 pub mod telemetry;
