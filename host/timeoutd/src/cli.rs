@@ -9,6 +9,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use crate::clock::Clock;
 use crate::config::Config;
 pub use crate::config::EXIT_BAD_CONFIG;
+
+/// Exit status of `timeoutd run` behind a pooler that shares server connections between
+/// clients when `database.pool_mode` does not say so (`EX_CONFIG` of sysexits.h): restarting
+/// cannot help, the configuration (or the pooler's) must change.
+pub const EXIT_POOLER: u8 = 78;
 use crate::daemon::{self, Daemon};
 
 /// timeoutd closes unpaid orders when their payment window lapses, exactly once, under each
@@ -366,6 +371,10 @@ async fn run(path: &std::path::Path, config: &Config) -> ExitCode {
         Err(e @ daemon::StartError::Policies(crate::policies::SetupError::Plugins(_))) => {
             eprintln!("{}: {e}", path.display());
             return ExitCode::from(EXIT_BAD_CONFIG);
+        }
+        Err(e @ daemon::StartError::Pooler(_)) => {
+            eprintln!("timeoutd: cannot start: {e}");
+            return ExitCode::from(EXIT_POOLER);
         }
         Err(e) => {
             eprintln!("timeoutd: cannot start: {e}");

@@ -1,0 +1,430 @@
+//! PostgreSQL behind a connection pooler: Debian's PgBouncer, started by each test on loopback
+//! (a private process on a free port, never the machine's service), in front of the test
+//! PostgreSQL server. In `pool_mode = transaction` with `database.pool_mode = "transaction"`,
+//! three daemons started together close a burst exactly once; in session mode the defaults
+//! work; in transaction mode undeclared, start-up refuses with one line naming `pool_mode`
+//! (exit 78 from `timeoutd run`) and `timeoutd doctor` reports it.
+//!
+//! Needs `pgbouncer` (scripts/test installs Debian's and sets `TIMEOUTD_TEST_PGBOUNCER`); run
+//! outside scripts/test without it, the tests say so and pass.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use timeoutd::clock::Clock;
+use timeoutd::config::Config;
+use timeoutd::daemon::{Daemon, StartError};
+use timeoutd::db::pooler::{self, Sharing};
+use timeoutd::db::{Backend, Db, PoolMode};
+
+use crate::support::{Env, MerchantSpec, eventually, order};
+
+const SINGLE: &[MerchantSpec<'static>] = &[("acme", "builtin:single-phase", &[])];
+
+/// The `pgbouncer` to run: `$TIMEOUTD_TEST_PGBOUNCER` (scripts/test sets it: then it must be
+/// there), else one on `PATH` or Debian's `/usr/sbin/pgbouncer`; `None` (with a message) when
+/// there is none outside scripts/test.
+fn pgbouncer_bin() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("TIMEOUTD_TEST_PGBOUNCER") {
+        let p = PathBuf::from(p);
+        assert!(
+            p.is_file(),
+            "TIMEOUTD_TEST_PGBOUNCER={} is missing: scripts/test installs Debian's pgbouncer",
+            p.display()
+        );
+        return Some(p);
+    }
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .chain([PathBuf::from("/usr/sbin")])
+        .map(|d| d.join("pgbouncer"))
+        .find(|p| p.is_file());
+    if on_path.is_none() {
+        eprintln!(
+            "skipped: pgbouncer is not installed (apt-get install pgbouncer; scripts/test installs it)"
+        );
+    }
+    on_path
+}
+
+/// A private PgBouncer in front of the test PostgreSQL server; stopped when dropped.
+struct PgBouncer {
+    child: std::process::Child,
+    port: u16,
+    user: String,
+    dir: tempfile::TempDir,
+}
+
+impl PgBouncer {
+    /// Starts `bin` in `mode` (`transaction` or `session`) with `server_pool` server connections
+    /// per database, and waits until it listens.
+    async fn start(bin: &std::path::Path, mode: &str, server_pool: u32) -> PgBouncer {
+        let server = crate::support::postgres_server_url();
+        let authority = server.split_once("://").map_or("", |(_, r)| r);
+        let authority = authority.split('/').next().unwrap_or_default();
+        let (user, host) = authority
+            .rsplit_once('@')
+            .unwrap_or(("postgres", authority));
+        let user = user.split(':').next().unwrap_or("postgres").to_string();
+        let (host, port) = host.rsplit_once(':').unwrap_or((host, "5432"));
+        let dir = tempfile::tempdir().unwrap();
+        let listen = crate::support::free_port();
+        std::fs::write(dir.path().join("users.txt"), format!("\"{user}\" \"\"\n")).unwrap();
+        std::fs::write(
+            dir.path().join("pgbouncer.ini"),
+            format!(
+                "[databases]\n* = host={host} port={port}\n\n[pgbouncer]\nlisten_addr = 127.0.0.1\n\
+                 listen_port = {listen}\nunix_socket_dir =\nauth_type = trust\nauth_file = {}\n\
+                 pool_mode = {mode}\ndefault_pool_size = {server_pool}\nmax_client_conn = 500\n\
+                 ignore_startup_parameters = extra_float_digits\n",
+                dir.path().join("users.txt").display()
+            ),
+        )
+        .unwrap();
+        // PgBouncer refuses to run as root: then it runs as the PostgreSQL server's user, which
+        // must read its files.
+        let root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
+        let mut cmd = std::process::Command::new(bin);
+        if root {
+            for f in ["", "users.txt", "pgbouncer.ini"] {
+                let path = dir.path().join(f);
+                let mode = if f.is_empty() { 0o755 } else { 0o644 };
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            }
+            cmd.args(["-u", "postgres"]);
+        }
+        let log = std::fs::File::create(dir.path().join("pgbouncer.log")).unwrap();
+        let child = cmd
+            .arg(dir.path().join("pgbouncer.ini"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let bouncer = PgBouncer {
+            child,
+            port: listen,
+            user,
+            dir,
+        };
+        let addr = format!("127.0.0.1:{listen}");
+        let log = bouncer.dir.path().join("pgbouncer.log");
+        eventually(Duration::from_secs(10), "pgbouncer listens", || {
+            let addr = addr.clone();
+            async move { tokio::net::TcpStream::connect(addr).await.is_ok() }
+        })
+        .await;
+        assert!(
+            !std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .contains("FATAL"),
+            "{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        bouncer
+    }
+
+    /// The URL of `database` through this PgBouncer.
+    fn url(&self, database: &str) -> String {
+        format!(
+            "postgres://{}@127.0.0.1:{}/{database}",
+            self.user, self.port
+        )
+    }
+}
+
+impl Drop for PgBouncer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The test database's name, from its URL.
+fn database_of(env: &Env) -> String {
+    env.url.rsplit('/').next().unwrap().to_string()
+}
+
+/// `env`'s config with the database reached through `url`, as `mode` says.
+fn through(env: &Env, url: &str, mode: PoolMode, migrate_url: Option<&str>) -> Config {
+    let mut config = env.config(SINGLE, "");
+    config.database.url = url.to_string();
+    config.database.pool_mode = mode;
+    config.database.migrate_url = migrate_url.map(str::to_string);
+    config
+}
+
+/// Three daemons started together through `url`, and a burst of `n` orders lapsing over one
+/// second while they run (a quarter paid first): each unpaid order closed once, the paid ones
+/// untouched, stock, coupons and the ledger exact, asserted in the rows.
+async fn burst_closes_exactly_once(env: &Env, config: &Config, n: usize) {
+    env.stock_up(&[("sku-a", 100_000), ("sku-b", 100_000)])
+        .await;
+    let first = env.db.now_ms().await.unwrap() + 2_000;
+    for i in 0..n {
+        let deadline = first + (i as i64 % 10) * 100;
+        env.create(&order(&format!("pool-{i:03}"), "acme", deadline))
+            .await;
+    }
+    let paid = (0..n).step_by(4).count();
+    for i in (0..n).step_by(4) {
+        assert!(env.pay(&format!("pool-{i:03}"), first - 1_000).await);
+    }
+    let (a, b, c) = tokio::join!(
+        Daemon::start(config, Clock::Database),
+        Daemon::start(config, Clock::Database),
+        Daemon::start(config, Clock::Database),
+    );
+    let daemons = [a.unwrap(), b.unwrap(), c.unwrap()];
+    let unpaid = (n - paid) as i64;
+    eventually(
+        Duration::from_secs(30),
+        "every unpaid order closed",
+        || async {
+            env.int("SELECT COUNT(*) FROM orders WHERE status = ?", "CLOSED")
+                .await
+                == unpaid
+                && env
+                    .int(
+                        "SELECT COUNT(*) FROM effect_ledger WHERE kind = 'notify' AND status = ?",
+                        "DONE",
+                    )
+                    .await
+                    == unpaid
+        },
+    )
+    .await;
+    for d in daemons {
+        d.stop().await;
+    }
+    assert_eq!(
+        env.int("SELECT COUNT(*) FROM orders WHERE status = ?", "CLOSED")
+            .await,
+        unpaid
+    );
+    assert_eq!(
+        env.int("SELECT COUNT(*) FROM orders WHERE status = ?", "PAID")
+            .await,
+        paid as i64
+    );
+    assert_eq!(
+        env.int("SELECT COUNT(*) FROM orders WHERE status = 'CLOSED' AND closed_at_ms < deadline_ms AND id LIKE ?", "pool-%").await,
+        0,
+        "none closed before its deadline"
+    );
+    assert_eq!(
+        env.int(
+            "SELECT COUNT(*) FROM decision_log WHERE outcome = ?",
+            "closed"
+        )
+        .await,
+        unpaid,
+        "one close per order"
+    );
+    assert_eq!(
+        env.int(
+            "SELECT COUNT(DISTINCT order_id) FROM decision_log WHERE outcome = ?",
+            "closed"
+        )
+        .await,
+        unpaid
+    );
+    assert_eq!(
+        env.stock("sku-a").await,
+        100_000 - 2 * paid as i64,
+        "the closed orders' units back once"
+    );
+    assert_eq!(env.stock("sku-b").await, 100_000 - paid as i64);
+    assert_eq!(
+        env.int("SELECT COUNT(*) FROM coupons WHERE status = ?", "AVAILABLE")
+            .await,
+        unpaid
+    );
+    assert_eq!(
+        env.int("SELECT COUNT(*) FROM coupons WHERE status = ?", "USED")
+            .await,
+        paid as i64
+    );
+    assert_eq!(
+        env.int(
+            "SELECT COUNT(*) FROM effect_ledger WHERE kind = ?",
+            "restore-stock"
+        )
+        .await,
+        2 * unpaid
+    );
+    assert_eq!(
+        env.int(
+            "SELECT COUNT(DISTINCT idempotency_key) FROM effect_ledger WHERE kind = ?",
+            "restore-stock"
+        )
+        .await,
+        2 * unpaid
+    );
+    // Five rows per close (two lines, the coupon, the payment, the notice), none failed.
+    assert_eq!(
+        env.int(
+            "SELECT COUNT(*) FROM effect_ledger WHERE status <> ?",
+            "FAILED"
+        )
+        .await,
+        5 * unpaid
+    );
+    assert_eq!(
+        env.int(
+            "SELECT COUNT(*) FROM order_timeout_msg WHERE status <> ?",
+            "PROCESSED"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        env.int(
+            "SELECT COUNT(*) FROM dead_letter WHERE order_id LIKE ?",
+            "pool-%"
+        )
+        .await,
+        0
+    );
+}
+
+/// PgBouncer in `pool_mode = transaction` with 4 server connections under three daemons of 8
+/// client connections each, `database.pool_mode = "transaction"` and a direct `migrate_url`:
+/// the three start together (migrating through the direct URL) and close a burst of 300 orders
+/// exactly once. The URL really shares server connections (the probe says so).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_daemons_behind_pgbouncer_in_transaction_mode_close_a_burst_exactly_once() {
+    let Some(bin) = pgbouncer_bin() else { return };
+    let env = Env::new(Backend::Postgres).await;
+    let bouncer = PgBouncer::start(&bin, "transaction", 4).await;
+    let url = bouncer.url(&database_of(&env));
+    let config = through(&env, &url, PoolMode::Transaction, Some(&env.url));
+    burst_closes_exactly_once(&env, &config, 300).await;
+    let pooled = Db::connect(&url, 1).await.unwrap();
+    assert!(
+        matches!(pooler::probe(&pooled).await.unwrap(), Sharing::Shared(_)),
+        "the daemons' URL shares server connections"
+    );
+    pooled.close().await;
+    drop(bouncer);
+    env.cleanup().await;
+}
+
+/// PgBouncer in `pool_mode = session`: the defaults (named statements, migrations through the
+/// same URL) work, three daemons, a burst, exactly once; the probe sees no sharing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_daemons_behind_pgbouncer_in_session_mode_close_a_burst_exactly_once() {
+    let Some(bin) = pgbouncer_bin() else { return };
+    let env = Env::new(Backend::Postgres).await;
+    let bouncer = PgBouncer::start(&bin, "session", 30).await;
+    let url = bouncer.url(&database_of(&env));
+    let config = through(&env, &url, PoolMode::Session, None);
+    burst_closes_exactly_once(&env, &config, 300).await;
+    let pooled = Db::connect(&url, 1).await.unwrap();
+    assert_eq!(pooler::probe(&pooled).await.unwrap(), Sharing::Private);
+    pooled.close().await;
+    drop(bouncer);
+    env.cleanup().await;
+}
+
+/// PgBouncer in `pool_mode = transaction` with `database.pool_mode` left at `"session"`: two
+/// daemons started together are both refused with one line naming `pool_mode` and what to set
+/// (never sqlx's `prepared statement "sqlx_s_1" already exists`), `timeoutd run` exits 78,
+/// `timeoutd doctor` exits 1 with an error finding naming `database.pool_mode`, and with
+/// `pool_mode = "transaction"` (and a direct `migrate_url`) the doctor's finding is ok. The
+/// overdue order is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_undeclared_transaction_mode_pooler_is_refused_at_start_and_named_by_doctor() {
+    let Some(bin) = pgbouncer_bin() else { return };
+    let env = Env::new(Backend::Postgres).await;
+    env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+    let past = env.db.now_ms().await.unwrap() - 60_000;
+    env.create(&order("overdue", "acme", past)).await;
+    let bouncer = PgBouncer::start(&bin, "transaction", 2).await;
+    let url = bouncer.url(&database_of(&env));
+    let config = through(&env, &url, PoolMode::Session, None);
+    let (a, b) = tokio::join!(
+        Daemon::start(&config, Clock::Database),
+        Daemon::start(&config, Clock::Database)
+    );
+    for refused in [a, b] {
+        let Err(e @ StartError::Pooler(_)) = refused else {
+            panic!(
+                "started, or refused for another reason: {:?}",
+                refused.err()
+            );
+        };
+        let line = e.to_string();
+        assert!(
+            !line.contains('\n')
+                && line.contains("database.pool_mode = \"transaction\"")
+                && line.contains("migrate_url"),
+            "{line}"
+        );
+        assert!(!line.contains("sqlx_s_"), "{line}");
+    }
+    // The binary: one line on stderr, exit 78; doctor: exit 1 naming database.pool_mode.
+    let file = env.dir.path().join("pooled.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[database]\nurl = \"{url}\"\n[merchants.acme]\nplugin = \"builtin:single-phase\"\n"
+        ),
+    )
+    .unwrap();
+    let run = tokio::process::Command::new(crate::support::timeoutd_bin())
+        .args(["run", "--config"])
+        .arg(&file)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("refused at once")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(timeoutd::cli::EXIT_POOLER.into()),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("timeoutd: cannot start: database.url is behind a pooler")
+            && stderr.contains("database.pool_mode"),
+        "{stderr}"
+    );
+    let (code, report) = crate::support::doctor(file.clone()).await;
+    assert_eq!(code, Some(1), "{report}");
+    assert!(
+        report.contains("error database.pool_mode: \"session\", but server connections are shared"),
+        "{report}"
+    );
+    assert!(
+        report.contains("fix: set database.pool_mode = \"transaction\" and database.migrate_url"),
+        "{report}"
+    );
+    std::fs::write(
+        &file,
+        format!(
+            "[database]\nurl = \"{url}\"\npool_mode = \"transaction\"\nmigrate_url = \"{}\"\n\
+             [merchants.acme]\nplugin = \"builtin:single-phase\"\n",
+            env.url
+        ),
+    )
+    .unwrap();
+    let (code, report) = crate::support::doctor(file).await;
+    assert!(
+        report.contains("ok    database.pool_mode: \"transaction\": server connections are shared"),
+        "{report}"
+    );
+    assert!(report.contains("ok    database.migrate_url:"), "{report}");
+    assert!(!report.contains("error database"), "{report}");
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(
+        env.status("overdue").await,
+        "PENDING",
+        "nothing was closed by a refused daemon"
+    );
+    drop(bouncer);
+    env.cleanup().await;
+}
