@@ -428,3 +428,92 @@ async fn an_undeclared_transaction_mode_pooler_is_refused_at_start_and_named_by_
     drop(bouncer);
     env.cleanup().await;
 }
+
+/// `pool_mode` and `migrate_url` are checked offline, each problem with its key path: a
+/// transaction-mode pool that migrates needs a `migrate_url` (per shard when sharded), which
+/// must be a URL of the same kind; `"transaction"` is for PostgreSQL only. Left out, the mode
+/// is `"session"` and nothing else is asked.
+#[test]
+fn a_transaction_mode_pool_that_migrates_needs_a_migrate_url_by_key_path() {
+    let load = |database: &str| {
+        Config::from_toml(
+            &format!("{database}\n[merchants.acme]\nplugin = \"builtin:single-phase\"\n"),
+            std::path::Path::new("."),
+            &|_| None,
+        )
+    };
+    let keys = |database: &str| -> Vec<String> {
+        let problems = load(database).unwrap_err();
+        problems.problems.iter().map(|(k, _)| k.clone()).collect()
+    };
+    let pg = "postgres://app@pgbouncer:6432/shop";
+    assert_eq!(
+        keys(&format!(
+            "[database]\nurl = \"{pg}\"\npool_mode = \"transaction\"\n"
+        )),
+        ["database.migrate_url"]
+    );
+    let problems = load(&format!(
+        "[database]\nurl = \"{pg}\"\npool_mode = \"transaction\"\n"
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        problems.contains("database.pool_mode = \"transaction\"")
+            && problems.contains("session-level lock"),
+        "{problems}"
+    );
+    assert_eq!(
+        keys(&format!(
+            "[database]\nurl = \"{pg}\"\npool_mode = \"transaction\"\nmigrate_url = \"mysql://root@db/shop\"\n"
+        )),
+        ["database.migrate_url"]
+    );
+    assert_eq!(
+        keys(
+            "[database]\nurl = \"mysql://root@db/shop\"\npool_mode = \"transaction\"\nmigrate = false\n"
+        ),
+        ["database.pool_mode"]
+    );
+    assert_eq!(
+        keys(&format!(
+            "[database]\npool_mode = \"transaction\"\n[[database.shards]]\nname = \"ds_0\"\nurl = \"{pg}\"\n\
+             migrate_url = \"postgres://app@db0:5432/shop\"\n[[database.shards]]\nname = \"ds_1\"\nurl = \"postgres://app@pgbouncer:6432/shop1\"\n"
+        )),
+        ["database.shards[1].migrate_url"]
+    );
+    let declared = load(&format!(
+        "[database]\nurl = \"{pg}\"\npool_mode = \"transaction\"\nmigrate_url = \"postgres://app@db:5432/shop\"\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        (
+            declared.database.pool_mode,
+            declared.database.migrate_url.as_deref()
+        ),
+        (PoolMode::Transaction, Some("postgres://app@db:5432/shop"))
+    );
+    assert_eq!(
+        load(&format!(
+            "[database]\nurl = \"{pg}\"\npool_mode = \"transaction\"\nmigrate = false\n"
+        ))
+        .unwrap()
+        .database
+        .pool_mode,
+        PoolMode::Transaction
+    );
+    assert_eq!(
+        load(&format!("[database]\nurl = \"{pg}\"\n"))
+            .unwrap()
+            .database
+            .pool_mode,
+        PoolMode::Session
+    );
+    assert!(
+        load(&format!(
+            "[database]\nurl = \"{pg}\"\npool_mode = \"statement\"\n"
+        ))
+        .is_err(),
+        "statement pooling is not a mode timeoutd runs in"
+    );
+}

@@ -83,8 +83,13 @@ impl<'a> Migrate<'a> {
 /// transaction-mode pooler (also when a statement fails the way one makes it fail);
 /// [`StartError::Db`] when the database cannot be read or migrated.
 pub(crate) async fn prepare(db: &Db, migrate: Migrate<'_>) -> Result<(), StartError> {
+    // Named statements failing the way a shared server connection makes them fail (when the
+    // probe was lucky): the same line. With "transaction" declared, the error stands as it is.
     let pooled = |e: StartError| match e {
-        StartError::Db(e) if e.is_shared_server_connection() => {
+        StartError::Db(e)
+            if e.is_shared_server_connection()
+                && db.pool_mode() == crate::db::PoolMode::Session =>
+        {
             StartError::Pooler(crate::db::pooler::advice("database.url"))
         }
         e => e,
