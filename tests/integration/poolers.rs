@@ -198,6 +198,15 @@ async fn burst_closes_exactly_once(env: &Env, config: &Config, n: usize) {
     for d in daemons {
         d.stop().await;
     }
+    let late = env.ints("SELECT closed_at_ms - deadline_ms FROM orders WHERE status = 'CLOSED' AND id LIKE ? ORDER BY 1", "pool-%").await;
+    eprintln!(
+        "{} closes through {}: lateness p50 {} ms, p99 {} ms, max {} ms",
+        late.len(),
+        config.database.url,
+        late[late.len() / 2],
+        late[late.len() * 99 / 100],
+        late[late.len() - 1]
+    );
     assert_eq!(
         env.int("SELECT COUNT(*) FROM orders WHERE status = ?", "CLOSED")
             .await,

@@ -108,8 +108,8 @@ pub struct DatabaseConfig {
     /// a server connection one transaction at a time). PostgreSQL only. With `"transaction"`
     /// every statement is prepared unnamed and runs inside a transaction, because a named
     /// statement prepared on one server connection is missing, or another client's, on the
-    /// next; migrations go through `migrate_url`. About two more round trips per statement run
-    /// outside a transaction. Start-up and `timeoutd doctor` refuse a `"session"` URL that turns
+    /// next; migrations go through `migrate_url`. Three more round trips per statement run
+    /// outside a transaction, one more inside one. Start-up and `timeoutd doctor` refuse a `"session"` URL that turns
     /// out to be shared, naming this key.
     #[serde(default)]
     pub pool_mode: crate::db::PoolMode,

@@ -149,8 +149,8 @@ pub enum PoolMode {
     /// `COMMIT`), because the driver prepares and executes in two round trips and the pooler
     /// may hand the second to another server connection between them. Nothing relies on
     /// session state; migrations, which hold a session-level advisory lock, go through
-    /// `database.migrate_url`. Costs about three round trips per statement outside a
-    /// transaction and one per statement inside one.
+    /// `database.migrate_url`. Costs three more round trips per statement outside a
+    /// transaction (`BEGIN`, the prepare, `COMMIT`) and one more inside one (the prepare).
     Transaction,
 }
 
