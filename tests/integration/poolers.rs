@@ -146,9 +146,10 @@ fn database_of(env: &Env) -> String {
     env.url.rsplit('/').next().unwrap().to_string()
 }
 
-/// `env`'s config with the database reached through `url`, as `mode` says.
+/// `env`'s config with the database reached through `url`, as `mode` says, and a sweep every
+/// 200 ms (the orders [`burst_closes_exactly_once`] leaves without an outbox row).
 fn through(env: &Env, url: &str, mode: PoolMode, migrate_url: Option<&str>) -> Config {
-    let mut config = env.config(SINGLE, "");
+    let mut config = env.config(SINGLE, "[sweep]\ninterval = \"200ms\"\ngrace = \"300ms\"\n");
     config.database.url = url.to_string();
     config.database.pool_mode = mode;
     config.database.migrate_url = migrate_url.map(str::to_string);
@@ -156,8 +157,9 @@ fn through(env: &Env, url: &str, mode: PoolMode, migrate_url: Option<&str>) -> C
 }
 
 /// Three daemons started together through `url`, and a burst of `n` orders lapsing over one
-/// second while they run (a quarter paid first): each unpaid order closed once, the paid ones
-/// untouched, stock, coupons and the ledger exact, asserted in the rows.
+/// second while they run (a quarter paid first, a tenth without an outbox row, left to the
+/// sweep): each unpaid order closed once, the paid ones untouched, stock, coupons and the
+/// ledger exact, asserted in the rows.
 async fn burst_closes_exactly_once(env: &Env, config: &Config, n: usize) {
     env.stock_up(&[("sku-a", 100_000), ("sku-b", 100_000)])
         .await;
@@ -171,6 +173,17 @@ async fn burst_closes_exactly_once(env: &Env, config: &Config, n: usize) {
     for i in (0..n).step_by(4) {
         assert!(env.pay(&format!("pool-{i:03}"), first - 1_000).await);
     }
+    // Ids ending in 5 (never paid): their rows lost, as an order service that skips them.
+    let orphans = env
+        .db
+        .backend()
+        .query("DELETE FROM order_timeout_msg WHERE order_id LIKE ?")
+        .bind("pool-%5")
+        .execute(env.db.pool())
+        .await
+        .unwrap()
+        .rows_affected();
+    assert_eq!(orphans, n as u64 / 10);
     let (a, b, c) = tokio::join!(
         Daemon::start(config, Clock::Database),
         Daemon::start(config, Clock::Database),
@@ -287,6 +300,15 @@ async fn burst_closes_exactly_once(env: &Env, config: &Config, n: usize) {
         )
         .await,
         0
+    );
+    assert_eq!(
+        env.int(
+            "SELECT COUNT(*) FROM order_timeout_msg WHERE source = ?",
+            "sweep"
+        )
+        .await,
+        orphans as i64,
+        "each orphan re-armed once by the three sweeps"
     );
     assert_eq!(
         env.int(
