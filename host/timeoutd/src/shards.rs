@@ -154,8 +154,10 @@ impl Sharded {
             .await
             {
                 Ok(Ok(())) => false,
-                Ok(Err(e @ (StartError::Unsafe(_) | StartError::Pooler(_)))) => {
-                    return Err(named(e.to_string()));
+                Ok(Err(e @ StartError::Unsafe(_))) => return Err(named(e.to_string())),
+                // Still a pooler refusal (its own exit status), naming the shard.
+                Ok(Err(StartError::Pooler(line))) => {
+                    return Err(StartError::Pooler(format!("shard {}: {line}", s.name)));
                 }
                 Ok(Err(e)) => {
                     tracing::error!(shard = %s.name, error = %e, "shard not reachable at start; its worker retries");
