@@ -59,8 +59,30 @@ struct PgBouncer {
 
 impl PgBouncer {
     /// Starts `bin` in `mode` (`transaction` or `session`) with `server_pool` server connections
-    /// per database, and waits until it listens.
+    /// per database, and waits until it listens. It accepts the driver's `extra_float_digits`
+    /// start-up parameter, as operators configure it ([`PgBouncer::start_strict`]: not).
     async fn start(bin: &std::path::Path, mode: &str, server_pool: u32) -> PgBouncer {
+        Self::start_with(
+            bin,
+            mode,
+            server_pool,
+            "ignore_startup_parameters = extra_float_digits",
+        )
+        .await
+    }
+
+    /// As [`PgBouncer::start`], with PgBouncer's default: every start-up parameter it does not
+    /// track refused.
+    async fn start_strict(bin: &std::path::Path, mode: &str) -> PgBouncer {
+        Self::start_with(bin, mode, 2, "").await
+    }
+
+    async fn start_with(
+        bin: &std::path::Path,
+        mode: &str,
+        server_pool: u32,
+        extra: &str,
+    ) -> PgBouncer {
         let server = crate::support::postgres_server_url();
         let authority = server.split_once("://").map_or("", |(_, r)| r);
         let authority = authority.split('/').next().unwrap_or_default();
@@ -77,8 +99,7 @@ impl PgBouncer {
             format!(
                 "[databases]\n* = host={host} port={port}\n\n[pgbouncer]\nlisten_addr = 127.0.0.1\n\
                  listen_port = {listen}\nunix_socket_dir =\nauth_type = trust\nauth_file = {}\n\
-                 pool_mode = {mode}\ndefault_pool_size = {server_pool}\nmax_client_conn = 500\n\
-                 ignore_startup_parameters = extra_float_digits\n",
+                 pool_mode = {mode}\ndefault_pool_size = {server_pool}\nmax_client_conn = 500\n{extra}\n",
                 dir.path().join("users.txt").display()
             ),
         )
@@ -547,4 +568,27 @@ fn a_transaction_mode_pool_that_migrates_needs_a_migrate_url_by_key_path() {
         .is_err(),
         "statement pooling is not a mode timeoutd runs in"
     );
+}
+
+/// A PgBouncer with its default `ignore_startup_parameters` refuses the driver's
+/// `extra_float_digits`: start-up is refused with one line naming the setting to add to
+/// pgbouncer.ini (a pooler refusal, exit 78), not the driver's "unsupported startup parameter".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooler_refusing_the_drivers_startup_parameter_is_named_at_start() {
+    let Some(bin) = pgbouncer_bin() else { return };
+    let env = Env::new(Backend::Postgres).await;
+    let bouncer = PgBouncer::start_strict(&bin, "transaction").await;
+    let url = bouncer.url(&database_of(&env));
+    let config = through(&env, &url, PoolMode::Transaction, Some(&env.url));
+    let Err(e @ StartError::Pooler(_)) = Daemon::start(&config, Clock::Database).await else {
+        panic!("started, or refused for another reason");
+    };
+    assert_eq!(
+        e.to_string(),
+        "database.url: the pooler refuses the driver's start-up parameter extra_float_digits: \
+         add `ignore_startup_parameters = extra_float_digits` to pgbouncer.ini ([pgbouncer] \
+         section) and reload it"
+    );
+    drop(bouncer);
+    env.cleanup().await;
 }

@@ -83,18 +83,32 @@ impl<'a> Migrate<'a> {
 /// transaction-mode pooler (also when a statement fails the way one makes it fail);
 /// [`StartError::Db`] when the database cannot be read or migrated.
 pub(crate) async fn prepare(db: &Db, migrate: Migrate<'_>) -> Result<(), StartError> {
-    // Named statements failing the way a shared server connection makes them fail (when the
-    // probe was lucky): the same line. With "transaction" declared, the error stands as it is.
-    let pooled = |e: StartError| match e {
+    prepare_checked(db, migrate)
+        .await
+        .map_err(|e| pooler_refusal(e, db.pool_mode()))
+}
+
+/// A start-up error a pooler caused, as the one line saying what to set
+/// ([`StartError::Pooler`]): named statements failing the way a shared server connection makes
+/// them fail (when the probe was lucky, and only with `pool_mode = "session"`: with
+/// "transaction" declared the error stands as it is), or a start-up parameter the pooler
+/// refuses. Any other error as it is.
+fn pooler_refusal(e: StartError, mode: crate::db::PoolMode) -> StartError {
+    match e {
         StartError::Db(e)
-            if e.is_shared_server_connection()
-                && db.pool_mode() == crate::db::PoolMode::Session =>
+            if e.is_shared_server_connection() && mode == crate::db::PoolMode::Session =>
         {
             StartError::Pooler(crate::db::pooler::advice("database.url"))
         }
+        StartError::Db(e) => match e.refused_startup_parameter() {
+            Some(p) => StartError::Pooler(crate::db::pooler::startup_parameter_advice(
+                "database.url",
+                &p,
+            )),
+            None => StartError::Db(e),
+        },
         e => e,
-    };
-    prepare_checked(db, migrate).await.map_err(pooled)
+    }
 }
 
 async fn prepare_checked(db: &Db, migrate: Migrate<'_>) -> Result<(), StartError> {
@@ -210,7 +224,8 @@ impl Daemon {
             config.database.pool_size(&config.database.url),
             config.database.pool_mode,
         )
-        .await?;
+        .await
+        .map_err(|e| pooler_refusal(e.into(), config.database.pool_mode))?;
         let migrate = Migrate::of(
             config.database.migrate,
             config.database.migrate_url.as_deref(),

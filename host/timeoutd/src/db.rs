@@ -386,6 +386,18 @@ impl DbError {
         matches!(sql, sqlx::Error::Database(e)
             if e.code().is_some_and(|c| c == "26000" || c == "42P05"))
     }
+
+    /// A pooler refused a start-up parameter the driver sends (PgBouncer: `unsupported startup
+    /// parameter: extra_float_digits`, unless its `ignore_startup_parameters` lists it).
+    pub fn refused_startup_parameter(&self) -> Option<String> {
+        match self {
+            DbError::Sql(sqlx::Error::Database(e)) => e
+                .message()
+                .strip_prefix("unsupported startup parameter: ")
+                .map(|p| p.trim().to_string()),
+            _ => None,
+        }
+    }
 }
 
 /// A connection pool and its dialect. Cheap to clone.

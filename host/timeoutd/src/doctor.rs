@@ -130,12 +130,16 @@ async fn database(config: &Config) -> Vec<Finding> {
     let db = match tokio::time::timeout(PROBE_TIMEOUT * 2, connect).await {
         Ok(Ok(db)) => db,
         Ok(Err(e)) => {
-            return vec![bad(
-                Level::Error,
-                "database",
-                format!("{url}: {e}"),
-                "check database.url, that the server runs and listens there, and the credentials",
-            )];
+            let fix = match e.refused_startup_parameter() {
+                Some(p) => format!(
+                    "a pooler (PgBouncer) refuses the driver's start-up parameter {p}: add \
+                     `ignore_startup_parameters = {p}` to pgbouncer.ini and reload it"
+                ),
+                None => "check database.url, that the server runs and listens there, and the \
+                         credentials"
+                    .to_string(),
+            };
+            return vec![bad(Level::Error, "database", format!("{url}: {e}"), fix)];
         }
         Err(_) => {
             return vec![bad(

@@ -86,6 +86,15 @@ pub fn advice(key: &str) -> String {
     )
 }
 
+/// The line for a pooler that refuses the driver's start-up `parameter` (`key`: the URL's).
+pub fn startup_parameter_advice(key: &str, parameter: &str) -> String {
+    format!(
+        "{key}: the pooler refuses the driver's start-up parameter {parameter}: add \
+         `ignore_startup_parameters = {parameter}` to pgbouncer.ini ([pgbouncer] section) and \
+         reload it"
+    )
+}
+
 /// The line for a `database.migrate_url` that is itself behind a transaction-mode pooler.
 pub const MIGRATE_URL_SHARED: &str = "database.migrate_url is behind a pooler that shares \
      server connections between clients (PgBouncer pool_mode = transaction): point it at the \
