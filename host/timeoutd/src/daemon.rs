@@ -112,6 +112,11 @@ fn pooler_refusal(e: StartError, mode: crate::db::PoolMode) -> StartError {
 }
 
 async fn prepare_checked(db: &Db, migrate: Migrate<'_>) -> Result<(), StartError> {
+    if db.pool_mode() == crate::db::PoolMode::Transaction {
+        tracing::info!(
+            "database.pool_mode = \"transaction\": statements are prepared unnamed, each inside a transaction; migrations go through database.migrate_url"
+        );
+    }
     if db.pool_mode() == crate::db::PoolMode::Session
         && let crate::db::pooler::Sharing::Shared(seen) = crate::db::pooler::probe(db).await?
     {
