@@ -3,7 +3,7 @@
 //! PostgreSQL server. In `pool_mode = transaction` with `database.pool_mode = "transaction"`,
 //! three daemons started together close a burst exactly once; in session mode the defaults
 //! work; in transaction mode undeclared, start-up refuses with one line naming `pool_mode`
-//! (exit 78 from `timeoutd run`) and `timeoutd doctor` reports it.
+//! (exit 76 from `timeoutd run`) and `timeoutd doctor` reports it.
 //!
 //! Needs `pgbouncer` (scripts/test installs Debian's and sets `TIMEOUTD_TEST_PGBOUNCER`); run
 //! outside scripts/test without it, the tests say so and pass.
@@ -382,7 +382,7 @@ async fn three_daemons_behind_pgbouncer_in_session_mode_close_a_burst_exactly_on
 
 /// PgBouncer in `pool_mode = transaction` with `database.pool_mode` left at `"session"`: two
 /// daemons started together are both refused with one line naming `pool_mode` and what to set
-/// (never sqlx's `prepared statement "sqlx_s_1" already exists`), `timeoutd run` exits 78,
+/// (never sqlx's `prepared statement "sqlx_s_1" already exists`), `timeoutd run` exits 76,
 /// `timeoutd doctor` exits 1 with an error finding naming `database.pool_mode`, and with
 /// `pool_mode = "transaction"` (and a direct `migrate_url`) the doctor's finding is ok. The
 /// overdue order is untouched.
@@ -416,7 +416,7 @@ async fn an_undeclared_transaction_mode_pooler_is_refused_at_start_and_named_by_
         );
         assert!(!line.contains("sqlx_s_"), "{line}");
     }
-    // The binary: one line on stderr, exit 78; doctor: exit 1 naming database.pool_mode.
+    // The binary: one line on stderr, exit 76; doctor: exit 1 naming database.pool_mode.
     let file = env.dir.path().join("pooled.toml");
     std::fs::write(
         &file,
@@ -435,11 +435,7 @@ async fn an_undeclared_transaction_mode_pooler_is_refused_at_start_and_named_by_
         .expect("refused at once")
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.code(),
-        Some(timeoutd::cli::EXIT_POOLER.into()),
-        "{stderr}"
-    );
+    assert_eq!(out.status.code(), Some(76), "{stderr}");
     assert!(
         stderr.contains("timeoutd: cannot start: database.url is behind a pooler")
             && stderr.contains("database.pool_mode"),
@@ -572,7 +568,7 @@ fn a_transaction_mode_pool_that_migrates_needs_a_migrate_url_by_key_path() {
 
 /// A PgBouncer with its default `ignore_startup_parameters` refuses the driver's
 /// `extra_float_digits`: start-up is refused with one line naming the setting to add to
-/// pgbouncer.ini (a pooler refusal, exit 78), not the driver's "unsupported startup parameter".
+/// pgbouncer.ini (a pooler refusal, exit 76), not the driver's "unsupported startup parameter".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pooler_refusing_the_drivers_startup_parameter_is_named_at_start() {
     let Some(bin) = pgbouncer_bin() else { return };

@@ -9,11 +9,6 @@ use clap::{Parser, Subcommand, ValueEnum};
 use crate::clock::Clock;
 use crate::config::Config;
 pub use crate::config::EXIT_BAD_CONFIG;
-
-/// Exit status of `timeoutd run` behind a pooler that shares server connections between
-/// clients when `database.pool_mode` does not say so (`EX_CONFIG` of sysexits.h): restarting
-/// cannot help, the configuration (or the pooler's) must change.
-pub const EXIT_POOLER: u8 = 78;
 use crate::daemon::{self, Daemon};
 
 /// timeoutd closes unpaid orders when their payment window lapses, exactly once, under each
@@ -350,6 +345,14 @@ fn validate(path: &std::path::Path) -> ExitCode {
         }
     }
 }
+
+/// Exit status of `timeoutd run` refused by a pooler in front of the database
+/// ([`daemon::StartError::Pooler`]): server connections shared between clients while
+/// `database.pool_mode` says `"session"`, or a start-up parameter the pooler refuses
+/// (`EX_PROTOCOL` of sysexits.h: the pooler does not keep the protocol's session as the
+/// configuration expects). Restarting cannot help; the unit does not
+/// (`RestartPreventExitStatus=76`).
+pub const EXIT_POOLER: u8 = 76;
 
 async fn run(path: &std::path::Path, config: &Config) -> ExitCode {
     // One database, or a sharded one ([`crate::shards`]).
