@@ -370,3 +370,131 @@ impl Proxy {
         }
     }
 }
+
+/// How a [`BadPeer`] answers an HTTP request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Misbehaviour {
+    /// Accepts the connection, reads the request, never answers (held open 120 s).
+    Hang,
+    /// Answers `200 OK` one byte a second (status line, headers, body), as a peer behind a
+    /// saturated link or a stuck proxy does.
+    Trickle,
+    /// Answers every request `302 Found` with `Location: /login` (a webhook behind a login
+    /// wall), and a GET of `/login` with `200` (counted: a client that followed the redirect).
+    Redirect302,
+    /// Answers every request `303 See Other` to [`SEE_OTHER`] (a provider's "see the
+    /// payment"), and a GET of it with `200 {"status":"closed"}` (counted).
+    Redirect303,
+    /// Answers `429 Too Many Requests` with `Retry-After: 120`.
+    Throttle,
+}
+
+/// Where a [`Misbehaviour::Redirect303`] peer sends every request.
+pub const SEE_OTHER: &str = "/v1/payments/see-other";
+
+/// A raw HTTP/1.1 peer that misbehaves one way ([`Misbehaviour`]), counting what reached it.
+#[derive(Clone)]
+pub struct BadPeer {
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    /// Connections accepted.
+    pub connections: Arc<std::sync::atomic::AtomicUsize>,
+    /// The request lines read (`POST /hook HTTP/1.1`), in order.
+    pub requests: Arc<Mutex<Vec<String>>>,
+}
+
+impl BadPeer {
+    /// Listens on a free loopback port.
+    pub async fn start(how: Misbehaviour) -> BadPeer {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let (count, seen) = (connections.clone(), requests.clone());
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    loop {
+                        // One request: its head, then its body by Content-Length.
+                        let mut head = Vec::new();
+                        let mut byte = [0u8; 1];
+                        while !head.ends_with(b"\r\n\r\n") {
+                            match socket.read(&mut byte).await {
+                                Ok(1) => head.push(byte[0]),
+                                _ => return,
+                            }
+                        }
+                        let head = String::from_utf8_lossy(&head).into_owned();
+                        let length = head
+                            .lines()
+                            .find_map(|l| {
+                                let (k, v) = l.split_once(':')?;
+                                k.eq_ignore_ascii_case("content-length")
+                                    .then(|| v.trim().parse::<usize>().ok())?
+                            })
+                            .unwrap_or(0);
+                        let mut body = vec![0u8; length];
+                        if socket.read_exact(&mut body).await.is_err() {
+                            return;
+                        }
+                        let line = head.lines().next().unwrap_or_default().to_string();
+                        let get = line.starts_with("GET ");
+                        let path = line.split(' ').nth(1).unwrap_or("/").to_string();
+                        seen.lock().unwrap().push(line);
+                        let answer = match how {
+                            Misbehaviour::Hang => {
+                                tokio::time::sleep(std::time::Duration::from_secs(120)).await;
+                                return;
+                            }
+                            Misbehaviour::Trickle => {
+                                let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}";
+                                for b in answer {
+                                    if socket.write_all(&[*b]).await.is_err() {
+                                        return;
+                                    }
+                                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                                }
+                                continue;
+                            }
+                            Misbehaviour::Redirect302 | Misbehaviour::Redirect303
+                                if get && (path == "/login" || path == SEE_OTHER) =>
+                            {
+                                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 19\r\n\r\n{\"status\":\"closed\"}".to_string()
+                            }
+                            Misbehaviour::Redirect302 => {
+                                "HTTP/1.1 302 Found\r\nLocation: /login\r\nContent-Length: 0\r\n\r\n".to_string()
+                            }
+                            Misbehaviour::Redirect303 => format!(
+                                "HTTP/1.1 303 See Other\r\nLocation: {SEE_OTHER}\r\nContent-Length: 0\r\n\r\n"
+                            ),
+                            Misbehaviour::Throttle => {
+                                "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 120\r\nContent-Length: 0\r\n\r\n".to_string()
+                            }
+                        };
+                        if socket.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        BadPeer {
+            base,
+            connections,
+            requests,
+        }
+    }
+
+    /// The requests that were GETs (a client following a redirect).
+    pub fn gets(&self) -> usize {
+        self.requests
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.starts_with("GET "))
+            .count()
+    }
+}

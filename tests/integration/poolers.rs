@@ -177,7 +177,8 @@ fn through(env: &Env, url: &str, mode: PoolMode, migrate_url: Option<&str>) -> C
     config
 }
 
-/// Three daemons started together through `url`, and a burst of `n` orders lapsing over one
+/// Three daemons started through `url`, two together and a third after them (one migrating,
+/// two only checking the schema), and a burst of `n` orders lapsing over one
 /// second while they run (a quarter paid first, a tenth without an outbox row, left to the
 /// sweep): each unpaid order closed once, the paid ones untouched, stock, coupons and the
 /// ledger exact, asserted in the rows.
@@ -205,11 +206,15 @@ async fn burst_closes_exactly_once(env: &Env, config: &Config, n: usize) {
         .unwrap()
         .rows_affected();
     assert_eq!(orphans, n as u64 / 10);
-    let (a, b, c) = tokio::join!(
+    // Two started together, a third once they run (as the issue's operator did). Two do not
+    // migrate: they only check the schema, through the pool they work on.
+    let mut checking = config.clone();
+    checking.database.migrate = false;
+    let (a, b) = tokio::join!(
         Daemon::start(config, Clock::Database),
-        Daemon::start(config, Clock::Database),
-        Daemon::start(config, Clock::Database),
+        Daemon::start(&checking, Clock::Database),
     );
+    let c = Daemon::start(&checking, Clock::Database).await;
     let daemons = [a.unwrap(), b.unwrap(), c.unwrap()];
     let unpaid = (n - paid) as i64;
     eventually(
@@ -585,6 +590,26 @@ async fn a_pooler_refusing_the_drivers_startup_parameter_is_named_at_start() {
          add `ignore_startup_parameters = extra_float_digits` to pgbouncer.ini ([pgbouncer] \
          section) and reload it"
     );
+    drop(bouncer);
+    env.cleanup().await;
+}
+
+/// Daemons that do not migrate read the schema's state through the pool they work on: behind a
+/// transaction-mode PgBouncer with one server connection, one started after another both start
+/// (the reads are unnamed; named, the second would find the first's `sqlx_s_1` on the shared
+/// server connection: 42P05).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemons_that_only_check_the_schema_start_one_after_another_on_one_server_connection() {
+    let Some(bin) = pgbouncer_bin() else { return };
+    let env = Env::new(Backend::Postgres).await;
+    let bouncer = PgBouncer::start(&bin, "transaction", 1).await;
+    let url = bouncer.url(&database_of(&env));
+    let mut config = through(&env, &url, PoolMode::Transaction, None);
+    config.database.migrate = false;
+    let first = Daemon::start(&config, Clock::Database).await.unwrap();
+    let second = Daemon::start(&config, Clock::Database).await;
+    first.stop().await;
+    second.expect("the second daemon starts").stop().await;
     drop(bouncer);
     env.cleanup().await;
 }

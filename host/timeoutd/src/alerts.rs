@@ -2,10 +2,18 @@
 //! signal has been above its threshold for the rule's `for`, and resolves once when it drops —
 //! a notice is sent on each change, never repeated while the state holds. A notice that cannot
 //! be delivered is tried again at the next evaluation (the state only changes once delivered).
+//!
+//! The rules run in a task of their own ([`Alerts::spawn`]), fed the latest sample: a receiver
+//! that hangs holds up its own notices (each bounded by `alerts.timeout`, then retried at the
+//! next evaluation) and never the sampling loop, the gauges, `/v1/backlog` or shutdown. A
+//! sample taken while a notice is in flight replaces any not yet evaluated: the rules always
+//! judge the newest one.
 
 use std::collections::HashMap;
 
 use serde_json::json;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
 
 use crate::config::{AlertRule, AlertSignal, AlertsConfig};
 use crate::gauges::{Sample, Watcher};
@@ -25,12 +33,52 @@ pub struct Alerts {
 }
 
 impl Alerts {
-    /// Alerts as configured.
-    pub fn new(config: AlertsConfig) -> Self {
-        Alerts {
+    /// Alerts as configured; notices time out after `alerts.timeout` and never follow a
+    /// redirect ([`crate::outbound`]).
+    ///
+    /// # Errors
+    /// When the HTTP client cannot be built.
+    pub fn new(config: AlertsConfig) -> Result<Self, String> {
+        let client = crate::outbound::client("alerts", config.timeout)?;
+        Ok(Alerts {
             config,
             state: HashMap::new(),
-            client: reqwest::Client::new(),
+            client,
+        })
+    }
+
+    /// Runs the rules in a task of `tasks` until `shutdown` (a notice in flight is abandoned
+    /// then), evaluating each sample the returned feed is given; the task's id comes with it.
+    pub fn spawn(
+        self,
+        tasks: &mut JoinSet<()>,
+        shutdown: watch::Receiver<bool>,
+    ) -> (AlertFeed, tokio::task::Id) {
+        let (feed, samples) = watch::channel(None);
+        let task = tasks.spawn(self.run(samples, shutdown));
+        (AlertFeed(feed), task.id())
+    }
+
+    async fn run(
+        mut self,
+        mut samples: watch::Receiver<Option<Sample>>,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        loop {
+            tokio::select! {
+                _ = crate::shutdown::stopping(&mut shutdown) => return,
+                changed = samples.changed() => if changed.is_err() { return },
+            }
+            let Some(sample) = samples.borrow_and_update().clone() else {
+                continue;
+            };
+            tokio::select! {
+                _ = crate::shutdown::stopping(&mut shutdown) => {
+                    tracing::info!("shutdown: an alert notice in flight was abandoned");
+                    return;
+                }
+                () = self.evaluate(&sample, sample.sampled_at_ms) => {}
+            }
         }
     }
 
@@ -82,14 +130,17 @@ impl Alerts {
             request = request.header("Authorization", auth);
         }
         match request.send().await {
-            Ok(r) if r.status().is_success() => {
-                tracing::warn!(rule = %rule.name, status, value, "alert");
-                true
-            }
-            Ok(r) => {
-                tracing::error!(rule = %rule.name, http = %r.status(), "alert webhook refused the notice");
-                false
-            }
+            Ok(r) => match crate::outbound::judge(&self.config.webhook, r.status(), r.headers()) {
+                crate::outbound::Verdict::Delivered => {
+                    tracing::warn!(rule = %rule.name, status, value, "alert");
+                    true
+                }
+                crate::outbound::Verdict::Retry { reason, .. }
+                | crate::outbound::Verdict::Refused(reason) => {
+                    tracing::error!(rule = %rule.name, %reason, "alert webhook did not take the notice; tried again at the next evaluation");
+                    false
+                }
+            },
             Err(e) => {
                 tracing::error!(rule = %rule.name, error = %e, "alert webhook unreachable");
                 false
@@ -98,9 +149,13 @@ impl Alerts {
     }
 }
 
-impl Watcher for Alerts {
+/// What the sampling loop holds of the alert rules ([`Alerts::spawn`]): handing it a sample
+/// returns at once.
+pub struct AlertFeed(watch::Sender<Option<Sample>>);
+
+impl Watcher for AlertFeed {
     async fn watch(&mut self, sample: &Sample) {
-        self.evaluate(sample, sample.sampled_at_ms).await;
+        self.0.send_replace(Some(sample.clone()));
     }
 }
 

@@ -9,6 +9,13 @@ use clap::{Parser, Subcommand, ValueEnum};
 use crate::clock::Clock;
 use crate::config::Config;
 pub use crate::config::EXIT_BAD_CONFIG;
+
+/// Exit status of `timeoutd run` when the database's schema is one this build will not run on
+/// — migrated past its compatibility window, or a migration half-applied — which only an
+/// operator can fix (`EX_CONFIG` of sysexits.h: the installation is configured wrong). The
+/// systemd unit does not restart on it (`RestartPreventExitStatus=64 78`), as it does not on
+/// [`EXIT_BAD_CONFIG`]; its one line on stderr names the versions and what to run.
+pub const EXIT_SCHEMA: u8 = 78;
 use crate::daemon::{self, Daemon};
 
 /// timeoutd closes unpaid orders when their payment window lapses, exactly once, under each
@@ -50,7 +57,8 @@ pub enum LogFormat {
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the daemon until SIGINT or SIGTERM.
+    /// Run the daemon until SIGINT or SIGTERM. Exits 64 on a bad configuration, 78 when the
+    /// database's schema is one this build will not run on (it says what to run), 1 otherwise.
     Run {
         /// Configuration file.
         #[arg(long, default_value = "config/timeoutd.toml")]
@@ -180,7 +188,7 @@ pub fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    runtime.block_on(async move {
+    let code = runtime.block_on(async move {
         match cli.command {
             Command::Validate { config } => validate(&config),
             Command::Doctor { config } => match load(&config) {
@@ -241,7 +249,11 @@ pub fn main() -> ExitCode {
                 }
             },
         }
-    })
+    });
+    // Blocking work that cannot be aborted (a plugin call ends at its own deadline; a client
+    // thread stuck on a hung peer) is not waited for past this: SIGTERM stops within 5 s.
+    runtime.shutdown_timeout(crate::shutdown::RUNTIME_EXIT);
+    code
 }
 
 /// Logs to stderr in `format` (filtered by `RUST_LOG`, else `default_level`), and with
@@ -378,6 +390,10 @@ async fn run(path: &std::path::Path, config: &Config) -> ExitCode {
         Err(e @ daemon::StartError::Pooler(_)) => {
             eprintln!("timeoutd: cannot start: {e}");
             return ExitCode::from(EXIT_POOLER);
+        }
+        Err(daemon::StartError::Schema(e)) if e.needs_operator() => {
+            eprintln!("timeoutd: cannot start: {e}");
+            return ExitCode::from(EXIT_SCHEMA);
         }
         Err(e) => {
             eprintln!("timeoutd: cannot start: {e}");

@@ -550,6 +550,11 @@ pub struct AlertsConfig {
     /// How often rules are evaluated (the backlog is sampled at least this often).
     #[serde(default = "defaults::alert_interval", with = "duration")]
     pub interval: Duration,
+    /// How long one notice may take, connecting, sending and reading the answer (default
+    /// 5s). A receiver slower than that is given up on and the notice sent again at the next
+    /// evaluation; it never holds up sampling, the gauges or shutdown.
+    #[serde(default = "defaults::alert_timeout", with = "duration")]
+    pub timeout: Duration,
     /// An open order counts as overdue once this far past its deadline (when `[admin]` does
     /// not say).
     #[serde(default = "defaults::overdue_margin", with = "duration")]
@@ -760,7 +765,7 @@ pub enum PluginSource {
     File(PathBuf),
 }
 
-mod defaults {
+pub(crate) mod defaults {
     use std::time::Duration;
 
     pub fn yes() -> bool {
@@ -876,6 +881,9 @@ mod defaults {
     }
     pub fn log_channel() -> String {
         "log".to_string()
+    }
+    pub fn alert_timeout() -> Duration {
+        Duration::from_secs(5)
     }
     pub fn overdue_margin() -> Duration {
         Duration::from_secs(60)

@@ -17,7 +17,13 @@ use crate::sources::{self, outbox::Waker};
 pub enum StartError {
     /// The database is unreachable or its schema could not be applied.
     #[error(transparent)]
-    Db(#[from] DbError),
+    Db(DbError),
+    /// The database's schema is one this build will not run on — migrated past this build's
+    /// compatibility window, or a migration half-applied — in one line naming the versions and
+    /// what to run (`timeoutd run` exits [`crate::cli::EXIT_SCHEMA`]); or a migration gave up
+    /// waiting for a lock (transient) ([`crate::db::migrate`]).
+    #[error(transparent)]
+    Schema(crate::db::migrate::SchemaError),
     /// The database server cannot run timeoutd safely (a Spider or non-InnoDB table, an engine
     /// without `SKIP LOCKED`): every reason, one per line ([`crate::db::engine`]).
     #[error("the database cannot run timeoutd safely:\n  {}", .0.join("\n  "))]
@@ -48,6 +54,15 @@ pub enum StartError {
     Listen(&'static str, std::net::SocketAddr, std::io::Error),
 }
 
+impl From<DbError> for StartError {
+    fn from(e: DbError) -> StartError {
+        match e {
+            DbError::Schema(e) => StartError::Schema(e),
+            e => StartError::Db(e),
+        }
+    }
+}
+
 /// How [`prepare`] migrates: not at all, through the daemon's own pool, or through a URL of its
 /// own (`database.migrate_url`: behind a transaction-mode pooler the migrator's session-level
 /// lock needs a session).
@@ -76,11 +91,13 @@ impl<'a> Migrate<'a> {
 /// PostgreSQL with `database.pool_mode = "session"`, that its server connections are not shared
 /// between clients ([`crate::db::pooler`]); applies the migrations as `migrate` says, and
 /// checks again: refused before any DDL reaches, say, a Spider front, and refused after when a
-/// migration made it so. Logs the engine's warnings.
+/// migration made it so. Logs the engine's warnings. Without migrating it still refuses a
+/// schema this build cannot run on ([`crate::db::migrate::check`]).
 ///
 /// # Errors
 /// [`StartError::Unsafe`] with every reason; [`StartError::Pooler`] behind an undeclared
 /// transaction-mode pooler (also when a statement fails the way one makes it fail);
+/// [`StartError::Schema`] for a schema outside this build's window or half-applied;
 /// [`StartError::Db`] when the database cannot be read or migrated.
 pub(crate) async fn prepare(db: &Db, migrate: Migrate<'_>) -> Result<(), StartError> {
     prepare_checked(db, migrate)
@@ -136,7 +153,7 @@ async fn prepare_checked(db: &Db, migrate: Migrate<'_>) -> Result<(), StartError
     };
     let mut engine = check().await?;
     match migrate {
-        Migrate::No => {}
+        Migrate::No => crate::db::migrate::check(db).await?,
         Migrate::OnPool => {
             db.migrate().await?;
             engine = check().await?;
@@ -186,6 +203,10 @@ pub(crate) async fn serve_http(
     Ok(addr)
 }
 
+/// How long a stopping daemon waits for its database pool to close, after [`crate::shutdown::DRAIN`]
+/// (a connection stuck in a statement is not waited for).
+const POOL_CLOSE: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// A running daemon.
 pub struct Daemon {
     db: Db,
@@ -193,6 +214,9 @@ pub struct Daemon {
     waker: Waker,
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<()>,
+    /// What each of `tasks` is, for the line that says what a stop abandoned (the HTTP
+    /// listener's and the broker's tasks are not named one by one).
+    names: std::collections::HashMap<tokio::task::Id, &'static str>,
     /// The ledger executor ([`crate::effects::worker::run`]).
     effects_worker: JoinSet<()>,
     http_addr: Option<std::net::SocketAddr>,
@@ -287,15 +311,17 @@ impl Daemon {
         let waker: Waker = Arc::new(Notify::new());
         let (shutdown, rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
+        let mut names = std::collections::HashMap::new();
         let sweep_tuning = watch::Sender::new(sources::sweep::SweepTuning::of(&config.sweep));
         if config.outbox.enabled {
-            tasks.spawn(sources::outbox::run(
+            let task = tasks.spawn(sources::outbox::run(
                 dispatcher.clone(),
                 config.outbox.clone(),
                 config.rocketmq.as_ref().map(|r| r.fallback_after),
                 waker.clone(),
                 rx.clone(),
             ));
+            names.insert(task.id(), "the outbox timer");
         }
         let broker = match transport {
             Some(transport) => Some(
@@ -315,7 +341,7 @@ impl Daemon {
             None => None,
         };
         if config.sweep.enabled {
-            tasks.spawn(sources::sweep::run(
+            let task = tasks.spawn(sources::sweep::run(
                 db.clone(),
                 clock.clone(),
                 config.sweep.clone(),
@@ -323,14 +349,16 @@ impl Daemon {
                 waker.clone(),
                 rx.clone(),
             ));
+            names.insert(task.id(), "the sweep");
         }
         if config.retention.enabled {
-            tasks.spawn(crate::retention::run(
+            let task = tasks.spawn(crate::retention::run(
                 db.clone(),
                 clock.clone(),
                 config.retention.clone(),
                 rx.clone(),
             ));
+            names.insert(task.id(), "the retention pass");
         }
         let http_addr = serve_http(
             config,
@@ -351,12 +379,22 @@ impl Daemon {
                     .as_ref()
                     .map(|a| (a.interval, a.overdue_margin)),
             ];
+            let alerts = match config.alerts.clone() {
+                Some(a) => {
+                    let (feed, task) = crate::alerts::Alerts::new(a)
+                        .map_err(StartError::Effects)?
+                        .spawn(&mut tasks, rx.clone());
+                    names.insert(task, "the alert notices");
+                    Some(feed)
+                }
+                None => None,
+            };
             let (every, margin) = intervals
                 .into_iter()
                 .flatten()
                 .min()
                 .expect("one is configured");
-            tasks.spawn(crate::gauges::run(
+            let task = tasks.spawn(crate::gauges::run(
                 db.clone(),
                 clock.clone(),
                 every,
@@ -364,9 +402,10 @@ impl Daemon {
                 config.merchants.keys().cloned().collect(),
                 policies.clone(),
                 sample_tx,
-                config.alerts.clone().map(crate::alerts::Alerts::new),
+                alerts,
                 rx.clone(),
             ));
+            names.insert(task.id(), "the backlog sampling");
         }
         let mut admin_addr = None;
         if let Some(admin) = &config.admin {
@@ -390,9 +429,11 @@ impl Daemon {
                 admin,
                 &tokens,
             );
-            tasks.spawn(crate::admin::serve(listener, state, rx.clone()));
+            let task = tasks.spawn(crate::admin::serve(listener, state, rx.clone()));
+            names.insert(task.id(), "the admin API");
         }
-        tasks.spawn(crate::policies::watch(policies.clone(), config, rx.clone()));
+        let task = tasks.spawn(crate::policies::watch(policies.clone(), config, rx.clone()));
+        names.insert(task.id(), "the plugin file watcher");
         // A set of its own: [`Daemon::stop`] waits for it before the transports it sends through
         // (and, as `tasks`, it is aborted when the daemon is dropped unstopped).
         let mut effects_worker = JoinSet::new();
@@ -404,6 +445,7 @@ impl Daemon {
             waker,
             shutdown,
             tasks,
+            names,
             effects_worker,
             http_addr,
             admin_addr,
@@ -441,18 +483,70 @@ impl Daemon {
         self.waker.clone()
     }
 
-    /// Stops every source, letting batches in flight finish, then closes the pool. The ledger
-    /// executor stops first (the chunk in hand finished, the rest left PENDING), before the
-    /// RocketMQ transport its notices go through: a burst's backlog sent into a client that is
-    /// shutting down only failed, and each failure cost a ledger write.
-    pub async fn stop(mut self) {
+    /// Stops every source, letting batches in flight finish, then closes the pool, all within
+    /// [`crate::shutdown::DRAIN`] ([`Daemon::stop_within`]). The ledger executor stops first (the
+    /// chunk in hand finished, the rest left PENDING), before the RocketMQ transport its notices
+    /// go through: a burst's backlog sent into a client that is shutting down only failed, and
+    /// each failure cost a ledger write.
+    pub async fn stop(self) {
+        self.stop_within(crate::shutdown::DRAIN).await;
+    }
+
+    /// [`Daemon::stop`], abandoning whatever has not finished within `limit` (a webhook or
+    /// provider that hangs, a statement waiting on a lock): its tasks are aborted, their open
+    /// transactions roll back and what they claimed comes back when its lease lapses. One line
+    /// names what was abandoned.
+    pub async fn stop_within(mut self, limit: std::time::Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
         let _ = self.shutdown.send(true);
-        while self.effects_worker.join_next().await.is_some() {}
-        if let Some(broker) = self.broker.take() {
-            broker.shutdown().await;
+        let mut abandoned: Vec<&'static str> = Vec::new();
+        let worker = async { while self.effects_worker.join_next().await.is_some() {} };
+        if tokio::time::timeout_at(deadline, worker).await.is_err() {
+            self.effects_worker.abort_all();
+            abandoned.push("the ledger executor's effects in flight");
         }
-        while self.tasks.join_next().await.is_some() {}
-        self.db.close().await;
-        tracing::info!("timeoutd stopped");
+        if let Some(broker) = self.broker.take()
+            && tokio::time::timeout_at(deadline, broker.shutdown())
+                .await
+                .is_err()
+        {
+            abandoned.push("the RocketMQ client's shutdown");
+        }
+        loop {
+            match tokio::time::timeout_at(deadline, self.tasks.join_next_with_id()).await {
+                Ok(Some(Ok((id, ())))) => {
+                    self.names.remove(&id);
+                }
+                Ok(Some(Err(e))) => {
+                    self.names.remove(&e.id());
+                }
+                Ok(None) => break,
+                Err(_) => {
+                    let mut left: Vec<&'static str> = self.names.drain().map(|(_, n)| n).collect();
+                    let unnamed = self.tasks.len().saturating_sub(left.len());
+                    left.sort_unstable();
+                    abandoned.extend(left);
+                    if unnamed > 0 {
+                        abandoned.push("the HTTP callbacks or RocketMQ tasks");
+                    }
+                    self.tasks.abort_all();
+                    break;
+                }
+            }
+        }
+        if tokio::time::timeout(POOL_CLOSE, self.db.close())
+            .await
+            .is_err()
+        {
+            abandoned.push("database connections still in use");
+        }
+        if abandoned.is_empty() {
+            tracing::info!("timeoutd stopped");
+        } else {
+            tracing::warn!(
+                abandoned = %abandoned.join(", "),
+                "timeoutd stopped after {limit:?}; abandoned work in flight (its transactions roll back; what it claimed comes back when its lease lapses)"
+            );
+        }
     }
 }

@@ -16,7 +16,7 @@ pub mod fixtures;
 pub mod journal;
 pub mod ledger;
 pub mod maintenance_lease;
-mod migrate;
+pub mod migrate;
 pub use migrate::latest as latest_schema_version;
 pub mod orders;
 pub mod outbox;
@@ -305,6 +305,19 @@ enum ConnInner {
 }
 
 impl Conn {
+    /// Closes the connection instead of returning it to the pool (its session state goes with
+    /// it). Behind a transaction-mode pooler the transaction is rolled back and the client
+    /// connection returned: the server connection under it was never this client's alone.
+    ///
+    /// # Errors
+    /// sqlx's error when the connection fails while closing.
+    pub async fn close(self) -> Result<(), sqlx::Error> {
+        match self.0 {
+            ConnInner::Plain(c) => c.close().await,
+            ConnInner::Pinned(tx) => tx.rollback().await,
+        }
+    }
+
     /// Commits what was written through the connection behind a transaction-mode pooler (each
     /// statement committed by itself otherwise: nothing to do).
     ///
@@ -349,6 +362,10 @@ pub enum DbError {
     /// A migration failed.
     #[error("database migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The schema is one this build will not run on (outside its compatibility window, a
+    /// half-applied migration), or a migration kept timing out on a lock ([`migrate`]).
+    #[error(transparent)]
+    Schema(#[from] migrate::SchemaError),
     /// A completion under a claim token found the row no longer held by it: the lease lapsed
     /// and another holder took the row. The completion is refused (its transaction rolls back);
     /// the new holder's work stands.
@@ -566,10 +583,12 @@ impl Db {
         })
     }
 
-    /// Applies the schema migrations of this backend (`migrations/<backend>/`).
+    /// Applies the schema migrations of this backend (`migrations/<backend>/`), as
+    /// [`migrate`] describes (the compatibility window, short lock waits).
     ///
     /// # Errors
-    /// [`DbError::Migrate`] naming the failing migration.
+    /// [`DbError::Schema`] when this build will not run on the schema; [`DbError::Migrate`]
+    /// naming the failing migration.
     pub async fn migrate(&self) -> Result<(), DbError> {
         migrate::run(self).await
     }

@@ -452,13 +452,24 @@ impl Dispatcher {
             let reason = format!("order is {}", order.status.as_str());
             return Ok(Staged::Ended(Step::NotPending { reason }));
         }
-        if let Some((field, reason)) =
-            implausible(&order, trigger, self.retry.max_window.as_millis() as i64)
+        if let Some((field, reason)) = implausible(&order, self.retry.max_window.as_millis() as i64)
         {
             tracing::error!(order = %order.id, field, %reason, "quarantined: implausible times; nothing closed");
             emit(Event::Quarantined { field });
             return Ok(Staged::Ended(Step::Done(
                 self.dead_letter(trigger, now_ms, &reason).await?,
+            )));
+        }
+        if let Some((field, reason)) = implausible_row(&order, trigger) {
+            // The order's own times are believable: it closes at its deadline whatever this
+            // row says. The row's value is set aside for the operator, and the row held to the
+            // order's deadline.
+            tracing::error!(order = %order.id, field, %reason, "quarantined a trigger row: no clock's reading; the order keeps its own deadline");
+            emit(Event::Quarantined { field });
+            self.quarantine_row(trigger, now_ms, &reason).await?;
+            return Ok(Staged::Ended(Step::Done(
+                self.hold(trigger, &order, now_ms, "quarantined row")
+                    .await?,
             )));
         }
         let early = trigger.kind != TriggerKind::Manual && now_ms < order.deadline_ms;
@@ -682,24 +693,31 @@ impl Dispatcher {
     }
 }
 
-/// Why an order's times cannot be believed, if they cannot: a deadline before the order's
-/// creation or more than `max_window_ms` after it, or a trigger due before the order was
-/// created — typically seconds written where milliseconds belong. Such an order is never
-/// closed on those times; it is quarantined (dead-lettered) with the field and value named.
-/// Returns the field (`orders.deadline_ms`, `orders.created_at_ms`, `order_timeout_msg.due_ms`)
-/// and the reason.
-fn implausible(
-    order: &Order,
-    trigger: &Trigger,
-    max_window_ms: i64,
-) -> Option<(&'static str, String)> {
-    let hint = |value: i64| {
-        if (1_000_000_000..100_000_000_000).contains(&value) {
-            " (it looks like seconds, not milliseconds)"
-        } else {
-            ""
-        }
-    };
+/// The earliest time, epoch ms, an order or a trigger row may carry: 2000-01-01T00:00:00Z,
+/// before any shop running timeoutd existed. An earlier value is no clock's reading: seconds
+/// written where milliseconds belong land in January 1970.
+pub const PLAUSIBLE_FROM_MS: i64 = 946_684_800_000;
+
+/// `" (it looks like seconds, not milliseconds)"` for a value in the range epoch seconds take
+/// (1e9..1e11, 2001–5138 as seconds, January 1970 to March 1973 as ms); else empty.
+fn seconds_hint(value: i64) -> &'static str {
+    if (1_000_000_000..100_000_000_000).contains(&value) {
+        " (it looks like seconds, not milliseconds)"
+    } else {
+        ""
+    }
+}
+
+/// Why an order's own times cannot be believed, if they cannot: a creation time or deadline
+/// before [`PLAUSIBLE_FROM_MS`], a deadline before the order's creation or more than
+/// `max_window_ms` after it — typically seconds written where milliseconds belong. Such an
+/// order is never closed on those times; it is quarantined (dead-lettered) with the field and
+/// value named, and the sweep leaves it to an operator. Returns the field
+/// (`orders.deadline_ms`, `orders.created_at_ms`) and the reason.
+///
+/// Ordinary clock skew is not corruption: both times come from the order service's clock, so a
+/// skewed clock moves them together and they stay believable.
+fn implausible(order: &Order, max_window_ms: i64) -> Option<(&'static str, String)> {
     let (created, deadline) = (order.created_at_ms, order.deadline_ms);
     if deadline < created {
         return Some((
@@ -707,12 +725,12 @@ fn implausible(
             format!(
                 "orders.deadline_ms = {deadline} of order `{}` is before its created_at_ms = {created}{}",
                 order.id,
-                hint(deadline)
+                seconds_hint(deadline)
             ),
         ));
     }
     if deadline - created > max_window_ms {
-        let field = if hint(created).is_empty() {
+        let field = if seconds_hint(created).is_empty() {
             "orders.deadline_ms"
         } else {
             "orders.created_at_ms"
@@ -723,18 +741,37 @@ fn implausible(
                 "orders.deadline_ms = {deadline} of order `{}` is {} ms after its created_at_ms = {created}, more than dispatch.max_window ({max_window_ms} ms){}",
                 order.id,
                 deadline - created,
-                hint(created)
+                seconds_hint(created)
             ),
         ));
     }
-    match trigger.due_ms {
-        Some(due) if due < created && trigger.row_id.is_some() => Some((
+    if created < PLAUSIBLE_FROM_MS {
+        return Some((
+            "orders.created_at_ms",
+            format!(
+                "orders.created_at_ms = {created} of order `{}` is before 2000-01-01 ({PLAUSIBLE_FROM_MS}): no clock's reading{}",
+                order.id,
+                seconds_hint(created)
+            ),
+        ));
+    }
+    None
+}
+
+/// Why a trigger's row cannot be believed, if it cannot: due before [`PLAUSIBLE_FROM_MS`], a
+/// value no clock could produce (seconds for milliseconds). A row due before its order was
+/// created, or long after its deadline, is ordinary skew between the order service's clock and
+/// the database's: taken as it is (an early row waits for the deadline, a late one is
+/// overtaken by the sweep). Returns the field (`order_timeout_msg.due_ms`) and the reason.
+fn implausible_row(order: &Order, trigger: &Trigger) -> Option<(&'static str, String)> {
+    match (trigger.due_ms, trigger.row_id) {
+        (Some(due), Some(row)) if due < PLAUSIBLE_FROM_MS => Some((
             "order_timeout_msg.due_ms",
             format!(
-                "order_timeout_msg.due_ms = {due} (row {}) is before order `{}`'s created_at_ms = {created}{}",
-                trigger.row_id.unwrap_or_default(),
+                "order_timeout_msg.due_ms = {due} (row {row}) of order `{}` is before 2000-01-01 ({PLAUSIBLE_FROM_MS}): no clock's reading{}; the order is held to its own deadline_ms = {}",
                 order.id,
-                hint(due)
+                seconds_hint(due),
+                order.deadline_ms
             ),
         )),
         _ => None,

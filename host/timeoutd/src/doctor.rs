@@ -12,6 +12,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::config::Config;
+use crate::db::migrate::{self, Fit};
 use crate::db::{Backend, Db, doctor as probe};
 
 /// How bad a finding is.
@@ -193,20 +194,50 @@ async fn database(config: &Config) -> Vec<Finding> {
         )),
     }
     let latest = crate::db::latest_schema_version(db.backend());
-    let schema = probe::schema_version(&db).await;
-    let migrated = matches!(schema, Ok(Some(v)) if v == latest);
-    match schema {
-        Ok(Some(v)) if v == latest => out.push(ok(
+    let schema = probe::schema_state(&db).await;
+    let fit = schema
+        .as_ref()
+        .map(|state| migrate::assess(state.as_ref(), db.backend()));
+    let migrated = matches!(fit, Ok(Ok(Fit::Current | Fit::Newer { .. })));
+    if let Ok(Some(h)) = schema
+        .as_ref()
+        .map(|s| s.as_ref().and_then(|s| s.half_applied.as_ref()))
+        && let Some(at) = h.resume_at
+        && matches!(fit, Ok(Ok(_)))
+    {
+        out.push(bad(
+            Level::Warn,
             "database.schema",
-            format!("version {v}, as this build expects"),
-        )),
-        Ok(Some(v)) if v > latest => out.push(bad(
-            Level::Error,
+            format!(
+                "migration {} ({}) stopped at statement {} on a lock-wait timeout (statements \
+                 before it are applied)",
+                h.version,
+                h.description,
+                at + 1
+            ),
+            "the next start resumes it there; end the long transaction holding its tables first",
+        ));
+    }
+    match fit {
+        Ok(Ok(Fit::Current)) => out.push(ok(
             "database.schema",
-            format!("version {v}, newer than this build's {latest}"),
-            "run the timeoutd that migrated it, or a newer one",
+            format!("version {latest}, as this build expects"),
         )),
-        Ok(found) => out.push(bad(
+        Ok(Ok(Fit::Newer {
+            database,
+            compatible_from,
+            written_by,
+        })) => out.push(bad(
+            Level::Warn,
+            "database.schema",
+            format!(
+                "version {database} (migrated by timeoutd {written_by}), newer than this \
+                 build's {latest}; inside its compatibility window (from {compatible_from}), so \
+                 this build runs without migrating"
+            ),
+            "upgrade this daemon to the build that migrated it when you can",
+        )),
+        Ok(Ok(Fit::Behind(found))) => out.push(bad(
             if config.database.migrate {
                 Level::Warn
             } else {
@@ -223,11 +254,17 @@ async fn database(config: &Config) -> Vec<Finding> {
                 "set database.migrate = true, or apply host/timeoutd/migrations by hand"
             },
         )),
+        Ok(Err(refused)) => out.push(bad(
+            Level::Error,
+            "database.schema",
+            refused.finding(),
+            refused.recovery(),
+        )),
         Err(e) => out.push(bad(
             Level::Error,
             "database.schema",
             e.to_string(),
-            "grant the daemon's user read access to _sqlx_migrations",
+            "grant the daemon's user read access to _sqlx_migrations and timeoutd_schema",
         )),
     }
     if migrated {
@@ -626,13 +663,14 @@ async fn endpoints(config: &Config) -> Vec<Finding> {
     if let Some(a) = &config.alerts {
         targets.push(("alerts.webhook".into(), a.webhook.clone()));
     }
-    let client = match reqwest::Client::builder().timeout(PROBE_TIMEOUT).build() {
+    // The daemon's own client: a redirect is reported, not followed (crate::outbound).
+    let client = match crate::outbound::client("doctor", PROBE_TIMEOUT) {
         Ok(c) => c,
         Err(e) => {
             return vec![bad(
                 Level::Error,
                 "http",
-                e.to_string(),
+                e,
                 "the HTTP client could not be built",
             )];
         }
@@ -640,6 +678,20 @@ async fn endpoints(config: &Config) -> Vec<Finding> {
     let mut out = Vec::new();
     for (key, url) in targets {
         match client.get(&url).send().await {
+            Ok(answer) if answer.status().is_redirection() => {
+                let location = answer
+                    .headers()
+                    .get(reqwest::header::LOCATION)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("(no Location header)")
+                    .to_string();
+                out.push(bad(
+                    Level::Warn,
+                    &key,
+                    format!("{url} redirects (HTTP {}) to {location}", answer.status().as_u16()),
+                    "timeoutd never follows a redirect (a redirected POST arrives as a body-less GET), so every effect sent there fails and is retried: set the URL to the endpoint itself",
+                ));
+            }
             Ok(answer) => out.push(ok(&key, format!("{url} reachable (HTTP {})", answer.status().as_u16()))),
             Err(e) => out.push(bad(Level::Error, &key, format!("{url}: {e}"), "check the URL, DNS and that the service runs; effects to it wait in the ledger until it answers")),
         }

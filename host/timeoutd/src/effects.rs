@@ -105,6 +105,10 @@ pub struct EffectRunner {
     config: EffectsConfig,
     /// When the rows deferred to a booked slot fall due, soonest first, for the worker's wakes.
     deferred: Arc<std::sync::Mutex<BinaryHeap<Reverse<std::time::Instant>>>>,
+    /// The one section whose kinds this runner reads ([`EffectRunner::only`]); `None`: all.
+    section: Option<Section>,
+    /// Woken when an execution raised rows that another section's runner carries out.
+    others: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl std::fmt::Debug for EffectRunner {
@@ -141,6 +145,30 @@ impl EffectRunner {
             resolutions: Arc::default(),
             config: EffectsConfig::default(),
             deferred: Arc::default(),
+            section: None,
+            others: None,
+        }
+    }
+
+    /// The sections this runner has an executor for (notices always; Redis and payments when
+    /// configured).
+    pub fn sections(&self) -> Vec<Section> {
+        Section::ALL
+            .into_iter()
+            .filter(|s| self.executor(*s).is_some())
+            .collect()
+    }
+
+    /// This runner restricted to `section`'s kinds, with slots of its own; `others` is woken
+    /// when an execution raises rows of other sections (a refund's notice). The ledger worker
+    /// runs one per section, side by side, so a peer that hangs holds up only its own
+    /// section's rows ([`worker::run`]).
+    pub fn only(&self, section: Section, others: Arc<tokio::sync::Notify>) -> EffectRunner {
+        EffectRunner {
+            section: Some(section),
+            others: Some(others),
+            deferred: Arc::default(),
+            ..self.clone()
         }
     }
 
@@ -183,6 +211,8 @@ impl EffectRunner {
             resolutions,
             config: config.effects.clone(),
             deferred: Arc::default(),
+            section: None,
+            others: None,
             db,
             clock,
         })
@@ -391,6 +421,11 @@ impl EffectRunner {
             }
         }
         settled += ledger::settle_many(&self.db, &token, &plain, ledger::DONE, now).await? as usize;
+        if !raised.is_empty()
+            && let Some(others) = &self.others
+        {
+            others.notify_one();
+        }
         for order_id in raised {
             // What the execution raised (a refund) runs now rather than at the next wake.
             self.run_for_order_boxed(order_id).await;
@@ -404,7 +439,10 @@ impl EffectRunner {
     fn kinds(&self) -> Vec<&'static str> {
         LedgerKind::all()
             .filter(|kind| match kind.home() {
-                Home::Executor(section) => self.executor(section).is_some(),
+                Home::Executor(section) => {
+                    self.executor(section).is_some()
+                        && self.section.is_none_or(|only| only == section)
+                }
                 Home::CloseTransaction => false,
             })
             .map(LedgerKind::as_str)
@@ -422,7 +460,7 @@ impl EffectRunner {
         let outcome = match &result {
             Ok(_) => "done",
             Err(EffectError::Deferred { .. }) => "deferred",
-            Err(EffectError::Transient(_)) if attempts < self.config.max_attempts => "retry",
+            Err(e) if e.is_transient() && attempts < self.config.max_attempts => "retry",
             Err(_) => "failed",
         };
         crate::events::emit(crate::events::Event::Effect {
@@ -447,19 +485,27 @@ impl EffectRunner {
                 self.wake_by(until_ms - now);
                 Ok(false)
             }
-            Err(EffectError::Transient(e)) if attempts < self.config.max_attempts => {
+            Err(e) if e.is_transient() && attempts < self.config.max_attempts => {
                 let backoff = Backoff {
                     initial: self.config.retry_initial,
                     max: self.config.retry_max,
                 };
-                let next = now + backoff.delay_ms(attempts);
+                // The peer's Retry-After, when longer than the backoff.
+                let asked = match &e {
+                    EffectError::RetryAfter { after, .. } => after.as_millis() as i64,
+                    _ => 0,
+                };
+                let next = now + backoff.delay_ms(attempts).max(asked);
+                let e = e.to_string();
                 tracing::warn!(key = %row.key, kind = %row.kind, attempts, error = %e, next_attempt_ms = next, "effect failed; will retry");
                 ledger::reschedule(&self.db, token, row.id, &e, now, next).await?;
                 Ok(false)
             }
             Err(e) => {
                 let reason = match e {
-                    EffectError::Transient(e) => format!("gave up after {attempts} attempts: {e}"),
+                    e @ (EffectError::Transient(_) | EffectError::RetryAfter { .. }) => {
+                        format!("gave up after {attempts} attempts: {e}")
+                    }
                     EffectError::Permanent(e) => e,
                     EffectError::Deferred { .. } => unreachable!("deferred rows are settled above"),
                 };

@@ -107,7 +107,8 @@ pub fn publish(s: &Sample, merchants: &[String]) {
 }
 
 /// What looks at each sample besides the gauges and `/v1/backlog`: the alert rules
-/// ([`crate::alerts::Alerts`]).
+/// ([`crate::alerts::AlertFeed`], which hands it to the rules' own task and returns at once:
+/// a watcher must never hold up the sampling loop).
 pub trait Watcher: Send {
     /// Looks at `sample` (taken at its `sampled_at_ms`).
     fn watch(&mut self, sample: &Sample) -> impl Future<Output = ()> + Send;

@@ -43,6 +43,9 @@ pub enum Section {
 }
 
 impl Section {
+    /// Every section (a new one is added here and in `as_str`'s match).
+    pub const ALL: [Section; 3] = [Section::Notify, Section::Redis, Section::Payment];
+
     /// The config section's name, as in `[redis]`.
     pub fn as_str(self) -> &'static str {
         match self {

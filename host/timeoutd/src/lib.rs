@@ -32,6 +32,7 @@ pub mod http;
 pub mod kinds;
 pub mod lateness;
 pub mod lease;
+pub mod outbound;
 pub mod paid;
 pub mod plugin_cli;
 pub mod policies;

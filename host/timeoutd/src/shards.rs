@@ -251,9 +251,19 @@ impl Sharded {
     /// daemon's presence removed) and the HTTP endpoint.
     pub async fn stop(mut self) {
         let _ = self.shutdown.send(true);
-        while self.tasks.join_next().await.is_some() {}
+        // Each shard's worker stops its daemon within DRAIN; a worker stuck past that (a
+        // shard's database call that hangs) is abandoned.
+        let limit = crate::shutdown::DRAIN + Duration::from_millis(500);
+        let drained = tokio::time::timeout(limit, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!("a shard's worker did not stop within {limit:?}; abandoned");
+            self.tasks.abort_all();
+        }
         for db in &self.dbs {
-            db.close().await;
+            let _ = tokio::time::timeout(Duration::from_millis(500), db.close()).await;
         }
         tracing::info!("timeoutd stopped (sharded)");
     }
@@ -443,12 +453,11 @@ async fn bounded<T, E: std::fmt::Display>(
     }
 }
 
-/// Stops a shard's daemon, waiting at most `limit` for it to drain; past that its tasks are
-/// aborted (their open transactions roll back; their claims lapse with their leases).
+/// Stops a shard's daemon, waiting at most `limit` (and never longer than
+/// [`crate::shutdown::DRAIN`]) for it to drain; past that its tasks are aborted (their open
+/// transactions roll back; their claims lapse with their leases) and the line says what.
 async fn stop(daemon: Daemon, limit: Duration) {
-    if tokio::time::timeout(limit, daemon.stop()).await.is_err() {
-        tracing::warn!("a shard's work did not drain within {limit:?}; aborted");
-    }
+    daemon.stop_within(limit.min(crate::shutdown::DRAIN)).await;
 }
 
 /// Announces this daemon in the shard for a lease, prunes presence rows lapsed for ten leases,

@@ -9,6 +9,20 @@
 
 use std::time::Duration;
 
+/// How long a stopping daemon lets work in flight finish — a batch's transaction, the effect
+/// chunk in hand, HTTP requests being answered — before it abandons what is left and says what
+/// (`crate::daemon::Daemon::stop`). With the pool's close and the runtime's own this keeps a
+/// SIGTERM's stop within 5 s whatever hangs (a webhook or alert receiver that never answers, a
+/// statement waiting on a lock): systemd's `TimeoutStopSec` (90 s) or Kubernetes'
+/// `terminationGracePeriodSeconds` (30 s) never has to SIGKILL it. Nothing is lost by
+/// abandoning: an aborted transaction rolls back and whatever was claimed comes back when its
+/// lease lapses.
+pub const DRAIN: Duration = Duration::from_millis(3_500);
+
+/// How long the process waits, after the daemon stopped, for blocking work it cannot abort (a
+/// plugin call ends at its own deadline) before it exits anyway.
+pub const RUNTIME_EXIT: Duration = Duration::from_millis(500);
+
 use tokio::sync::watch;
 
 /// Resolves once shutdown is signalled: the flag turns true, or its sender is gone.

@@ -14,12 +14,20 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::config::TracingConfig;
 
-/// The exporter's provider: flushes what is buffered when dropped (at exit).
+/// How long one export to the collector may take: a collector that hangs costs the spans of one
+/// batch, never the daemon's work (the exporter runs on its own thread).
+pub const EXPORT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How long the flush at exit may take: a hung collector never holds up a SIGTERM's stop (5 s).
+pub const FLUSH_AT_EXIT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// The exporter's provider: flushes what is buffered when dropped (at exit), for at most
+/// [`FLUSH_AT_EXIT`].
 pub struct Guard(SdkTracerProvider);
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        if let Err(e) = self.0.shutdown() {
+        if let Err(e) = self.0.shutdown_with_timeout(FLUSH_AT_EXIT) {
             eprintln!("timeoutd: flushing traces: {e}");
         }
     }
@@ -39,6 +47,7 @@ where
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_endpoint(config.otlp_endpoint.clone())
+        .with_timeout(EXPORT_TIMEOUT)
         .build()
         .map_err(|e| format!("tracing.otlp_endpoint {}: {e}", config.otlp_endpoint))?;
     let resource = opentelemetry_sdk::Resource::builder()

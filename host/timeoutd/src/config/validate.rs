@@ -356,6 +356,14 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
                 format!("`{}` is not an http(s) URL", alerts.webhook),
             );
         }
+        if alerts.timeout.is_zero()
+            || alerts.timeout > alerts.interval.max(std::time::Duration::from_secs(30))
+        {
+            p.push(
+                "alerts.timeout",
+                "must be longer than 0s and at most 30s (or alerts.interval, when longer): a notice slower than that is retried at the next evaluation",
+            );
+        }
         let mut seen = std::collections::HashSet::new();
         for (i, rule) in alerts.rules.iter().enumerate() {
             if !seen.insert(rule.name.as_str()) {

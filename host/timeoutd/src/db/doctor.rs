@@ -1,26 +1,17 @@
-//! The doctor's reads of the database: applied schema version, character sets, and a write
+//! The doctor's reads of the database: the schema's state, character sets, and a write
 //! probe (rolled back). What the server is: [`super::engine`].
 
 use sqlx::Row;
 
 use super::{Backend, Db, DbError};
 
-/// The highest schema migration applied, `None` on a database never migrated.
+/// The schema's state (applied version, a half-applied migration, the compatibility window),
+/// `None` on a database never migrated: [`super::migrate::schema_state`].
 ///
 /// # Errors
-/// [`DbError::Sql`] on a query failure other than a missing migrations table.
-pub async fn schema_version(db: &Db) -> Result<Option<i64>, DbError> {
-    let row = db
-        .backend()
-        .query("SELECT MAX(version) FROM _sqlx_migrations WHERE success = TRUE")
-        .fetch_one(db.pool())
-        .await;
-    match row {
-        Ok(row) => Ok(row.try_get::<Option<i64>, _>(0)?),
-        Err(sqlx::Error::Database(e)) if e.message().contains("_sqlx_migrations") => Ok(None),
-        Err(sqlx::Error::Database(e)) if e.message().contains("exist") => Ok(None),
-        Err(e) => Err(e.into()),
-    }
+/// [`DbError::Sql`] on a query failure other than a missing table.
+pub async fn schema_state(db: &Db) -> Result<Option<super::migrate::SchemaState>, DbError> {
+    super::migrate::schema_state(db).await
 }
 
 /// MySQL/MariaDB: the database's default character set and the tables not in utf8mb4, as

@@ -104,6 +104,11 @@ pub async fn log_decisions(
     Ok(())
 }
 
+/// `dead_letter.source` of a trigger row whose own value was no clock's reading (a due time in
+/// seconds) while its order's times were believable: the row is set aside for an operator,
+/// the order keeps its own deadline, and the sweep does not leave the order alone for it.
+pub const SOURCE_QUARANTINED_ROW: &str = "quarantined-row";
+
 /// A trigger that cannot succeed as it is.
 #[derive(Debug, Clone)]
 pub struct DeadLetter<'a> {
@@ -120,7 +125,7 @@ pub struct DeadLetter<'a> {
 }
 
 /// Adds an OPEN dead letter. While one is open for an order, the sweep leaves the order to an
-/// operator.
+/// operator (unless it is a [`SOURCE_QUARANTINED_ROW`]: that order can still be closed).
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.

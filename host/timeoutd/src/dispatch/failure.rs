@@ -120,6 +120,36 @@ impl Dispatcher {
 
     /// Dead-letters a trigger that cannot succeed as it is (missing order, unknown merchant,
     /// attempts exhausted), and retires its outbox row.
+    /// Sets aside a trigger row whose value no clock could produce (`reason` names it): an OPEN
+    /// dead letter of source [`journal::SOURCE_QUARANTINED_ROW`] with the trigger, for an
+    /// operator. The row itself is left to the caller, which holds it to the order's deadline.
+    pub(super) async fn quarantine_row(
+        &self,
+        trigger: &Trigger,
+        now_ms: i64,
+        reason: &str,
+    ) -> Result<(), DbError> {
+        let mut tx = self.db.begin().await?;
+        journal::dead_letter(
+            &mut tx,
+            &journal::DeadLetter {
+                source: journal::SOURCE_QUARANTINED_ROW,
+                order_id: Some(&trigger.order_id),
+                reason,
+                payload: serde_json::to_string(trigger).expect("trigger serialises"),
+                attempts: trigger.attempt + 1,
+            },
+            now_ms,
+        )
+        .await?;
+        tx.commit().await?;
+        crate::events::emit(crate::events::Event::DeadLettered {
+            source: journal::SOURCE_QUARANTINED_ROW,
+            reason,
+        });
+        Ok(())
+    }
+
     pub(super) async fn dead_letter(
         &self,
         trigger: &Trigger,

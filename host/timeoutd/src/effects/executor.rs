@@ -19,6 +19,16 @@ pub enum EffectError {
     /// Will not pass by retrying (4xx, bad payload).
     #[error("{0}")]
     Permanent(String),
+    /// Transient, and the peer said when to come back (`Retry-After` on a 429 or 503,
+    /// [`crate::outbound::retry_after`]): retried as a transient error (an attempt counted),
+    /// no sooner than `after`.
+    #[error("{reason} (retry after {after:?})")]
+    RetryAfter {
+        /// `{url}: HTTP 429 …`, for the row's `last_error`.
+        reason: String,
+        /// The least wait the peer asked for.
+        after: std::time::Duration,
+    },
     /// Not now, through no fault of the effect: run it again at `until_ms` (epoch ms, the
     /// runner's clock) without counting an attempt. The provider's request cap
     /// (`payment.max_calls_per_second`) was spent, and this is the row's booked slot.
@@ -29,6 +39,41 @@ pub enum EffectError {
         /// Why, for the row's `last_error`.
         reason: String,
     },
+}
+
+impl EffectError {
+    /// The error of an HTTP answer that was not a 2xx ([`crate::outbound::judge`]); `Ok` for
+    /// a 2xx.
+    ///
+    /// # Errors
+    /// A redirect, 408, 429 or 5xx is transient (with the peer's `Retry-After`); any other
+    /// answer permanent.
+    pub fn of_answer(
+        url: &str,
+        status: reqwest::StatusCode,
+        headers: &reqwest::header::HeaderMap,
+    ) -> Result<(), EffectError> {
+        match crate::outbound::judge(url, status, headers) {
+            crate::outbound::Verdict::Delivered => Ok(()),
+            crate::outbound::Verdict::Retry {
+                reason,
+                after: Some(after),
+            } => Err(EffectError::RetryAfter { reason, after }),
+            crate::outbound::Verdict::Retry {
+                reason,
+                after: None,
+            } => Err(EffectError::Transient(reason)),
+            crate::outbound::Verdict::Refused(reason) => Err(EffectError::Permanent(reason)),
+        }
+    }
+
+    /// Whether trying again may pass ([`EffectError::Transient`], [`EffectError::RetryAfter`]).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            EffectError::Transient(_) | EffectError::RetryAfter { .. }
+        )
+    }
 }
 
 impl From<crate::db::DbError> for EffectError {

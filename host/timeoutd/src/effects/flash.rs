@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use redis::aio::ConnectionManager;
@@ -48,8 +49,35 @@ pub struct FlashSale {
     script: Arc<redis::Script>,
 }
 
+/// How long connecting to Redis may take (each attempt).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long one Redis command may take: a Redis that accepts and never answers costs each
+/// flash-sale effect this, then the effect is retried with backoff (a transient error).
+pub const RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// How long one command's whole exchange may take: connecting (lazily, on first use), the
+/// client's reconnect attempts, and a script's `EVALSHA` then `EVAL`. The client's own timeouts
+/// bound each round trip; this bounds them together (a Redis that accepts and never answers
+/// held the ledger executor past the daemon's stop without it).
+pub const COMMAND_DEADLINE: Duration = Duration::from_secs(2);
+
+/// `command`, or an I/O timeout error (transient: [`is_transient`]) after [`COMMAND_DEADLINE`].
+async fn bounded<T>(command: impl Future<Output = redis::RedisResult<T>>) -> redis::RedisResult<T> {
+    tokio::time::timeout(COMMAND_DEADLINE, command)
+        .await
+        .unwrap_or_else(|_| {
+            Err(redis::RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer from Redis within {COMMAND_DEADLINE:?}"),
+            )))
+        })
+}
+
 impl FlashSale {
-    /// Connects to the single Redis or the cluster `config` names.
+    /// The single Redis (connected on first use: a Redis down at start-up does not stop the
+    /// daemon) or the cluster (connected now) `config` names; every command bounded by
+    /// [`RESPONSE_TIMEOUT`], every connection attempt by [`CONNECT_TIMEOUT`].
     ///
     /// # Errors
     /// A message naming the URL when it does not parse or the server refuses.
@@ -58,17 +86,26 @@ impl FlashSale {
             Some(url) => {
                 let client = redis::Client::open(url.as_str())
                     .map_err(|e| format!("redis.url `{url}`: {e}"))?;
+                // Connected on first use, not here: a Redis that is down or hangs at start-up
+                // leaves the flash-sale effects PENDING for retry (like any other outage)
+                // instead of stopping the daemon, whose closes do not need Redis.
+                let deadlines = redis::aio::ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                    .set_response_timeout(Some(RESPONSE_TIMEOUT));
                 Connection::Single(
                     client
-                        .get_connection_manager()
-                        .await
+                        .get_connection_manager_lazy(deadlines)
                         .map_err(|e| format!("redis `{url}`: {e}"))?,
                 )
             }
             None => {
-                let client =
-                    redis::cluster::ClusterClient::new(config.cluster.iter().map(String::as_str))
-                        .map_err(|e| format!("redis.cluster: {e}"))?;
+                let client = redis::cluster::ClusterClient::builder(
+                    config.cluster.iter().map(String::as_str),
+                )
+                .connection_timeout(CONNECT_TIMEOUT)
+                .response_timeout(RESPONSE_TIMEOUT)
+                .build()
+                .map_err(|e| format!("redis.cluster: {e}"))?;
                 Connection::Cluster(
                     client
                         .get_async_connection()
@@ -93,8 +130,8 @@ impl FlashSale {
         let mut cmd = redis::cmd("CONFIG");
         cmd.arg("GET").arg("maxmemory*");
         let answer: Result<Vec<String>, _> = match &self.conn {
-            Connection::Single(c) => cmd.query_async(&mut c.clone()).await,
-            Connection::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+            Connection::Single(c) => bounded(cmd.query_async(&mut c.clone())).await,
+            Connection::Cluster(c) => bounded(cmd.query_async(&mut c.clone())).await,
         };
         let pairs = answer.ok()?;
         let get = |name: &str| {
@@ -126,8 +163,8 @@ impl FlashSale {
         let mut cmd = redis::cmd("SET");
         cmd.arg("timeoutd:readyz").arg(1).arg("PX").arg(60_000);
         let ok: Result<String, _> = match &self.conn {
-            Connection::Single(c) => cmd.query_async(&mut c.clone()).await,
-            Connection::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+            Connection::Single(c) => bounded(cmd.query_async(&mut c.clone())).await,
+            Connection::Cluster(c) => bounded(cmd.query_async(&mut c.clone())).await,
         };
         ok.map(|_| ()).map_err(|e| format!("not writable: {e}"))
     }
@@ -199,8 +236,8 @@ impl FlashSale {
             .arg(arg)
             .arg(self.marker_ttl_secs);
         let applied: i64 = match &self.conn {
-            Connection::Single(c) => invocation.invoke_async(&mut c.clone()).await,
-            Connection::Cluster(c) => invocation.invoke_async(&mut c.clone()).await,
+            Connection::Single(c) => bounded(invocation.invoke_async(&mut c.clone())).await,
+            Connection::Cluster(c) => bounded(invocation.invoke_async(&mut c.clone())).await,
         }
         .map_err(classify)?;
         Ok(if applied == 0 {

@@ -70,9 +70,9 @@ impl Notifier {
             };
             channels.insert(name.clone(), sink);
         }
-        let client = reqwest::Client::builder()
-            .build()
-            .map_err(|e| format!("http client: {e}"))?;
+        // Each webhook request carries its channel's own deadline (`timeout`); this one bounds
+        // whatever does not set one.
+        let client = crate::outbound::client("notify", crate::config::defaults::http_timeout())?;
         Ok(Notifier {
             channels: Arc::new(channels),
             client,
@@ -96,8 +96,9 @@ impl Notifier {
     /// re-sent after a crash can be recognised.
     ///
     /// # Errors
-    /// Transient for timeouts, connection errors, 408, 429 and 5xx; permanent for an unknown
-    /// channel and other 4xx answers.
+    /// Transient for timeouts, connection errors, redirects (never followed: the 3xx names its
+    /// `Location`), 408, 429 (honouring `Retry-After`) and 5xx; permanent for an unknown
+    /// channel and other 4xx answers ([`crate::outbound`]).
     pub async fn send(
         &self,
         idempotency_key: &str,
@@ -152,7 +153,7 @@ impl Notifier {
                     .send()
                     .await
                     .map_err(|e| EffectError::Transient(format!("webhook {url}: {e}")))?;
-                classify_status(url, response.status())
+                EffectError::of_answer(url, response.status(), response.headers())
             }
             Sink::Rocketmq => {
                 let transport = self.rocketmq.as_ref().ok_or_else(|| {
@@ -210,16 +211,5 @@ impl Executor for Notifier {
             .await
             .map(|()| Done::plain())
         })
-    }
-}
-
-/// 2xx → done; 408, 429, 5xx → transient; other answers → permanent.
-pub(super) fn classify_status(what: &str, status: reqwest::StatusCode) -> Result<(), EffectError> {
-    if status.is_success() {
-        Ok(())
-    } else if status.is_server_error() || status.as_u16() == 408 || status.as_u16() == 429 {
-        Err(EffectError::Transient(format!("{what}: HTTP {status}")))
-    } else {
-        Err(EffectError::Permanent(format!("{what}: HTTP {status}")))
     }
 }

@@ -5,7 +5,8 @@
 //! another [`PaymentGateway`]):
 //! - `GET {base_url}/v1/payments/{ref}` → `200 {"status": "unpaid" | "paid" | "closed" |
 //!   "not_found", "paid_at_ms"?: epoch ms, "amount_cents"?: cents}`; `404` is `not_found`;
-//! - `POST {base_url}/v1/payments/{ref}/close` → `200 {"status":"closed"}`, or
+//! - `POST {base_url}/v1/payments/{ref}/close` → `200 {"status":"closed"}` (a 2xx whose JSON
+//!   `status` is anything else is not a close: retried), or
 //!   `409 {"status":"already_paid"}` when the buyer's payment went through; "nothing to close"
 //!   answers — `404` (no such payment: the buyer never opened the cashier) and
 //!   `409 {"status":"already_closed"}` — settle the close as done, noted;
@@ -13,9 +14,10 @@
 //! - every request carries `Authorization` when configured; close and refund carry the
 //!   effect's idempotency key (header `payment.idempotency_header`), and the provider answers a
 //!   repeated key as it answered the first time;
-//! - each request times out after `payment.timeout`; 408, 429, 5xx and connection errors are
-//!   transient (retried `payment.attempts` times quickly, then by the ledger or the caller),
-//!   other 4xx permanent.
+//! - each request times out after `payment.timeout`, body included; 408, 429, 5xx, redirects
+//!   (never followed: [`crate::outbound`]) and connection errors are transient (retried
+//!   `payment.attempts` times quickly, then by the ledger or the caller; a `Retry-After` is
+//!   honoured by the ledger), other 4xx permanent.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -27,7 +29,6 @@ use futures_util::future::BoxFuture;
 use timeoutd_runtime::model::{Effect, Payment, PaymentStatus};
 
 use super::executor::{Done, EffectError, Executor, Job};
-use super::notify::classify_status;
 use crate::clock::Clock;
 use crate::config::{Config, PaidAfterClose, PaymentConfig};
 use crate::db::{Db, DbError, payments};
@@ -92,10 +93,7 @@ impl HttpPaymentGateway {
     /// # Errors
     /// When the HTTP client cannot be built.
     pub fn new(config: &PaymentConfig) -> Result<Self, String> {
-        let client = reqwest::Client::builder()
-            .timeout(config.timeout)
-            .build()
-            .map_err(|e| format!("payment http client: {e}"))?;
+        let client = crate::outbound::client("payment", config.timeout)?;
         Ok(HttpPaymentGateway {
             client,
             config: config.clone(),
@@ -136,11 +134,17 @@ impl HttpPaymentGateway {
             let result = match request.send().await {
                 Ok(response) => {
                     let status = response.status();
-                    let body = response.text().await.unwrap_or_default();
-                    if matches!(status.as_u16(), 404 | 409) {
-                        return Ok((status, body));
+                    let judged = EffectError::of_answer(&url, status, response.headers());
+                    // A body cut off by the deadline (a peer trickling bytes) is no answer.
+                    match response.text().await {
+                        Ok(body) if matches!(status.as_u16(), 404 | 409) => {
+                            return Ok((status, body));
+                        }
+                        Ok(body) => judged.map(|()| (status, body)),
+                        Err(e) => Err(EffectError::Transient(format!(
+                            "{url}: HTTP {status}, body not read: {e}"
+                        ))),
                     }
-                    classify_status(&url, status).map(|()| (status, body))
                 }
                 Err(e) => Err(EffectError::Transient(format!("{url}: {e}"))),
             };
@@ -202,7 +206,20 @@ impl PaymentGateway for HttpPaymentGateway {
                 409 => Err(EffectError::Permanent(format!(
                     "close {payment_ref}: HTTP 409 {body}"
                 ))),
-                _ => Ok(CloseOutcome::Closed),
+                // A 2xx: closed, unless its body says otherwise (a JSON `status` other than
+                // `closed`); an empty or non-JSON body is the protocol's bare 200.
+                _ => match serde_json::from_str::<serde_json::Value>(&body)
+                    .ok()
+                    .and_then(|v| v["status"].as_str().map(str::to_owned))
+                    .as_deref()
+                {
+                    None | Some("closed") => Ok(CloseOutcome::Closed),
+                    Some("already_paid") => Ok(CloseOutcome::AlreadyPaid),
+                    Some("already_closed") => Ok(CloseOutcome::NothingToClose),
+                    Some(other) => Err(EffectError::Transient(format!(
+                        "close {payment_ref}: HTTP {status} answered status `{other}`, not `closed`: {body}"
+                    ))),
+                },
             }
         })
     }
