@@ -24,4 +24,5 @@ mod rocketmq;
 mod runtime;
 mod shards;
 mod skew;
+mod stripe;
 mod support;

@@ -12,6 +12,7 @@
 
 mod duration;
 pub mod interpolate;
+mod payment;
 mod rocketmq;
 pub mod routing;
 mod validate;
@@ -22,6 +23,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use payment::{ProviderKind, Secret, SecretRef, StripeConfig};
 pub use rocketmq::{ConsumeFrom, DelayMode, RocketMqConfig};
 pub use validate::ConfigProblems;
 
@@ -399,12 +401,18 @@ pub struct RedisConfig {
     pub marker_ttl: Duration,
 }
 
-/// `[payment]`: the provider's HTTP API (`POST {base_url}/v1/payments/{ref}/close` and
-/// `/refund`).
+/// `[payment]`: the payment provider — its status query, close-payment and refunds — and the
+/// rules for asking it. Which adapter speaks to it is `provider` (per merchant:
+/// `merchants.<id>.payment_provider`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PaymentConfig {
-    /// Base URL, e.g. `https://pay.example.com`.
+    /// The adapter of merchants that do not name their own `payment_provider`: `rest`
+    /// (default: timeoutd's REST shape at `base_url`) or `stripe` (`[payment.stripe]`).
+    #[serde(default)]
+    pub provider: ProviderKind,
+    /// `rest`: base URL, e.g. `https://pay.example.com` (needed when any merchant uses `rest`).
+    #[serde(default)]
     pub base_url: String,
     /// Value of the `Authorization` header, e.g. `Bearer ${PAY_TOKEN}`.
     #[serde(default)]
@@ -450,6 +458,9 @@ pub struct PaymentConfig {
     /// each daemon.
     #[serde(default = "defaults::max_calls_per_second")]
     pub max_calls_per_second: u32,
+    /// `[payment.stripe]`: Stripe's API key, webhook secret and endpoint.
+    #[serde(default)]
+    pub stripe: Option<StripeConfig>,
 }
 
 /// `payment.on_unknown`: when the provider cannot say whether an order was paid.
@@ -660,6 +671,10 @@ pub struct MerchantConfig {
     /// A payment that succeeded after the close: `refund` (default) or `manual-review`.
     #[serde(default)]
     pub on_paid_after_close: PaidAfterClose,
+    /// The adapter that speaks to this merchant's payment provider, when it differs from
+    /// `payment.provider`: `rest` or `stripe`.
+    #[serde(default)]
+    pub payment_provider: Option<ProviderKind>,
     /// When the plugin fails: `retry` (default: backoff, then dead-letter), `fallback` (the
     /// built-in close-at-deadline policy) or `dead_letter` (at once).
     #[serde(default)]

@@ -653,7 +653,12 @@ fn plugins(config: &Config) -> Vec<Finding> {
 async fn endpoints(config: &Config) -> Vec<Finding> {
     let mut targets: Vec<(String, String)> = Vec::new();
     if let Some(p) = &config.payment {
-        targets.push(("payment.base_url".into(), p.base_url.clone()));
+        if !p.base_url.is_empty() {
+            targets.push(("payment.base_url".into(), p.base_url.clone()));
+        }
+        if let Some(s) = &p.stripe {
+            targets.push(("payment.stripe.base_url".into(), s.base_url.clone()));
+        }
     }
     for (name, channel) in &config.notify.channels {
         if let crate::config::ChannelConfig::Webhook { url, .. } = channel {

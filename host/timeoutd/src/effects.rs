@@ -31,8 +31,8 @@ pub use executor::{Done, EffectError, Executor, Job};
 pub use flash::{FlashEffects, FlashSale};
 pub use notify::Notifier;
 pub use payment::{
-    CloseOutcome, HttpPaymentGateway, PaymentEffects, PaymentGateway, record_paid_after_close,
-    resolutions, with_provider,
+    CloseOutcome, HttpPaymentGateway, PaymentEffects, PaymentGateway, Providers,
+    record_paid_after_close, resolutions, stripe, with_provider,
 };
 
 use crate::clock::Clock;
@@ -194,15 +194,15 @@ impl EffectRunner {
     /// A message naming what could not be set up (a Redis URL that does not parse, …).
     pub async fn from_config(db: Db, clock: Clock, config: &Config) -> Result<Self, String> {
         let resolutions = resolutions(config);
-        let payments = match &config.payment {
-            Some(p) => Some(PaymentEffects::new(
-                Arc::new(HttpPaymentGateway::new(p)?),
+        let payments = match (&config.payment, Providers::from_config(config)?) {
+            (Some(p), Some(providers)) => Some(PaymentEffects::new(
+                providers,
                 db.clone(),
                 clock.clone(),
                 resolutions.clone(),
                 p.max_calls_per_second,
             )),
-            None => None,
+            _ => None,
         };
         Ok(EffectRunner {
             notifier: Notifier::from_config(&config.notify)?,
@@ -234,7 +234,7 @@ impl EffectRunner {
         calls_per_second: u32,
     ) -> Self {
         self.payments = Some(PaymentEffects::new(
-            gateway,
+            Providers::single(gateway),
             self.db.clone(),
             self.clock.clone(),
             self.resolutions.clone(),

@@ -128,6 +128,15 @@ pub enum Event<'a> {
         /// `wait`, `decide` or `capped`.
         outcome: &'static str,
     },
+    /// A provider's payment notice (a Stripe webhook) was refused with a 4xx and nothing
+    /// recorded (`timeoutd_payment_notices_refused_total{provider, reason}`).
+    NoticeRefused {
+        /// `stripe`.
+        provider: &'static str,
+        /// `unsigned`, `signature`, `stale`, `malformed`, `unknown_order`, `misaddressed` or
+        /// `amount`.
+        reason: &'static str,
+    },
     /// A transactional arming ended ([`crate::rocketmq::arming::Arming::arm`]).
     Armed {
         /// `committed`, `rolled_back`, `unknown` (the outcome did not reach the broker: the
@@ -254,6 +263,11 @@ pub fn emit(event: Event<'_>) {
         }
         Event::PaymentUnknown { outcome } => {
             counter!("timeoutd_payment_unknown_total", "outcome" => outcome).increment(1);
+        }
+        Event::NoticeRefused { provider, reason } => {
+            tracing::warn!(provider, reason, "payment notice refused; nothing recorded");
+            counter!("timeoutd_payment_notices_refused_total", "provider" => provider, "reason" => reason)
+                .increment(1);
         }
         Event::Armed { outcome } => {
             if outcome == "unknown" {

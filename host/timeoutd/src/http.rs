@@ -10,9 +10,14 @@
 //! "new":bool}` the order is PAID (now, or already), `404` no such order, `401` a missing or
 //! wrong bearer token when `http.callback_token` is set.
 //!
+//! `POST /v1/providers/stripe/webhook` — Stripe's signed `payment_intent.succeeded` events
+//! ([`stripe`]), applied as the paid callback is.
+//!
 //! `POST /v1/orders/{order}/payment-attempts` — an aggregated cashier about to take the buyer's
 //! money serializes the payment with the close: the order is held against its close for
 //! `http.payment_lease`, or the answer says why it cannot be paid ([`orders::take_payment_lease`]).
+
+mod stripe;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -39,6 +44,7 @@ pub struct HttpState {
     resolutions: Arc<HashMap<String, PaidAfterClose>>,
     token: Option<String>,
     lease_ms: i64,
+    stripe: Option<Arc<stripe::StripeWebhook>>,
 }
 
 impl HttpState {
@@ -59,6 +65,7 @@ impl HttpState {
                 .http
                 .as_ref()
                 .map_or(120_000, |h| h.payment_lease.as_millis() as i64),
+            stripe: stripe::StripeWebhook::from_config(config).map(Arc::new),
         }
     }
 
@@ -85,6 +92,7 @@ pub fn router(state: HttpState) -> Router {
     Router::new()
         .route("/v1/payments/{order}/paid", post(paid_callback))
         .route("/v1/orders/{order}/payment-attempts", post(payment_attempt))
+        .route("/v1/providers/stripe/webhook", post(stripe::webhook))
         .fallback(no_route)
         .with_state(state)
 }

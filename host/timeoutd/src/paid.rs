@@ -50,6 +50,7 @@ pub async fn apply(
         status,
         merchant_id,
         payment_ref,
+        ..
     }) = payments::order_payment(db, order_id).await?
     else {
         return Ok(Applied::Missing);

@@ -159,6 +159,12 @@ impl Sharded {
                 Ok(Err(StartError::Pooler(line))) => {
                     return Err(StartError::Pooler(format!("shard {}: {line}", s.name)));
                 }
+                // Outside the schema's compatibility window, or half-applied: no retry helps,
+                // an operator must act (exit 78, as for one database).
+                Ok(Err(StartError::Schema(e))) if e.needs_operator() => {
+                    tracing::error!(shard = %s.name, "{e}");
+                    return Err(StartError::Schema(e));
+                }
                 Ok(Err(e)) => {
                     tracing::error!(shard = %s.name, error = %e, "shard not reachable at start; its worker retries");
                     config.database.migrate

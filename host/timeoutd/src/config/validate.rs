@@ -245,14 +245,7 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
             }
         }
     }
-    if let Some(pay) = &c.payment
-        && !(pay.base_url.starts_with("http://") || pay.base_url.starts_with("https://"))
-    {
-        p.push(
-            "payment.base_url",
-            format!("`{}` is not an http(s) URL", pay.base_url),
-        );
-    }
+    super::payment::validate(c, &mut p);
     if let Some(r) = &c.redis
         && c.retention.enabled
         && c.retention.ledger < r.marker_ttl

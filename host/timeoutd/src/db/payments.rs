@@ -83,6 +83,8 @@ pub struct OrderPayment {
     pub merchant_id: String,
     /// The provider's payment reference, if the order has one.
     pub payment_ref: Option<String>,
+    /// The order's total, cents (a provider's notice is checked against it).
+    pub total_cents: i64,
 }
 
 /// Order `order_id`'s status, merchant and payment reference, or `None` when there is no such
@@ -93,7 +95,7 @@ pub struct OrderPayment {
 pub async fn order_payment(db: &Db, order_id: &str) -> Result<Option<OrderPayment>, DbError> {
     let Some(row) = db
         .backend()
-        .query("SELECT status, merchant_id, payment_ref FROM orders WHERE id = ?")
+        .query("SELECT status, merchant_id, payment_ref, total_cents FROM orders WHERE id = ?")
         .bind(order_id)
         .fetch_optional(db.pool())
         .await?
@@ -104,5 +106,6 @@ pub async fn order_payment(db: &Db, order_id: &str) -> Result<Option<OrderPaymen
         status: row.try_get(0)?,
         merchant_id: row.try_get(1)?,
         payment_ref: row.try_get(2)?,
+        total_cents: row.try_get(3)?,
     }))
 }

@@ -22,13 +22,18 @@ use crate::ratecap::RateCap;
 pub const PAID_NOTICE_INDEX: u32 = 10_001;
 
 /// The payment provider as dispatch sees it: a payment's state now. A port: the daemon hands
-/// in the effects' HTTP gateway (`effects::HttpPaymentGateway`); tests may hand in anything.
+/// in the effects' adapters (`effects::Providers`); tests may hand in anything.
 pub trait PaymentQuery: Send + Sync {
-    /// The payment `payment_ref` as the provider has it now (`queried_at_ms` unset).
+    /// The payment `payment_ref` of `merchant`'s order as the provider has it now
+    /// (`queried_at_ms` unset); the merchant says which provider to ask.
     ///
     /// # Errors
     /// Why the provider could not answer (after its quick retries).
-    fn query<'a>(&'a self, payment_ref: &'a str) -> BoxFuture<'a, Result<Payment, String>>;
+    fn query<'a>(
+        &'a self,
+        merchant: &'a str,
+        payment_ref: &'a str,
+    ) -> BoxFuture<'a, Result<Payment, String>>;
 }
 
 /// The provider and the rules for asking it.
@@ -84,7 +89,7 @@ impl Dispatcher {
             crate::events::emit(crate::events::Event::PaymentUnknown { outcome: "capped" });
             return Ok(Consulted::Decide(Some(Payment::default())));
         }
-        match provider.query.query(payment_ref).await {
+        match provider.query.query(&order.merchant, payment_ref).await {
             Ok(mut payment) => {
                 payment.queried_at_ms = Some(now_ms);
                 if payment.status == PaymentStatus::Paid {

@@ -120,6 +120,19 @@ impl Dispatcher {
 
     /// Dead-letters a trigger that cannot succeed as it is (missing order, unknown merchant,
     /// attempts exhausted), and retires its outbox row.
+    pub(super) async fn dead_letter(
+        &self,
+        trigger: &Trigger,
+        now_ms: i64,
+        reason: &str,
+    ) -> Result<Outcome, DbError> {
+        self.record_dead_letter(trigger, now_ms, reason, trigger.kind.as_str(), true)
+            .await?;
+        Ok(Outcome::DeadLettered {
+            reason: reason.to_string(),
+        })
+    }
+
     /// Sets aside a trigger row whose value no clock could produce (`reason` names it): an OPEN
     /// dead letter of source [`journal::SOURCE_QUARANTINED_ROW`] with the trigger, for an
     /// operator. The row itself is left to the caller, which holds it to the order's deadline.
@@ -129,38 +142,31 @@ impl Dispatcher {
         now_ms: i64,
         reason: &str,
     ) -> Result<(), DbError> {
-        let mut tx = self.db.begin().await?;
-        journal::dead_letter(
-            &mut tx,
-            &journal::DeadLetter {
-                source: journal::SOURCE_QUARANTINED_ROW,
-                order_id: Some(&trigger.order_id),
-                reason,
-                payload: serde_json::to_string(trigger).expect("trigger serialises"),
-                attempts: trigger.attempt + 1,
-            },
+        self.record_dead_letter(
+            trigger,
             now_ms,
-        )
-        .await?;
-        tx.commit().await?;
-        crate::events::emit(crate::events::Event::DeadLettered {
-            source: journal::SOURCE_QUARANTINED_ROW,
             reason,
-        });
-        Ok(())
+            journal::SOURCE_QUARANTINED_ROW,
+            false,
+        )
+        .await
     }
 
-    pub(super) async fn dead_letter(
+    /// `trigger`'s OPEN dead letter under `source`, and its outbox row retired when `retire`,
+    /// in one transaction; then the event.
+    async fn record_dead_letter(
         &self,
         trigger: &Trigger,
         now_ms: i64,
         reason: &str,
-    ) -> Result<Outcome, DbError> {
+        source: &'static str,
+        retire: bool,
+    ) -> Result<(), DbError> {
         let mut tx = self.db.begin().await?;
         journal::dead_letter(
             &mut tx,
             &journal::DeadLetter {
-                source: trigger.kind.as_str(),
+                source,
                 order_id: Some(&trigger.order_id),
                 reason,
                 payload: serde_json::to_string(trigger).expect("trigger serialises"),
@@ -169,7 +175,7 @@ impl Dispatcher {
             now_ms,
         )
         .await?;
-        if let Some(row) = trigger.row() {
+        if retire && let Some(row) = trigger.row() {
             outbox::finish(
                 &mut tx,
                 row,
@@ -179,13 +185,8 @@ impl Dispatcher {
             .await?;
         }
         tx.commit().await?;
-        crate::events::emit(crate::events::Event::DeadLettered {
-            source: trigger.kind.as_str(),
-            reason,
-        });
-        Ok(Outcome::DeadLettered {
-            reason: reason.to_string(),
-        })
+        crate::events::emit(crate::events::Event::DeadLettered { source, reason });
+        Ok(())
     }
 
     /// Refuses a decision whose effects exceed the order: nothing is applied, the decision is

@@ -1,40 +1,32 @@
-//! The payment provider: asking a payment's state before a close, closing an order's payment,
-//! and refunding one that succeeded after the close.
+//! The payment port: asking a payment's state before a close, closing an order's payment,
+//! and refunding one that succeeded after the close ([`PaymentGateway`]), one adapter per
+//! provider protocol (`rest.rs`, `stripe.rs`), chosen per merchant ([`Providers`]).
 //!
-//! HTTP protocol (what [`HttpPaymentGateway`] speaks; a provider with another protocol is
-//! another [`PaymentGateway`]):
-//! - `GET {base_url}/v1/payments/{ref}` → `200 {"status": "unpaid" | "paid" | "closed" |
-//!   "not_found", "paid_at_ms"?: epoch ms, "amount_cents"?: cents}`; `404` is `not_found`;
-//! - `POST {base_url}/v1/payments/{ref}/close` → `200 {"status":"closed"}` (a 2xx whose JSON
-//!   `status` is anything else is not a close: retried), or
-//!   `409 {"status":"already_paid"}` when the buyer's payment went through; "nothing to close"
-//!   answers — `404` (no such payment: the buyer never opened the cashier) and
-//!   `409 {"status":"already_closed"}` — settle the close as done, noted;
-//! - `POST {base_url}/v1/payments/{ref}/refund` → `200`;
-//! - every request carries `Authorization` when configured; close and refund carry the
-//!   effect's idempotency key (header `payment.idempotency_header`), and the provider answers a
-//!   repeated key as it answered the first time;
-//! - each request times out after `payment.timeout`, body included; 408, 429, 5xx, redirects
-//!   (never followed: [`crate::outbound`]) and connection errors are transient (retried
-//!   `payment.attempts` times quickly, then by the ledger or the caller; a `Retry-After` is
-//!   honoured by the ledger), other 4xx permanent.
+//! Every adapter maps its provider's answers onto the same outcomes: paid (the order is
+//! aligned), unpaid / closed / not found (the plugin decides; a close follows), nothing to
+//! close, already paid (the paid-after-close path), retryable ([`EffectError::Transient`]) and
+//! refused ([`EffectError::Permanent`]). Each speaks through [`crate::outbound`]: a deadline on
+//! every request, redirects never followed.
+
+mod rest;
+pub mod stripe;
+
+pub use rest::HttpPaymentGateway;
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use timeoutd_runtime::model::{Effect, Payment, PaymentStatus};
+use timeoutd_runtime::model::{Effect, Payment};
 
 use super::executor::{Done, EffectError, Executor, Job};
 use crate::clock::Clock;
-use crate::config::{Config, PaidAfterClose, PaymentConfig};
+use crate::config::{Config, PaidAfterClose, ProviderKind};
 use crate::db::{Db, DbError, payments};
 use crate::kinds::{LedgerKind, Section};
 use crate::ratecap::RateCap;
-use crate::retry::Backoff;
 
 /// A boxed future, for the object-safe gateway trait.
 pub type GatewayFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, EffectError>> + Send + 'a>>;
@@ -80,163 +72,6 @@ pub trait PaymentGateway: Send + Sync {
     ) -> GatewayFuture<'a, ()>;
 }
 
-/// The HTTP adapter.
-#[derive(Debug, Clone)]
-pub struct HttpPaymentGateway {
-    client: reqwest::Client,
-    config: PaymentConfig,
-}
-
-impl HttpPaymentGateway {
-    /// An adapter for the provider `config` names.
-    ///
-    /// # Errors
-    /// When the HTTP client cannot be built.
-    pub fn new(config: &PaymentConfig) -> Result<Self, String> {
-        let client = crate::outbound::client("payment", config.timeout)?;
-        Ok(HttpPaymentGateway {
-            client,
-            config: config.clone(),
-        })
-    }
-
-    /// POSTs to `/v1/payments/{ref}/{action}` (`action` empty: GETs `/v1/payments/{ref}`),
-    /// retrying transient failures a few times quickly (the ledger reschedules beyond that).
-    /// Returns the status and body; 404 and 409 are returned, not classified.
-    async fn post(
-        &self,
-        payment_ref: &str,
-        action: &str,
-        key: &str,
-    ) -> Result<(reqwest::StatusCode, String), EffectError> {
-        let base = self.config.base_url.trim_end_matches('/');
-        let url = if action.is_empty() {
-            format!("{base}/v1/payments/{}", urlencode(payment_ref))
-        } else {
-            format!("{base}/v1/payments/{}/{action}", urlencode(payment_ref))
-        };
-        let backoff = Backoff {
-            initial: Duration::from_millis(100),
-            max: Duration::from_secs(1),
-        };
-        let mut failures = 0;
-        loop {
-            let mut request = if action.is_empty() {
-                self.client.get(&url)
-            } else {
-                self.client
-                    .post(&url)
-                    .header(self.config.idempotency_header.as_str(), key)
-            };
-            if let Some(auth) = &self.config.authorization {
-                request = request.header("Authorization", auth);
-            }
-            let result = match request.send().await {
-                Ok(response) => {
-                    let status = response.status();
-                    let judged = EffectError::of_answer(&url, status, response.headers());
-                    // A body cut off by the deadline (a peer trickling bytes) is no answer.
-                    match response.text().await {
-                        Ok(body) if matches!(status.as_u16(), 404 | 409) => {
-                            return Ok((status, body));
-                        }
-                        Ok(body) => judged.map(|()| (status, body)),
-                        Err(e) => Err(EffectError::Transient(format!(
-                            "{url}: HTTP {status}, body not read: {e}"
-                        ))),
-                    }
-                }
-                Err(e) => Err(EffectError::Transient(format!("{url}: {e}"))),
-            };
-            match result {
-                Err(EffectError::Transient(e)) if failures + 1 < self.config.attempts => {
-                    failures += 1;
-                    tracing::debug!(error = %e, failures, "payment provider call failed; retrying");
-                    tokio::time::sleep(backoff.delay(failures)).await;
-                }
-                other => return other,
-            }
-        }
-    }
-}
-
-impl PaymentGateway for HttpPaymentGateway {
-    fn query<'a>(&'a self, payment_ref: &'a str) -> GatewayFuture<'a, Payment> {
-        Box::pin(async move {
-            let (status, body) = self.post(payment_ref, "", "").await?;
-            if status.as_u16() == 404 {
-                return Ok(Payment {
-                    status: PaymentStatus::NotFound,
-                    ..Payment::default()
-                });
-            }
-            let unreadable = || {
-                EffectError::Permanent(format!(
-                    "query {payment_ref}: HTTP {status}, unreadable body {body}"
-                ))
-            };
-            if status.as_u16() == 409 {
-                return Err(unreadable());
-            }
-            let v: serde_json::Value = serde_json::from_str(&body).map_err(|_| unreadable())?;
-            let status = match v["status"].as_str() {
-                Some("unpaid") => PaymentStatus::Unpaid,
-                Some("paid") => PaymentStatus::Paid,
-                Some("closed") => PaymentStatus::Closed,
-                Some("not_found") => PaymentStatus::NotFound,
-                _ => return Err(unreadable()),
-            };
-            let paid = status == PaymentStatus::Paid;
-            Ok(Payment {
-                status,
-                queried_at_ms: None,
-                paid_at_ms: v["paid_at_ms"].as_i64().filter(|_| paid),
-                paid_cents: v["amount_cents"].as_i64().filter(|_| paid),
-            })
-        })
-    }
-
-    fn close<'a>(&'a self, payment_ref: &'a str, key: &'a str) -> GatewayFuture<'a, CloseOutcome> {
-        Box::pin(async move {
-            let (status, body) = self.post(payment_ref, "close", key).await?;
-            match status.as_u16() {
-                404 => Ok(CloseOutcome::NothingToClose),
-                409 if body.contains("already_paid") => Ok(CloseOutcome::AlreadyPaid),
-                409 if body.contains("already_closed") => Ok(CloseOutcome::NothingToClose),
-                409 => Err(EffectError::Permanent(format!(
-                    "close {payment_ref}: HTTP 409 {body}"
-                ))),
-                // A 2xx: closed, unless its body says otherwise (a JSON `status` other than
-                // `closed`); an empty or non-JSON body is the protocol's bare 200.
-                _ => match serde_json::from_str::<serde_json::Value>(&body)
-                    .ok()
-                    .and_then(|v| v["status"].as_str().map(str::to_owned))
-                    .as_deref()
-                {
-                    None | Some("closed") => Ok(CloseOutcome::Closed),
-                    Some("already_paid") => Ok(CloseOutcome::AlreadyPaid),
-                    Some("already_closed") => Ok(CloseOutcome::NothingToClose),
-                    Some(other) => Err(EffectError::Transient(format!(
-                        "close {payment_ref}: HTTP {status} answered status `{other}`, not `closed`: {body}"
-                    ))),
-                },
-            }
-        })
-    }
-
-    fn refund<'a>(&'a self, payment_ref: &'a str, key: &'a str) -> GatewayFuture<'a, ()> {
-        Box::pin(async move {
-            let (status, body) = self.post(payment_ref, "refund", key).await?;
-            if matches!(status.as_u16(), 404 | 409) {
-                return Err(EffectError::Permanent(format!(
-                    "refund {payment_ref}: HTTP 409 {body}"
-                )));
-            }
-            Ok(())
-        })
-    }
-}
-
 /// The executor of `close-payment` and `refund-payment` rows: the provider's adapter, what
 /// each merchant does with a payment found paid at close (`on_paid_after_close`), and the
 /// merchant's request cap (`payment.max_calls_per_second`): a row over the cap is deferred to
@@ -244,7 +79,7 @@ impl PaymentGateway for HttpPaymentGateway {
 /// provider at the cap's rate, in ledger order.
 #[derive(Clone)]
 pub struct PaymentEffects {
-    gateway: Arc<dyn PaymentGateway>,
+    providers: Providers,
     db: Db,
     clock: Clock,
     resolutions: Arc<HashMap<String, PaidAfterClose>>,
@@ -262,14 +97,14 @@ impl PaymentEffects {
     /// ([`resolutions`]), the default for a merchant not in it; `calls_per_second` caps each
     /// merchant's close and refund requests (bursts of as many).
     pub fn new(
-        gateway: Arc<dyn PaymentGateway>,
+        providers: Providers,
         db: Db,
         clock: Clock,
         resolutions: Arc<HashMap<String, PaidAfterClose>>,
         calls_per_second: u32,
     ) -> Self {
         PaymentEffects {
-            gateway,
+            providers,
             db,
             clock,
             resolutions,
@@ -302,7 +137,8 @@ impl PaymentEffects {
     /// refund (or a manual review), which the runner then runs.
     async fn close(&self, job: Job<'_>, payment_ref: &str) -> Result<Done, EffectError> {
         let row = job.row;
-        match self.gateway.close(payment_ref, &row.key).await? {
+        let gateway = self.providers.of(&row.merchant_id);
+        match gateway.close(payment_ref, &row.key).await? {
             CloseOutcome::Closed => Ok(Done::plain()),
             CloseOutcome::NothingToClose => Ok(Done::noted(
                 "provider: nothing to close (no such payment, or closed already)",
@@ -346,7 +182,8 @@ impl Executor for PaymentEffects {
                         .ok()
                         .and_then(|v| v["payment_ref"].as_str().map(str::to_string))
                         .ok_or_else(|| job.unreadable())?;
-                    self.gateway
+                    self.providers
+                        .of(&job.row.merchant_id)
                         .refund(&payment_ref, &job.row.key)
                         .await
                         .map(|()| Done::plain())
@@ -401,40 +238,90 @@ pub async fn record_paid_after_close(
     Ok(new)
 }
 
-/// The gateway is dispatch's port for asking a payment's state before a close.
-impl crate::dispatch::PaymentQuery for HttpPaymentGateway {
-    fn query<'a>(&'a self, payment_ref: &'a str) -> BoxFuture<'a, Result<Payment, String>> {
+/// The adapter of each merchant's payments: `payment.provider` unless the merchant names its
+/// own `payment_provider`; one adapter per provider, shared by its merchants.
+#[derive(Clone)]
+pub struct Providers {
+    default: Arc<dyn PaymentGateway>,
+    merchants: Arc<HashMap<String, Arc<dyn PaymentGateway>>>,
+}
+
+impl Providers {
+    /// `gateway` for every merchant.
+    pub fn single(gateway: Arc<dyn PaymentGateway>) -> Self {
+        Providers {
+            default: gateway,
+            merchants: Arc::default(),
+        }
+    }
+
+    /// The adapters `config`'s `[payment]` names (`None` without one).
+    ///
+    /// # Errors
+    /// When an adapter cannot be built (an HTTP client, a secret that cannot be read); the
+    /// message never holds a secret.
+    pub fn from_config(config: &Config) -> Result<Option<Self>, String> {
+        let Some(payment) = &config.payment else {
+            return Ok(None);
+        };
+        let mut built: HashMap<ProviderKind, Arc<dyn PaymentGateway>> = HashMap::new();
+        for kind in config.payment_providers() {
+            let gateway: Arc<dyn PaymentGateway> = match kind {
+                ProviderKind::Rest => Arc::new(HttpPaymentGateway::new(payment)?),
+                ProviderKind::Stripe => Arc::new(stripe::StripeGateway::from_config(
+                    payment,
+                    &config.base_dir,
+                )?),
+            };
+            built.insert(kind, gateway);
+        }
+        let default = built[&payment.provider].clone();
+        let merchants = config
+            .merchants
+            .iter()
+            .filter_map(|(id, m)| Some((id.clone(), built[&m.payment_provider?].clone())))
+            .collect();
+        Ok(Some(Providers {
+            default,
+            merchants: Arc::new(merchants),
+        }))
+    }
+
+    /// The adapter of `merchant`'s payments.
+    pub fn of(&self, merchant: &str) -> &dyn PaymentGateway {
+        self.merchants
+            .get(merchant)
+            .unwrap_or(&self.default)
+            .as_ref()
+    }
+}
+
+/// The providers are dispatch's port for asking a payment's state before a close.
+impl crate::dispatch::PaymentQuery for Providers {
+    fn query<'a>(
+        &'a self,
+        merchant: &'a str,
+        payment_ref: &'a str,
+    ) -> BoxFuture<'a, Result<Payment, String>> {
         Box::pin(async move {
-            PaymentGateway::query(self, payment_ref)
+            self.of(merchant)
+                .query(payment_ref)
                 .await
                 .map_err(|e| e.to_string())
         })
     }
 }
 
-/// `dispatcher` asking `config`'s `[payment]` provider before closes (unchanged without one).
+/// `dispatcher` asking `config`'s `[payment]` providers before closes (unchanged without one).
 ///
 /// # Errors
-/// When the provider's HTTP client cannot be built.
+/// When an adapter cannot be built.
 pub fn with_provider(
     dispatcher: crate::dispatch::Dispatcher,
     config: &Config,
 ) -> Result<crate::dispatch::Dispatcher, String> {
-    Ok(match &config.payment {
-        Some(p) => dispatcher.with_payments(Arc::new(HttpPaymentGateway::new(p)?), p),
-        None => dispatcher,
+    Ok(match (&config.payment, Providers::from_config(config)?) {
+        (Some(p), Some(providers)) => dispatcher.with_payments(Arc::new(providers), p),
+        _ => dispatcher,
     })
-}
-
-/// Percent-encodes a path segment (payment references are opaque).
-fn urlencode(segment: &str) -> String {
-    segment
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }

@@ -125,7 +125,7 @@ impl ArmListener {
             drop(conn);
             let payment = match (&self.payments, &order.payment_ref) {
                 (Some(provider), Some(payment_ref)) if order.status == OrderStatus::Pending => {
-                    let mut payment = provider.query(payment_ref).await.unwrap_or_else(|e| {
+                    let mut payment = provider.query(&order.merchant, payment_ref).await.unwrap_or_else(|e| {
                         tracing::warn!(order = order_id, error = %e, "check-back cannot ask the payment provider");
                         Payment::default()
                     });
