@@ -16,6 +16,7 @@ mod pipeline;
 mod plugin_cli;
 mod policy_api;
 mod polyglot;
+mod poolers;
 mod prefetch;
 mod redis_server;
 mod retention;

@@ -365,6 +365,14 @@ fn validate(path: &std::path::Path) -> ExitCode {
     }
 }
 
+/// Exit status of `timeoutd run` refused by a pooler in front of the database
+/// ([`daemon::StartError::Pooler`]): server connections shared between clients while
+/// `database.pool_mode` says `"session"`, or a start-up parameter the pooler refuses
+/// (`EX_PROTOCOL` of sysexits.h: the pooler does not keep the protocol's session as the
+/// configuration expects). Restarting cannot help; the unit does not
+/// (`RestartPreventExitStatus=76`).
+pub const EXIT_POOLER: u8 = 76;
+
 async fn run(path: &std::path::Path, config: &Config) -> ExitCode {
     crate::slowlog::set_threshold(config.database.slow_statement);
     // One database, or a sharded one ([`crate::shards`]).
@@ -386,6 +394,10 @@ async fn run(path: &std::path::Path, config: &Config) -> ExitCode {
         Err(e @ daemon::StartError::Policies(crate::policies::SetupError::Plugins(_))) => {
             eprintln!("{}: {e}", path.display());
             return ExitCode::from(EXIT_BAD_CONFIG);
+        }
+        Err(e @ daemon::StartError::Pooler(_)) => {
+            eprintln!("timeoutd: cannot start: {e}");
+            return ExitCode::from(EXIT_POOLER);
         }
         Err(daemon::StartError::Schema(e)) if e.needs_operator() => {
             eprintln!("timeoutd: cannot start: {e}");

@@ -104,6 +104,23 @@ pub struct DatabaseConfig {
     /// Apply the schema migrations at start-up (to every shard when sharded).
     #[serde(default = "defaults::yes")]
     pub migrate: bool,
+    /// How the server connections behind `url` (and every shard's) are shared, in PgBouncer's
+    /// terms: `"session"` (default: a direct connection, or a pooler in session mode) or
+    /// `"transaction"` (PgBouncer `pool_mode = transaction`, and any pooler that gives a client
+    /// a server connection one transaction at a time). PostgreSQL only. With `"transaction"`
+    /// every statement is prepared unnamed and runs inside a transaction, because a named
+    /// statement prepared on one server connection is missing, or another client's, on the
+    /// next; migrations go through `migrate_url`. Three more round trips per statement run
+    /// outside a transaction, one more inside one. Start-up and `timeoutd doctor` refuse a `"session"` URL that turns
+    /// out to be shared, naming this key.
+    #[serde(default)]
+    pub pool_mode: crate::db::PoolMode,
+    /// A direct (or session-mode pooled) URL of the same database, used for what needs a
+    /// session of its own: the migrations (sqlx's migrator holds a session-level advisory lock
+    /// across them). Required when `pool_mode = "transaction"` and `migrate = true`; left out,
+    /// migrations run through `url`. Sharded: each shard's `migrate_url`.
+    #[serde(default)]
+    pub migrate_url: Option<String>,
     /// Application-level sharding, as ShardingSphere-JDBC users and the seeds' order service
     /// split an order database: each shard is a database of its own holding its orders, their
     /// stock and coupons, and timeoutd's tables, so a close stays one local transaction. Each
@@ -160,6 +177,10 @@ pub struct ShardConfig {
     pub name: String,
     /// The shard's database, as `database.url`.
     pub url: String,
+    /// The shard's direct URL for migrations, as `database.migrate_url` (required when
+    /// `database.pool_mode = "transaction"` and `database.migrate = true`).
+    #[serde(default)]
+    pub migrate_url: Option<String>,
 }
 
 /// `database.routing`: the rule that maps an order id to a shard index in `0..N` (N shards),

@@ -28,6 +28,11 @@ pub enum StartError {
     /// without `SKIP LOCKED`): every reason, one per line ([`crate::db::engine`]).
     #[error("the database cannot run timeoutd safely:\n  {}", .0.join("\n  "))]
     Unsafe(Vec<String>),
+    /// The database URL is behind a pooler that shares server connections between clients
+    /// (PgBouncer `pool_mode = transaction`) and `database.pool_mode` does not say so: one line
+    /// naming the key and what to set ([`crate::db::pooler::advice`]).
+    #[error("{0}")]
+    Pooler(String),
     /// A shard of `[[database.shards]]` could not be set up: its name and why.
     #[error("shard {0}: {1}")]
     Shard(String, String),
@@ -58,16 +63,85 @@ impl From<DbError> for StartError {
     }
 }
 
-/// Checks that the database can run timeoutd safely ([`crate::db::engine`]), applies the
-/// migrations when `migrate`, and checks again: refused before any DDL reaches, say, a Spider
-/// front, and refused after when a migration made it so. Logs the engine's warnings. Without
-/// `migrate` it still refuses a schema this build cannot run on ([`crate::db::migrate::check`]).
+/// How [`prepare`] migrates: not at all, through the daemon's own pool, or through a URL of its
+/// own (`database.migrate_url`: behind a transaction-mode pooler the migrator's session-level
+/// lock needs a session).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Migrate<'a> {
+    /// `database.migrate = false`.
+    No,
+    /// Through the pool checked.
+    OnPool,
+    /// Through this URL, on a connection of its own.
+    Via(&'a str),
+}
+
+impl<'a> Migrate<'a> {
+    /// What `migrate` and a database's `migrate_url` say.
+    pub(crate) fn of(migrate: bool, migrate_url: Option<&'a str>) -> Migrate<'a> {
+        match (migrate, migrate_url) {
+            (false, _) => Migrate::No,
+            (true, None) => Migrate::OnPool,
+            (true, Some(url)) => Migrate::Via(url),
+        }
+    }
+}
+
+/// Checks that the database can run timeoutd safely ([`crate::db::engine`]) and, on
+/// PostgreSQL with `database.pool_mode = "session"`, that its server connections are not shared
+/// between clients ([`crate::db::pooler`]); applies the migrations as `migrate` says, and
+/// checks again: refused before any DDL reaches, say, a Spider front, and refused after when a
+/// migration made it so. Logs the engine's warnings. Without migrating it still refuses a
+/// schema this build cannot run on ([`crate::db::migrate::check`]).
 ///
 /// # Errors
-/// [`StartError::Unsafe`] with every reason; [`StartError::Schema`] for a schema outside this
-/// build's window or half-applied; [`StartError::Db`] when the database cannot be read or
-/// migrated.
-pub(crate) async fn prepare(db: &Db, migrate: bool) -> Result<(), StartError> {
+/// [`StartError::Unsafe`] with every reason; [`StartError::Pooler`] behind an undeclared
+/// transaction-mode pooler (also when a statement fails the way one makes it fail);
+/// [`StartError::Schema`] for a schema outside this build's window or half-applied;
+/// [`StartError::Db`] when the database cannot be read or migrated.
+pub(crate) async fn prepare(db: &Db, migrate: Migrate<'_>) -> Result<(), StartError> {
+    prepare_checked(db, migrate)
+        .await
+        .map_err(|e| pooler_refusal(e, db.pool_mode()))
+}
+
+/// A start-up error a pooler caused, as the one line saying what to set
+/// ([`StartError::Pooler`]): named statements failing the way a shared server connection makes
+/// them fail (when the probe was lucky, and only with `pool_mode = "session"`: with
+/// "transaction" declared the error stands as it is), or a start-up parameter the pooler
+/// refuses. Any other error as it is.
+fn pooler_refusal(e: StartError, mode: crate::db::PoolMode) -> StartError {
+    match e {
+        StartError::Db(e)
+            if e.is_shared_server_connection() && mode == crate::db::PoolMode::Session =>
+        {
+            StartError::Pooler(crate::db::pooler::advice("database.url"))
+        }
+        StartError::Db(e) => match e.refused_startup_parameter() {
+            Some(p) => StartError::Pooler(crate::db::pooler::startup_parameter_advice(
+                "database.url",
+                &p,
+            )),
+            None => StartError::Db(e),
+        },
+        e => e,
+    }
+}
+
+async fn prepare_checked(db: &Db, migrate: Migrate<'_>) -> Result<(), StartError> {
+    if db.pool_mode() == crate::db::PoolMode::Transaction {
+        tracing::info!(
+            "database.pool_mode = \"transaction\": statements are prepared unnamed, each inside a transaction; migrations go through database.migrate_url"
+        );
+    }
+    if db.pool_mode() == crate::db::PoolMode::Session
+        && let crate::db::pooler::Sharing::Shared(seen) = crate::db::pooler::probe(db).await?
+    {
+        tracing::error!(%seen, "server connections are shared between clients");
+        return Err(StartError::Pooler(crate::db::pooler::advice(
+            "database.url",
+        )));
+    }
     let check = async || -> Result<crate::db::engine::Engine, StartError> {
         let engine = crate::db::engine::inspect(db).await?;
         let refusals = engine.refusals();
@@ -78,11 +152,25 @@ pub(crate) async fn prepare(db: &Db, migrate: bool) -> Result<(), StartError> {
         }
     };
     let mut engine = check().await?;
-    if migrate {
-        db.migrate().await?;
-        engine = check().await?;
-    } else {
-        crate::db::migrate::check(db).await?;
+    match migrate {
+        Migrate::No => crate::db::migrate::check(db).await?,
+        Migrate::OnPool => {
+            db.migrate().await?;
+            engine = check().await?;
+        }
+        Migrate::Via(url) => {
+            // The migrator's advisory lock is a session's: refused on a shared URL too.
+            let direct = Db::connect(url, 1).await?;
+            let sharing = crate::db::pooler::probe(&direct).await;
+            direct.close().await;
+            if let crate::db::pooler::Sharing::Shared(_) = sharing? {
+                return Err(StartError::Pooler(
+                    crate::db::pooler::MIGRATE_URL_SHARED.to_string(),
+                ));
+            }
+            db.migrate_through(Some(url)).await?;
+            engine = check().await?;
+        }
     }
     for warning in engine.warnings() {
         tracing::warn!("{warning}");
@@ -160,12 +248,18 @@ impl Daemon {
         for warning in crate::effects::unexecuted(config) {
             tracing::warn!("{warning}");
         }
-        let db = Db::connect(
+        let db = Db::connect_with(
             &config.database.url,
             config.database.pool_size(&config.database.url),
+            config.database.pool_mode,
         )
-        .await?;
-        if let Err(e) = prepare(&db, config.database.migrate).await {
+        .await
+        .map_err(|e| pooler_refusal(e.into(), config.database.pool_mode))?;
+        let migrate = Migrate::of(
+            config.database.migrate,
+            config.database.migrate_url.as_deref(),
+        );
+        if let Err(e) = prepare(&db, migrate).await {
             db.close().await;
             return Err(e);
         }

@@ -21,6 +21,7 @@ pub use migrate::latest as latest_schema_version;
 pub mod orders;
 pub mod outbox;
 pub mod payments;
+pub mod pooler;
 pub mod relay;
 pub mod replay;
 pub mod retention;
@@ -28,12 +29,17 @@ pub mod views;
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
+use futures_util::stream::BoxStream;
+use futures_util::{StreamExt, TryStreamExt};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
-use sqlx::any::{AnyArguments, AnyConnectOptions, AnyPoolOptions};
-use sqlx::{AnyConnection, AnyPool, ConnectOptions, Executor, Row};
+use sqlx::any::{AnyArguments, AnyConnectOptions, AnyPoolOptions, AnyQueryResult, AnyRow};
+use sqlx::pool::PoolConnection;
+use sqlx::{Any, AnyConnection, AnyPool, ConnectOptions, Either, Execute, Executor, Row};
 
 /// Which SQL dialect a [`Db`] speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,10 +86,14 @@ impl Backend {
     }
 
     /// A statement written with `?` markers (all of timeoutd's SQL is), with the markers
-    /// rewritten to `$1`, `$2`, … for PostgreSQL, whose protocol numbers them.
+    /// rewritten to `$1`, `$2`, … for PostgreSQL, whose protocol numbers them. On PostgreSQL
+    /// the statement is prepared unnamed while any pool of this process is behind a
+    /// transaction-mode pooler ([`PoolMode::Transaction`]).
     pub fn query<'q>(self, sql: &'static str) -> sqlx::query::Query<'q, sqlx::Any, AnyArguments> {
         match self {
-            Backend::Postgres => sqlx::query(sqlx::AssertSqlSafe(number_markers(sql))),
+            Backend::Postgres => {
+                sqlx::query(sqlx::AssertSqlSafe(number_markers(sql))).persistent(named_statements())
+            }
             _ => sqlx::query(sql),
         }
     }
@@ -92,7 +102,8 @@ impl Backend {
     /// own fragments and numbers).
     pub fn query_owned<'q>(self, sql: String) -> sqlx::query::Query<'q, sqlx::Any, AnyArguments> {
         match self {
-            Backend::Postgres => sqlx::query(sqlx::AssertSqlSafe(number_markers(&sql))),
+            Backend::Postgres => sqlx::query(sqlx::AssertSqlSafe(number_markers(&sql)))
+                .persistent(named_statements()),
             _ => sqlx::query(sqlx::AssertSqlSafe(sql)),
         }
     }
@@ -118,6 +129,223 @@ impl Backend {
             Backend::Sqlite => ("INSERT OR IGNORE", ""),
             Backend::MySql => ("INSERT IGNORE", ""),
             Backend::Postgres => ("INSERT", " ON CONFLICT DO NOTHING"),
+        }
+    }
+}
+
+/// How the server connections behind `database.url` are shared (PgBouncer's `pool_mode`, named
+/// the same way). Only PostgreSQL URLs are affected.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolMode {
+    /// Each client connection keeps one server connection for its life: a direct connection,
+    /// or a pooler in session mode. Statements are prepared once per connection and reused.
+    #[default]
+    Session,
+    /// A pooler (PgBouncer `pool_mode = transaction`, Odyssey, PgCat, …) gives a client a server
+    /// connection for one transaction at a time. Prepared statements live on a server
+    /// connection, so each statement is prepared unnamed, and each one runs inside a
+    /// transaction (statements on the pool get one of their own: `BEGIN`, the statement,
+    /// `COMMIT`), because the driver prepares and executes in two round trips and the pooler
+    /// may hand the second to another server connection between them. Nothing relies on
+    /// session state; migrations, which hold a session-level advisory lock, go through
+    /// `database.migrate_url`. Costs three more round trips per statement outside a
+    /// transaction (`BEGIN`, the prepare, `COMMIT`) and one more inside one (the prepare).
+    Transaction,
+}
+
+/// Pools of this process behind a transaction-mode pooler, alive now. While any is,
+/// [`Backend::query`] prepares PostgreSQL statements unnamed: a statement does not know which
+/// pool it will run on, and unnamed statements are correct everywhere (a direct connection only
+/// loses the plan reuse).
+static UNNAMED_POOLS: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether PostgreSQL statements may be prepared under a name and cached on their connection.
+fn named_statements() -> bool {
+    UNNAMED_POOLS.load(Ordering::Relaxed) == 0
+}
+
+/// One pool behind a transaction-mode pooler, counted in [`UNNAMED_POOLS`] while alive.
+#[derive(Debug)]
+struct UnnamedPool;
+
+impl UnnamedPool {
+    fn new() -> UnnamedPool {
+        UNNAMED_POOLS.fetch_add(1, Ordering::SeqCst);
+        UnnamedPool
+    }
+}
+
+impl Drop for UnnamedPool {
+    fn drop(&mut self) {
+        UNNAMED_POOLS.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// sqlx's pool and how a statement on it reaches the server ([`PoolMode`]). Dereferences to
+/// the [`AnyPool`]; runs statements as an executor (`.fetch_one(db.pool())`), each in a
+/// transaction of its own behind a transaction-mode pooler.
+#[derive(Clone, Debug)]
+pub struct Pool {
+    inner: AnyPool,
+    mode: PoolMode,
+    _unnamed: Option<Arc<UnnamedPool>>,
+}
+
+impl Pool {
+    /// Whether statements outside a transaction must be given one (transaction mode).
+    fn pinned(&self) -> bool {
+        self.mode == PoolMode::Transaction
+    }
+
+    /// A connection of the pool. Behind a transaction-mode pooler it is inside a transaction
+    /// (so the pooler keeps one server connection under it), rolled back when dropped: a
+    /// caller that writes through it calls [`Conn::commit`] (a no-op otherwise).
+    ///
+    /// # Errors
+    /// sqlx's error when no connection can be had.
+    pub async fn acquire(&self) -> Result<Conn, sqlx::Error> {
+        if self.pinned() {
+            Ok(Conn(ConnInner::Pinned(self.inner.begin().await?)))
+        } else {
+            Ok(Conn(ConnInner::Plain(self.inner.acquire().await?)))
+        }
+    }
+}
+
+impl Deref for Pool {
+    type Target = AnyPool;
+    fn deref(&self) -> &AnyPool {
+        &self.inner
+    }
+}
+
+impl<'p> Executor<'p> for &'_ Pool {
+    type Database = Any;
+
+    fn fetch_many<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxStream<'e, Result<Either<AnyQueryResult, AnyRow>, sqlx::Error>>
+    where
+        'p: 'e,
+        E: 'q + Execute<'q, Any>,
+    {
+        if !self.pinned() {
+            return (&self.inner).fetch_many(query);
+        }
+        // The rows are collected before the commit: the transaction is the statement's own.
+        let pool = self.inner.clone();
+        futures_util::stream::once(async move {
+            let mut tx = pool.begin().await?;
+            let all: Vec<_> = (&mut *tx).fetch_many(query).try_collect().await?;
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(futures_util::stream::iter(
+                all.into_iter().map(Ok::<_, sqlx::Error>),
+            ))
+        })
+        .try_flatten()
+        .boxed()
+    }
+
+    fn fetch_optional<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxFuture<'e, Result<Option<AnyRow>, sqlx::Error>>
+    where
+        'p: 'e,
+        E: 'q + Execute<'q, Any>,
+    {
+        if !self.pinned() {
+            return (&self.inner).fetch_optional(query);
+        }
+        let pool = self.inner.clone();
+        Box::pin(async move {
+            let mut tx = pool.begin().await?;
+            let row = (&mut *tx).fetch_optional(query).await?;
+            tx.commit().await?;
+            Ok(row)
+        })
+    }
+
+    fn prepare_with<'e>(
+        self,
+        sql: sqlx::SqlStr,
+        parameters: &'e [sqlx::any::AnyTypeInfo],
+    ) -> BoxFuture<'e, Result<sqlx::any::AnyStatement, sqlx::Error>>
+    where
+        'p: 'e,
+    {
+        (&self.inner).prepare_with(sql, parameters)
+    }
+}
+
+/// What sqlx's migrator takes (`db/migrate.rs`): plain connections of the pool. Migrations hold
+/// a session-level lock, so behind a transaction-mode pooler they run on `database.migrate_url`.
+impl<'a> sqlx::Acquire<'a> for &'_ Pool {
+    type Database = Any;
+    type Connection = PoolConnection<Any>;
+
+    fn acquire(self) -> BoxFuture<'static, Result<PoolConnection<Any>, sqlx::Error>> {
+        Box::pin(self.inner.acquire())
+    }
+
+    fn begin(self) -> BoxFuture<'static, Result<sqlx::Transaction<'a, Any>, sqlx::Error>> {
+        let pool = self.inner.clone();
+        Box::pin(async move { pool.begin().await })
+    }
+}
+
+/// A connection from [`Pool::acquire`]; dereferences to the connection.
+pub struct Conn(ConnInner);
+
+enum ConnInner {
+    Plain(PoolConnection<Any>),
+    Pinned(sqlx::Transaction<'static, Any>),
+}
+
+impl Conn {
+    /// Closes the connection instead of returning it to the pool (its session state goes with
+    /// it). Behind a transaction-mode pooler the transaction is rolled back and the client
+    /// connection returned: the server connection under it was never this client's alone.
+    ///
+    /// # Errors
+    /// sqlx's error when the connection fails while closing.
+    pub async fn close(self) -> Result<(), sqlx::Error> {
+        match self.0 {
+            ConnInner::Plain(c) => c.close().await,
+            ConnInner::Pinned(tx) => tx.rollback().await,
+        }
+    }
+
+    /// Commits what was written through the connection behind a transaction-mode pooler (each
+    /// statement committed by itself otherwise: nothing to do).
+    ///
+    /// # Errors
+    /// sqlx's error when the commit fails (nothing was written).
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        match self.0 {
+            ConnInner::Plain(_) => Ok(()),
+            ConnInner::Pinned(tx) => tx.commit().await,
+        }
+    }
+}
+
+impl Deref for Conn {
+    type Target = AnyConnection;
+    fn deref(&self) -> &AnyConnection {
+        match &self.0 {
+            ConnInner::Plain(c) => c,
+            ConnInner::Pinned(t) => t,
+        }
+    }
+}
+
+impl DerefMut for Conn {
+    fn deref_mut(&mut self) -> &mut AnyConnection {
+        match &mut self.0 {
+            ConnInner::Plain(c) => c,
+            ConnInner::Pinned(t) => t,
         }
     }
 }
@@ -158,10 +386,41 @@ pub enum DbError {
     },
 }
 
+impl DbError {
+    /// The server said a prepared statement of this client is missing (SQLSTATE 26000,
+    /// `prepared statement "sqlx_s_1" does not exist`) or already there (42P05, `… already
+    /// exists`): its server connection is shared with other clients between transactions, as
+    /// behind PgBouncer in `pool_mode = transaction` ([`PoolMode`]).
+    pub fn is_shared_server_connection(&self) -> bool {
+        let sql = match self {
+            DbError::Sql(e) => e,
+            DbError::Migrate(
+                sqlx::migrate::MigrateError::Execute(e)
+                | sqlx::migrate::MigrateError::ExecuteMigration(e, _),
+            ) => e,
+            _ => return false,
+        };
+        matches!(sql, sqlx::Error::Database(e)
+            if e.code().is_some_and(|c| c == "26000" || c == "42P05"))
+    }
+
+    /// A pooler refused a start-up parameter the driver sends (PgBouncer: `unsupported startup
+    /// parameter: extra_float_digits`, unless its `ignore_startup_parameters` lists it).
+    pub fn refused_startup_parameter(&self) -> Option<String> {
+        match self {
+            DbError::Sql(sqlx::Error::Database(e)) => e
+                .message()
+                .strip_prefix("unsupported startup parameter: ")
+                .map(|p| p.trim().to_string()),
+            _ => None,
+        }
+    }
+}
+
 /// A connection pool and its dialect. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Db {
-    pool: AnyPool,
+    pool: Pool,
     backend: Backend,
     /// SQLite only: writers of this process queue here, in order, instead of in SQLite's busy
     /// handler (which sleeps 1, 2, 5 … 100 ms between tries and made lateness grow with load).
@@ -214,7 +473,20 @@ impl Db {
     /// # Errors
     /// [`DbError`] when the URL is unsupported or the server refuses.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Db, DbError> {
-        Self::open(url, max_connections, false).await
+        Self::open(url, max_connections, PoolMode::Session, false).await
+    }
+
+    /// As [`Db::connect`], with the server connections behind `url` shared as `mode` says
+    /// (`database.pool_mode`).
+    ///
+    /// # Errors
+    /// [`DbError`] when the URL is unsupported or the server refuses.
+    pub async fn connect_with(
+        url: &str,
+        max_connections: u32,
+        mode: PoolMode,
+    ) -> Result<Db, DbError> {
+        Self::open(url, max_connections, mode, false).await
     }
 
     /// As [`Db::connect`], without connecting: the first query opens the first connection (a
@@ -222,11 +494,20 @@ impl Db {
     ///
     /// # Errors
     /// [`DbError::Config`] when the URL is unsupported or malformed.
-    pub async fn connect_lazy(url: &str, max_connections: u32) -> Result<Db, DbError> {
-        Self::open(url, max_connections, true).await
+    pub async fn connect_lazy(
+        url: &str,
+        max_connections: u32,
+        mode: PoolMode,
+    ) -> Result<Db, DbError> {
+        Self::open(url, max_connections, mode, true).await
     }
 
-    async fn open(url: &str, max_connections: u32, lazy: bool) -> Result<Db, DbError> {
+    async fn open(
+        url: &str,
+        max_connections: u32,
+        mode: PoolMode,
+        lazy: bool,
+    ) -> Result<Db, DbError> {
         sqlx::any::install_default_drivers();
         let backend = Backend::of_url(url)?;
         let url = match backend {
@@ -284,13 +565,23 @@ impl Db {
                     Ok(())
                 })
             });
+        // Only PostgreSQL is pooled this way (PgBouncer, Odyssey, PgCat speak its protocol).
+        let mode = match backend {
+            Backend::Postgres => mode,
+            _ => PoolMode::Session,
+        };
+        let unnamed = (mode == PoolMode::Transaction).then(|| Arc::new(UnnamedPool::new()));
         let pool = if lazy {
             pool.connect_lazy_with(options)
         } else {
             pool.connect_with(options).await?
         };
         Ok(Db {
-            pool,
+            pool: Pool {
+                inner: pool,
+                mode,
+                _unnamed: unnamed,
+            },
             backend,
             write_gate: Arc::new(Mutex::new(())),
         })
@@ -304,6 +595,22 @@ impl Db {
     /// naming the failing migration.
     pub async fn migrate(&self) -> Result<(), DbError> {
         migrate::run(self).await
+    }
+
+    /// As [`Db::migrate`], through `url` when given (`database.migrate_url`, on a connection of
+    /// its own: behind a transaction-mode pooler the migrator's session-level lock needs a
+    /// session of its own), else through this pool.
+    ///
+    /// # Errors
+    /// [`DbError`] when `url` cannot be reached or a migration fails.
+    pub async fn migrate_through(&self, url: Option<&str>) -> Result<(), DbError> {
+        let Some(url) = url else {
+            return self.migrate().await;
+        };
+        let direct = Db::connect(url, 1).await?;
+        let migrated = direct.migrate().await;
+        direct.close().await;
+        migrated
     }
 
     /// Begins a write transaction. On SQLite it is `BEGIN IMMEDIATE`: the write lock is taken
@@ -331,9 +638,14 @@ impl Db {
         }
     }
 
-    /// The pool.
-    pub fn pool(&self) -> &AnyPool {
+    /// The pool: an executor (`.fetch_one(db.pool())`) and [`Pool::acquire`].
+    pub fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    /// How the server connections are shared ([`PoolMode::Session`] on MySQL and SQLite).
+    pub fn pool_mode(&self) -> PoolMode {
+        self.pool.mode
     }
 
     /// The dialect.
@@ -346,8 +658,10 @@ impl Db {
     /// # Errors
     /// [`DbError::Sql`] when the query fails.
     pub async fn now_ms(&self) -> Result<i64, DbError> {
-        let row = sqlx::query(self.backend.now_sql())
-            .fetch_one(&self.pool)
+        let row = self
+            .backend
+            .query(self.backend.now_sql())
+            .fetch_one(self.pool())
             .await?;
         Ok(row.try_get::<i64, _>(0)?)
     }
@@ -357,7 +671,9 @@ impl Db {
     /// # Errors
     /// [`DbError::Sql`] when the query fails.
     pub async fn now_ms_on(&self, conn: &mut AnyConnection) -> Result<i64, DbError> {
-        let row = sqlx::query(self.backend.now_sql())
+        let row = self
+            .backend
+            .query(self.backend.now_sql())
             .fetch_one(&mut *conn)
             .await?;
         Ok(row.try_get::<i64, _>(0)?)

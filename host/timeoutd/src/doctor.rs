@@ -87,6 +87,7 @@ pub async fn examine(config: &Config) -> Vec<Finding> {
     for shard in &config.database.shards {
         let mut one = config.clone();
         one.database.url = shard.url.clone();
+        one.database.migrate_url = shard.migrate_url.clone();
         one.database.shards = Vec::new();
         findings.extend(database(&one).await.into_iter().map(|mut f| {
             f.what = f
@@ -126,17 +127,20 @@ async fn database(config: &Config) -> Vec<Finding> {
             )];
         }
     }
-    let db = match tokio::time::timeout(PROBE_TIMEOUT * 2, Db::connect(&config.database.url, 2))
-        .await
-    {
+    let connect = Db::connect_with(&config.database.url, 2, config.database.pool_mode);
+    let db = match tokio::time::timeout(PROBE_TIMEOUT * 2, connect).await {
         Ok(Ok(db)) => db,
         Ok(Err(e)) => {
-            return vec![bad(
-                Level::Error,
-                "database",
-                format!("{url}: {e}"),
-                "check database.url, that the server runs and listens there, and the credentials",
-            )];
+            let fix = match e.refused_startup_parameter() {
+                Some(p) => format!(
+                    "a pooler (PgBouncer) refuses the driver's start-up parameter {p}: add \
+                     `ignore_startup_parameters = {p}` to pgbouncer.ini and reload it"
+                ),
+                None => "check database.url, that the server runs and listens there, and the \
+                         credentials"
+                    .to_string(),
+            };
+            return vec![bad(Level::Error, "database", format!("{url}: {e}"), fix)];
         }
         Err(_) => {
             return vec![bad(
@@ -148,6 +152,7 @@ async fn database(config: &Config) -> Vec<Finding> {
         }
     };
     let mut out = vec![ok("database", format!("{url} reachable"))];
+    out.extend(pooling(config, &db).await);
     match crate::db::engine::inspect(&db).await {
         Ok(engine) => {
             out.push(server(db.backend(), &engine.version));
@@ -337,6 +342,102 @@ async fn database(config: &Config) -> Vec<Finding> {
 /// MySQL 8.0.1, PostgreSQL 9.5; SQLite has one writer and needs none). Engines that report a
 /// MySQL 8 version without its `SKIP LOCKED` (TiDB, Vitess) are refused by
 /// [`crate::db::engine::Engine::refusals`].
+/// PostgreSQL: whether the server connections behind `database.url` are shared between clients
+/// (a transaction-mode pooler, [`crate::db::pooler`]) and `database.pool_mode` says so, and that
+/// `database.migrate_url` is a session of its own.
+async fn pooling(config: &Config, db: &Db) -> Vec<Finding> {
+    use crate::db::PoolMode;
+    use crate::db::pooler::{self, Sharing};
+    if db.backend() != Backend::Postgres {
+        return Vec::new();
+    }
+    let mode = config.database.pool_mode;
+    let mut out = Vec::new();
+    let sharing = tokio::time::timeout(PROBE_TIMEOUT * 2, pooler::probe(db)).await;
+    out.push(match (sharing, mode) {
+        (Ok(Ok(Sharing::Shared(seen))), PoolMode::Session) => bad(
+            Level::Error,
+            "database.pool_mode",
+            format!(
+                "\"session\", but server connections are shared between clients from one \
+                 transaction to the next, as behind PgBouncer in pool_mode = transaction ({seen}); \
+                 timeoutd's named statements then fail (prepared statement \"sqlx_s_1\" already \
+                 exists) or run another client's"
+            ),
+            "set database.pool_mode = \"transaction\" and database.migrate_url to a direct (or \
+             session-mode) URL of the database for the migrations; or point database.url at a \
+             session-mode pool",
+        ),
+        (Ok(Ok(Sharing::Shared(_))), PoolMode::Transaction) => ok(
+            "database.pool_mode",
+            "\"transaction\": server connections are shared between clients (a transaction-mode \
+             pooler); statements are unnamed, each inside a transaction",
+        ),
+        (Ok(Ok(Sharing::Private)), PoolMode::Session) => ok(
+            "database.pool_mode",
+            "\"session\": each connection keeps its server connection",
+        ),
+        (Ok(Ok(Sharing::Private)), PoolMode::Transaction) => ok(
+            "database.pool_mode",
+            "\"transaction\": statements are unnamed, each inside a transaction (no sharing seen \
+             here; \"session\" would save round trips on a direct connection)",
+        ),
+        (Ok(Err(e)), _) => bad(
+            Level::Warn,
+            "database.pool_mode",
+            format!("could not probe whether server connections are shared: {e}"),
+            "check that the database accepts two more connections",
+        ),
+        (Err(_), _) => bad(
+            Level::Warn,
+            "database.pool_mode",
+            format!(
+                "the sharing probe got no answer within {:?}",
+                PROBE_TIMEOUT * 2
+            ),
+            "check the pooler's pool sizes and the server's load",
+        ),
+    });
+    let Some(migrate_url) = &config.database.migrate_url else {
+        return out;
+    };
+    let shown = redact(migrate_url);
+    let direct = tokio::time::timeout(PROBE_TIMEOUT * 2, async {
+        let direct = Db::connect(migrate_url, 1).await?;
+        let sharing = pooler::probe(&direct).await;
+        direct.close().await;
+        sharing
+    })
+    .await;
+    out.push(match direct {
+        Ok(Ok(Sharing::Private)) => ok(
+            "database.migrate_url",
+            format!("{shown} reachable, a session of its own"),
+        ),
+        Ok(Ok(Sharing::Shared(seen))) => bad(
+            Level::Error,
+            "database.migrate_url",
+            format!("{shown}: server connections are shared between clients ({seen})"),
+            "point database.migrate_url at the database itself or at a session-mode pool: the \
+             migrations hold a session-level lock",
+        ),
+        Ok(Err(e)) => bad(
+            Level::Error,
+            "database.migrate_url",
+            format!("{shown}: {e}"),
+            "check database.migrate_url, that the server runs and listens there, and the \
+             credentials",
+        ),
+        Err(_) => bad(
+            Level::Error,
+            "database.migrate_url",
+            format!("{shown}: no answer within {:?}", PROBE_TIMEOUT * 2),
+            "check database.migrate_url and that nothing drops the connection",
+        ),
+    });
+    out
+}
+
 fn server(backend: Backend, version: &str) -> Finding {
     let numbers: Vec<u32> = version
         .split(|c: char| !c.is_ascii_digit())

@@ -241,7 +241,11 @@ async fn payment_attempt(
     let attempt = async {
         let now_ms = effects.clock().now_ms(db).await?;
         let mut conn = db.pool().acquire().await?;
-        orders::take_payment_lease(&mut conn, &order_id, now_ms, now_ms + state.lease_ms).await
+        let attempt =
+            orders::take_payment_lease(&mut conn, &order_id, now_ms, now_ms + state.lease_ms)
+                .await?;
+        conn.commit().await?;
+        Ok::<_, crate::db::DbError>(attempt)
     };
     match attempt.await {
         Ok(orders::Attempt::Held { until_ms }) => {

@@ -137,17 +137,28 @@ impl Sharded {
         let mut front = Vec::new();
         for (index, s) in config.database.shards.iter().enumerate() {
             let named = |e: String| StartError::Shard(s.name.clone(), e);
-            let db = Db::connect_lazy(&s.url, config.database.pool_size(&s.url))
-                .await
-                .map_err(|e| named(e.to_string()))?;
+            let db = Db::connect_lazy(
+                &s.url,
+                config.database.pool_size(&s.url),
+                config.database.pool_mode,
+            )
+            .await
+            .map_err(|e| named(e.to_string()))?;
             let migrate = match tokio::time::timeout(
                 lease,
-                crate::daemon::prepare(&db, config.database.migrate),
+                crate::daemon::prepare(
+                    &db,
+                    crate::daemon::Migrate::of(config.database.migrate, s.migrate_url.as_deref()),
+                ),
             )
             .await
             {
                 Ok(Ok(())) => false,
                 Ok(Err(e @ StartError::Unsafe(_))) => return Err(named(e.to_string())),
+                // Still a pooler refusal (its own exit status), naming the shard.
+                Ok(Err(StartError::Pooler(line))) => {
+                    return Err(StartError::Pooler(format!("shard {}: {line}", s.name)));
+                }
                 // Outside the schema's compatibility window, or half-applied: no retry helps,
                 // an operator must act (exit 78, as for one database).
                 Ok(Err(StartError::Schema(e))) if e.needs_operator() => {
@@ -165,6 +176,7 @@ impl Sharded {
             };
             let mut own = config.clone();
             own.database.url = s.url.clone();
+            own.database.migrate_url = s.migrate_url.clone();
             own.database.shards = Vec::new();
             // Checked and migrated by the worker; the listeners are the process's.
             own.database.migrate = false;
@@ -327,7 +339,9 @@ async fn work(
             pool.seen.lock().unwrap()[shard.index] = n;
         }
         if !ready {
-            match tokio::time::timeout(lease, crate::daemon::prepare(&shard.db, migrate)).await {
+            let how =
+                crate::daemon::Migrate::of(migrate, shard.config.database.migrate_url.as_deref());
+            match tokio::time::timeout(lease, crate::daemon::prepare(&shard.db, how)).await {
                 Ok(Ok(())) => (ready, migrate) = (true, false),
                 Ok(Err(e)) => {
                     tracing::error!(shard = %shard.name, error = %e, "shard cannot be worked yet")
@@ -372,6 +386,7 @@ async fn work(
                     let db = Db::connect_lazy(
                         &shard.config.database.url,
                         shard.config.database.pool_size(&shard.config.database.url),
+                        shard.config.database.pool_mode,
                     )
                     .await?;
                     Daemon::start_prepared(&shard.config, clock.clone(), policies.clone(), db).await

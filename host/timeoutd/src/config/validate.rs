@@ -70,8 +70,17 @@ fn database(c: &Config, p: &mut ConfigProblems) {
             "database.shards",
             "give either database.url or database.shards, not both",
         ),
-        (false, true) => url(&d.url, "database.url", p),
+        (false, true) => {
+            url(&d.url, "database.url", p);
+            migrate_url(d, &d.url, d.migrate_url.as_deref(), "database", p);
+        }
         (true, false) => {
+            if d.migrate_url.is_some() {
+                p.push(
+                    "database.migrate_url",
+                    "give each shard its own migrate_url ([[database.shards]])",
+                );
+            }
             let mut names = std::collections::BTreeSet::new();
             let mut urls = std::collections::BTreeSet::new();
             for (i, shard) in d.shards.iter().enumerate() {
@@ -91,6 +100,7 @@ fn database(c: &Config, p: &mut ConfigProblems) {
                     );
                 }
                 url(&shard.url, &format!("{at}.url"), p);
+                migrate_url(d, &shard.url, shard.migrate_url.as_deref(), &at, p);
             }
             if d.shard_lease < std::time::Duration::from_secs(1) {
                 p.push("database.shard_lease", "must be at least 1s");
@@ -109,6 +119,48 @@ fn database(c: &Config, p: &mut ConfigProblems) {
                         ),
                     );
                 }
+            }
+        }
+    }
+}
+
+/// `pool_mode` and `migrate_url` of the database at `url` (`at`: `database` or
+/// `database.shards[i]`): a transaction-mode pool on PostgreSQL migrates through a URL of its
+/// own, a valid one of the same backend.
+fn migrate_url(
+    d: &super::DatabaseConfig,
+    db_url: &str,
+    migrate_url: Option<&str>,
+    at: &str,
+    p: &mut ConfigProblems,
+) {
+    let backend = crate::db::Backend::of_url(db_url).ok();
+    let transaction = d.pool_mode == crate::db::PoolMode::Transaction;
+    if transaction && backend.is_some_and(|b| b != crate::db::Backend::Postgres) {
+        p.push(
+            "database.pool_mode",
+            "\"transaction\" is for PostgreSQL behind a pooler (PgBouncer); this database is not PostgreSQL",
+        );
+    }
+    match migrate_url {
+        None if transaction && d.migrate && backend == Some(crate::db::Backend::Postgres) => p
+            .push(
+                format!("{at}.migrate_url"),
+                "required with database.pool_mode = \"transaction\" and database.migrate = true: a \
+             direct (or session-mode) URL of the same database, for the migrations, which hold a \
+             session-level lock; or set database.migrate = false and migrate by hand",
+            ),
+        None => {}
+        Some(m) => {
+            let key = format!("{at}.migrate_url");
+            url(m, &key, p);
+            if let (Ok(mb), Some(b)) = (crate::db::Backend::of_url(m), backend)
+                && mb != b
+            {
+                p.push(
+                    key,
+                    "must name the same kind of database as the URL it migrates",
+                );
             }
         }
     }

@@ -583,9 +583,12 @@ fn missing_table(e: &sqlx::Error) -> bool {
             || d.message().contains("does not exist"))
 }
 
+/// Read on the daemon's own pool too (`check`, the doctor): its statements are unnamed behind a
+/// transaction-mode pooler, as [`super::Backend::query`]'s are.
 async fn read_state(conn: &mut AnyConnection) -> Result<Option<SchemaState>, DbError> {
     let applied =
         match sqlx::query("SELECT MAX(version) FROM _sqlx_migrations WHERE success = TRUE")
+            .persistent(super::named_statements())
             .fetch_one(&mut *conn)
             .await
         {
@@ -597,6 +600,7 @@ async fn read_state(conn: &mut AnyConnection) -> Result<Option<SchemaState>, DbE
         "SELECT version, description, execution_time FROM _sqlx_migrations \
          WHERE success = FALSE ORDER BY version",
     )
+    .persistent(super::named_statements())
     .fetch_optional(&mut *conn)
     .await?
     .map(|row| -> Result<HalfApplied, DbError> {
@@ -612,6 +616,7 @@ async fn read_state(conn: &mut AnyConnection) -> Result<Option<SchemaState>, DbE
     let window = match sqlx::query(
         "SELECT version, compatible_from, written_by FROM timeoutd_schema WHERE id = 1",
     )
+    .persistent(super::named_statements())
     .fetch_optional(&mut *conn)
     .await
     {

@@ -105,7 +105,7 @@ async fn replay(
     limit: u32,
     changed: &[(String, String)],
 ) -> Result<usize, DbError> {
-    let db = Db::connect(&config.database.url, 2).await?;
+    let db = Db::connect_with(&config.database.url, 2, config.database.pool_mode).await?;
     let rows = recorded_calls(&db, merchant, limit).await?;
     let (mut same, mut differ, mut skipped, mut reconstructed) = (0, 0, 0, 0);
     for row in &rows {

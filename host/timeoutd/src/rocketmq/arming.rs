@@ -362,13 +362,15 @@ pub async fn arm_orders(
         .as_ref()
         .ok_or_else(|| anyhow::anyhow!("the configuration has no [rocketmq] section"))?;
     let policies = crate::policies::load(config)?;
-    let db = Db::connect(
+    let db = Db::connect_with(
         &config.database.url,
         config.database.pool_size(&config.database.url),
+        config.database.pool_mode,
     )
     .await?;
     if config.database.migrate {
-        db.migrate().await?;
+        db.migrate_through(config.database.migrate_url.as_deref())
+            .await?;
     }
     let transport = Transport::start(rocketmq).await?;
     let listener = ArmListener::new(Handle::current(), db.clone(), Clock::Database, policies);

@@ -540,7 +540,9 @@ impl TimeoutConsumer {
                 &received.message_id,
                 now_ms,
             )
-            .await
+            .await?;
+            conn.commit().await?;
+            Ok::<_, DbError>(())
         }
         .await;
         match result {

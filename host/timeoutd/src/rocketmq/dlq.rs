@@ -57,6 +57,7 @@ pub async fn record(db: &Db, clock: &Clock, received: &Received) -> Result<(), D
         now_ms,
     )
     .await?;
+    conn.commit().await?;
     if added {
         emit(Event::DeadLettered {
             source: SOURCE_DLQ,

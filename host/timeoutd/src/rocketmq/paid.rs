@@ -103,6 +103,7 @@ impl PaidListener {
             now_ms,
         )
         .await?;
+        conn.commit().await?;
         if added {
             emit(Event::DeadLettered {
                 source: SOURCE_PAID,
