@@ -1051,3 +1051,99 @@ async fn spans_reach_an_otlp_collector_in_the_callers_trace() {
     }
     env.cleanup().await;
 }
+
+/// A burst is no log flood (#48): with `database.slow_statement = "1ms"` nearly every
+/// statement of a 2,000-order burst counts as slow — sqlx wrote a WARN line for each, and the
+/// daemon an INFO line per close (2,024 lines) — yet the daemon's log stays a few lines: a
+/// summary names how many statements were slow and the slowest, another how many orders
+/// closed, and `/metrics` has each slow statement in
+/// `timeoutd_slow_statement_seconds{statement}`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_slow_statements_is_summarised_not_a_log_flood() {
+    let env = Env::new(Backend::Sqlite).await;
+    env.stock_up(&[("sku-a", 10_000), ("sku-b", 10_000)]).await;
+    let port = crate::support::free_port();
+    let file = env.dir.path().join("slow.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[database]\nurl = \"{}\"\nslow_statement = \"1ms\"\n[admin]\nlisten = \"127.0.0.1:{port}\"\n\
+             [admin.tokens]\nops = \"slow-token-0123456789\"\n\
+             [merchants.acme]\nplugin = \"builtin:single-phase\"\n",
+            env.url
+        ),
+    )
+    .unwrap();
+    let orders = 2_000;
+    let now = env.db.now_ms().await.unwrap();
+    let mut tx = env.db.begin().await.unwrap();
+    for i in 0..orders {
+        timeoutd::db::orders::create(
+            &mut tx,
+            &crate::support::order(&format!("s{i}"), "acme", now + 3_000),
+        )
+        .await
+        .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let log = env.dir.path().join("timeoutd.log");
+    let mut daemon = crate::support::started_daemon(&file, &[], &log).await;
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    crate::support::eventually(Duration::from_secs(60), "the burst closes", || async {
+        env.int("SELECT COUNT(*) FROM orders WHERE status = ?", "CLOSED")
+            .await
+            == orders
+    })
+    .await;
+    let page = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let exit = crate::support::sigterm(&mut daemon, Duration::from_secs(10)).await;
+    assert!(exit.success(), "{exit:?}\n{}", read());
+    let text = read();
+    let counted: f64 = page
+        .lines()
+        .filter(|l| l.starts_with("timeoutd_slow_statement_seconds_count{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(counted >= 10.0, "slow statements were not counted:\n{page}");
+    assert!(
+        !text.contains("slow statement: execution time exceeded"),
+        "sqlx's own line per statement reached the log:\n{text}"
+    );
+    let summaries = text
+        .lines()
+        .filter(|l| l.contains("slow statements (over database.slow_statement)"))
+        .count();
+    assert!(summaries >= 1, "no summary line:\n{text}");
+    // The closes are summed up too (the `log` notice channel is a sink, not diagnostics: its
+    // lines are the notices themselves).
+    let closed: u64 = text
+        .lines()
+        .filter(|l| l.contains("orders closed since the last summary"))
+        .filter_map(|l| {
+            l.split("closed=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    assert_eq!(
+        closed, orders as u64,
+        "the summaries count every close:\n{text}"
+    );
+    let lines = text
+        .lines()
+        .filter(|l| !l.contains("timeoutd::notice"))
+        .count();
+    assert!(
+        lines <= 30,
+        "{lines} log lines for a {orders}-order burst:\n{text}"
+    );
+    env.cleanup().await;
+}

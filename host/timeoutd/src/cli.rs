@@ -409,7 +409,7 @@ async fn run(path: &std::path::Path, config: &Config) -> ExitCode {
         }
     };
     let (summary_stop, summary_shutdown) = tokio::sync::watch::channel(false);
-    let summary = tokio::spawn(crate::slowlog::summarise(summary_shutdown));
+    let summary = tokio::spawn(crate::events::summarise(summary_shutdown));
     wait_for_signal().await;
     tracing::info!("signal received; draining");
     match running {

@@ -191,7 +191,10 @@ pub fn emit(event: Event<'_>) {
             trigger_lateness_ms,
             effects,
         } => {
-            tracing::info!(
+            // A line per close is DEBUG: a burst's closes are summed up in one INFO line per
+            // interval ([`summarise`]); the decision log has each close.
+            CLOSED_SINCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::debug!(
                 source,
                 lateness_ms,
                 trigger_lateness_ms,
@@ -322,4 +325,31 @@ pub fn metrics_handle() -> &'static PrometheusHandle {
             .install_recorder()
             .expect("the only metrics recorder of the process")
     })
+}
+
+/// Closes since the last [`flush_closes`].
+static CLOSED_SINCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Writes one INFO line for the orders closed since the last call, if any. Returns how many.
+pub fn flush_closes() -> u64 {
+    let closed = CLOSED_SINCE.swap(0, std::sync::atomic::Ordering::Relaxed);
+    if closed > 0 {
+        tracing::info!(closed, "orders closed since the last summary");
+    }
+    closed
+}
+
+/// How often [`summarise`] writes its lines.
+pub const SUMMARY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The log's summaries instead of a line per event, so a burst of any size writes a few lines:
+/// every [`SUMMARY_INTERVAL`] the closes ([`flush_closes`]) and the slow statements
+/// ([`crate::slowlog::flush`]) since the last, until `shutdown`, and once more then.
+pub async fn summarise(mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    while !crate::shutdown::sleep_or_shutdown(SUMMARY_INTERVAL, &mut shutdown).await {
+        flush_closes();
+        crate::slowlog::flush();
+    }
+    flush_closes();
+    crate::slowlog::flush();
 }

@@ -6,8 +6,8 @@
 //! busiest day of the year, and it grows with the burst. Here each such event is
 //!   - recorded in the histogram `timeoutd_slow_statement_seconds{statement}` (the statement's
 //!     summary as sqlx gives it, e.g. `UPDATE sku_stock SET …`), and
-//!   - summarised in at most one WARN line per [`INTERVAL`] ([`flush`], run by the daemon):
-//!     how many, and the slowest with its time.
+//!   - summarised in at most one WARN line per [`crate::events::SUMMARY_INTERVAL`] ([`flush`],
+//!     run by [`crate::events::summarise`]): how many, and the slowest with its time.
 //!
 //! [`Layer`] does the counting; the log's own layers leave sqlx's slow-statement events out
 //! ([`is_slow_statement`]). Statements sqlx logs at other levels (`RUST_LOG=sqlx::query=debug`)
@@ -17,9 +17,6 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use tracing::field::{Field, Visit};
-
-/// How often the summary line may be written.
-pub const INTERVAL: Duration = Duration::from_secs(10);
 
 /// sqlx's logging target for statements.
 const TARGET: &str = "sqlx::query";
@@ -132,14 +129,6 @@ pub fn flush() -> u64 {
         );
     }
     seen.count
-}
-
-/// Runs [`flush`] every [`INTERVAL`] until `shutdown`, and once more then.
-pub async fn summarise(mut shutdown: tokio::sync::watch::Receiver<bool>) {
-    while !crate::shutdown::sleep_or_shutdown(INTERVAL, &mut shutdown).await {
-        flush();
-    }
-    flush();
 }
 
 #[cfg(test)]
