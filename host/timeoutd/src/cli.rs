@@ -13,7 +13,7 @@ pub use crate::config::EXIT_BAD_CONFIG;
 /// Exit status of `timeoutd run` when the database's schema is one this build will not run on
 /// — migrated past its compatibility window, or a migration half-applied — which only an
 /// operator can fix (`EX_CONFIG` of sysexits.h: the installation is configured wrong). The
-/// systemd unit does not restart on it (`RestartPreventExitStatus=64 78`), as it does not on
+/// systemd unit does not restart on it (`RestartPreventExitStatus=64 76 78`), as it does not on
 /// [`EXIT_BAD_CONFIG`]; its one line on stderr names the versions and what to run.
 pub const EXIT_SCHEMA: u8 = 78;
 use crate::daemon::{self, Daemon};
@@ -370,7 +370,7 @@ fn validate(path: &std::path::Path) -> ExitCode {
 /// `database.pool_mode` says `"session"`, or a start-up parameter the pooler refuses
 /// (`EX_PROTOCOL` of sysexits.h: the pooler does not keep the protocol's session as the
 /// configuration expects). Restarting cannot help; the unit does not
-/// (`RestartPreventExitStatus=76`).
+/// (`RestartPreventExitStatus=64 76 78`).
 pub const EXIT_POOLER: u8 = 76;
 
 async fn run(path: &std::path::Path, config: &Config) -> ExitCode {
