@@ -270,9 +270,10 @@ fn init_logging(
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     // Colours only on a terminal: a log file or journal gets plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    // sqlx's one line per slow statement is counted and summarised instead (crate::slowlog).
-    let not_slow =
-        || tracing_subscriber::filter::filter_fn(|meta| !crate::slowlog::is_slow_statement(meta));
+    // sqlx's one line per slow statement is counted and summarised instead (crate::db::slowlog).
+    let not_slow = || {
+        tracing_subscriber::filter::filter_fn(|meta| !crate::db::slowlog::is_slow_statement(meta))
+    };
     let (text, json) = match format {
         LogFormat::Text => (
             Some(
@@ -305,7 +306,7 @@ fn init_logging(
         .with(text)
         .with(json)
         .with(otel)
-        .with(crate::slowlog::Layer)
+        .with(crate::db::slowlog::Layer)
         .init();
     Ok(guard)
 }
@@ -374,7 +375,7 @@ fn validate(path: &std::path::Path) -> ExitCode {
 pub const EXIT_POOLER: u8 = 76;
 
 async fn run(path: &std::path::Path, config: &Config) -> ExitCode {
-    crate::slowlog::set_threshold(config.database.slow_statement);
+    crate::db::slowlog::set_threshold(config.database.slow_statement);
     // One database, or a sharded one ([`crate::shards`]).
     enum Running {
         One(Daemon),

@@ -140,7 +140,7 @@ pub struct DatabaseConfig {
     /// A statement slower than this counts as slow (default 1s): each is recorded in the
     /// histogram `timeoutd_slow_statement_seconds{statement}`, and the log gets one summary line
     /// every 10 s at most (how many, the slowest) instead of a line per statement
-    /// ([`crate::slowlog`]).
+    /// ([`crate::db::slowlog`]).
     #[serde(default = "defaults::slow_statement", with = "duration")]
     pub slow_statement: Duration,
 }

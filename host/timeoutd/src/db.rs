@@ -25,6 +25,7 @@ pub mod pooler;
 pub mod relay;
 pub mod replay;
 pub mod retention;
+pub mod slowlog;
 pub mod views;
 
 use std::ops::{Deref, DerefMut};
@@ -523,10 +524,10 @@ impl Db {
             create_sqlite_parent(&url)?;
         }
         // Slow statements at WARN over the configured threshold, counted and summarised by
-        // crate::slowlog instead of a line each.
+        // crate::db::slowlog instead of a line each.
         let options = url
             .parse::<AnyConnectOptions>()?
-            .log_slow_statements(log::LevelFilter::Warn, crate::slowlog::threshold());
+            .log_slow_statements(log::LevelFilter::Warn, crate::db::slowlog::threshold());
         let pool = AnyPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(10))

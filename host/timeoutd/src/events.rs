@@ -344,12 +344,12 @@ pub const SUMMARY_INTERVAL: std::time::Duration = std::time::Duration::from_secs
 
 /// The log's summaries instead of a line per event, so a burst of any size writes a few lines:
 /// every [`SUMMARY_INTERVAL`] the closes ([`flush_closes`]) and the slow statements
-/// ([`crate::slowlog::flush`]) since the last, until `shutdown`, and once more then.
+/// ([`crate::db::slowlog::flush`]) since the last, until `shutdown`, and once more then.
 pub async fn summarise(mut shutdown: tokio::sync::watch::Receiver<bool>) {
     while !crate::shutdown::sleep_or_shutdown(SUMMARY_INTERVAL, &mut shutdown).await {
         flush_closes();
-        crate::slowlog::flush();
+        crate::db::slowlog::flush();
     }
     flush_closes();
-    crate::slowlog::flush();
+    crate::db::slowlog::flush();
 }

@@ -43,6 +43,5 @@ pub use timeoutd_runtime::retry;
 pub mod rocketmq;
 pub mod shards;
 pub mod shutdown;
-pub mod slowlog;
 pub mod sources;
 pub mod telemetry;
