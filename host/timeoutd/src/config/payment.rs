@@ -375,4 +375,34 @@ mod tests {
         let e = load("payment_provider = \"stripe\"\n").unwrap_err();
         assert!(e.contains("merchants.acme.payment_provider"), "{e}");
     }
+
+    #[test]
+    fn alipay_keys_come_from_files_or_env_and_every_problem_is_named_by_its_key() {
+        let e = load("[payment]\nprovider = \"alipay\"\n").unwrap_err();
+        assert!(e.contains("payment.alipay"), "{e}");
+        let e = load(
+            "[payment]\nprovider = \"alipay\"\n[payment.alipay]\napp_id = \"2021\"\n\
+             app_private_key = \"MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC\"\n\
+             alipay_public_key = { secret_file = \"alipay.pub\" }\n",
+        )
+        .unwrap_err();
+        assert!(e.contains("payment.alipay.app_private_key"), "{e}");
+        assert!(!e.contains("MIIEvQ"), "the key is never repeated: {e}");
+        let e = load(
+            "[payment]\nprovider = \"alipay\"\n[payment.alipay]\napp_id = \" \"\n\
+             gateway = \"openapi.alipay.com\"\nseller_id = \"\"\n\
+             app_private_key = { secret_env = \"TIMEOUTD_TEST_UNSET_ALIPAY_KEY\" }\n\
+             alipay_public_key = { secret_file = \"missing\" }\n",
+        )
+        .unwrap_err();
+        for key in [
+            "payment.alipay.gateway",
+            "payment.alipay.app_id",
+            "payment.alipay.seller_id",
+            "payment.alipay.app_private_key",
+            "payment.alipay.alipay_public_key",
+        ] {
+            assert!(e.contains(key), "{key} in {e}");
+        }
+    }
 }
