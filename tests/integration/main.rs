@@ -1,6 +1,7 @@
 //! timeoutd's integration tests. See `tests/README.md` for what each module needs.
 
 mod admin;
+mod alipay;
 mod chaos;
 mod config;
 mod e2e;

@@ -59,6 +59,19 @@ impl Clock {
     }
 }
 
+/// The host's wall clock, epoch ms — only for a stamp a peer checks against its own clock (a
+/// request's `timestamp` to Alipay's gateway), never for a decision, which takes
+/// [`Clock::now_ms`].
+pub fn wall_ms() -> i64 {
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "a peer (Alipay's gateway) checks the stamp against its own wall clock, not the database's"
+    )]
+    let now = std::time::SystemTime::now();
+    now.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
 /// Measures elapsed wall time (plugin latency, sweep duration).
 #[derive(Debug, Clone, Copy)]
 pub struct Stopwatch(std::time::Instant);

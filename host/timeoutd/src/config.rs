@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-pub use payment::{ProviderKind, Secret, SecretRef, StripeConfig};
+pub use payment::{AlipayConfig, ProviderKind, Secret, SecretRef, StripeConfig};
 pub use rocketmq::{ConsumeFrom, DelayMode, RocketMqConfig};
 pub use validate::ConfigProblems;
 
@@ -416,7 +416,8 @@ pub struct RedisConfig {
 #[serde(deny_unknown_fields)]
 pub struct PaymentConfig {
     /// The adapter of merchants that do not name their own `payment_provider`: `rest`
-    /// (default: timeoutd's REST shape at `base_url`) or `stripe` (`[payment.stripe]`).
+    /// (default: timeoutd's REST shape at `base_url`), `stripe` (`[payment.stripe]`) or
+    /// `alipay` (`[payment.alipay]`).
     #[serde(default)]
     pub provider: ProviderKind,
     /// `rest`: base URL, e.g. `https://pay.example.com` (needed when any merchant uses `rest`).
@@ -469,6 +470,9 @@ pub struct PaymentConfig {
     /// `[payment.stripe]`: Stripe's API key, webhook secret and endpoint.
     #[serde(default)]
     pub stripe: Option<StripeConfig>,
+    /// `[payment.alipay]`: Alipay's gateway, the app's id and the two RSA keys.
+    #[serde(default)]
+    pub alipay: Option<AlipayConfig>,
 }
 
 /// `payment.on_unknown`: when the provider cannot say whether an order was paid.
@@ -680,7 +684,7 @@ pub struct MerchantConfig {
     #[serde(default)]
     pub on_paid_after_close: PaidAfterClose,
     /// The adapter that speaks to this merchant's payment provider, when it differs from
-    /// `payment.provider`: `rest` or `stripe`.
+    /// `payment.provider`: `rest`, `stripe` or `alipay`.
     #[serde(default)]
     pub payment_provider: Option<ProviderKind>,
     /// When the plugin fails: `retry` (default: backoff, then dead-letter), `fallback` (the

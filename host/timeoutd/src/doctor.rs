@@ -659,6 +659,9 @@ async fn endpoints(config: &Config) -> Vec<Finding> {
         if let Some(s) = &p.stripe {
             targets.push(("payment.stripe.base_url".into(), s.base_url.clone()));
         }
+        if let Some(a) = &p.alipay {
+            targets.push(("payment.alipay.gateway".into(), a.gateway.clone()));
+        }
     }
     for (name, channel) in &config.notify.channels {
         if let crate::config::ChannelConfig::Webhook { url, .. } = channel {

@@ -31,7 +31,7 @@ pub use executor::{Done, EffectError, Executor, Job};
 pub use flash::{FlashEffects, FlashSale};
 pub use notify::Notifier;
 pub use payment::{
-    CloseOutcome, HttpPaymentGateway, PaymentEffects, PaymentGateway, Providers,
+    CloseOutcome, HttpPaymentGateway, PaymentEffects, PaymentGateway, Providers, Refusal, alipay,
     record_paid_after_close, resolutions, stripe, with_provider,
 };
 

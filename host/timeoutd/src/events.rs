@@ -128,10 +128,10 @@ pub enum Event<'a> {
         /// `wait`, `decide` or `capped`.
         outcome: &'static str,
     },
-    /// A provider's payment notice (a Stripe webhook) was refused with a 4xx and nothing
-    /// recorded (`timeoutd_payment_notices_refused_total{provider, reason}`).
+    /// A provider's payment notice (a Stripe webhook, an Alipay notification) was refused with
+    /// a 4xx and nothing recorded (`timeoutd_payment_notices_refused_total{provider, reason}`).
     NoticeRefused {
-        /// `stripe`.
+        /// `stripe` or `alipay`.
         provider: &'static str,
         /// `unsigned`, `signature`, `stale`, `malformed`, `unknown_order`, `misaddressed` or
         /// `amount`.

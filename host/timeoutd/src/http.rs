@@ -13,10 +13,14 @@
 //! `POST /v1/providers/stripe/webhook` — Stripe's signed `payment_intent.succeeded` events
 //! ([`stripe`]), applied as the paid callback is.
 //!
+//! `POST /v1/providers/alipay/notify/{order}` — Alipay's signed asynchronous notifications
+//! ([`alipay`]), applied as the paid callback is and answered `success`.
+//!
 //! `POST /v1/orders/{order}/payment-attempts` — an aggregated cashier about to take the buyer's
 //! money serializes the payment with the close: the order is held against its close for
 //! `http.payment_lease`, or the answer says why it cannot be paid ([`orders::take_payment_lease`]).
 
+mod alipay;
 mod stripe;
 
 use std::collections::HashMap;
@@ -45,6 +49,7 @@ pub struct HttpState {
     token: Option<String>,
     lease_ms: i64,
     stripe: Option<Arc<stripe::StripeWebhook>>,
+    alipay: Option<Arc<alipay::AlipayNotify>>,
 }
 
 impl HttpState {
@@ -66,6 +71,7 @@ impl HttpState {
                 .as_ref()
                 .map_or(120_000, |h| h.payment_lease.as_millis() as i64),
             stripe: stripe::StripeWebhook::from_config(config).map(Arc::new),
+            alipay: alipay::AlipayNotify::from_config(config).map(Arc::new),
         }
     }
 
@@ -93,6 +99,7 @@ pub fn router(state: HttpState) -> Router {
         .route("/v1/payments/{order}/paid", post(paid_callback))
         .route("/v1/orders/{order}/payment-attempts", post(payment_attempt))
         .route("/v1/providers/stripe/webhook", post(stripe::webhook))
+        .route("/v1/providers/alipay/notify/{order}", post(alipay::notify))
         .fallback(no_route)
         .with_state(state)
 }

@@ -1,5 +1,6 @@
 //! `[payment]`'s providers: which adapter speaks to the provider (`provider`, per merchant
-//! `payment_provider`), each provider's own table (`[payment.stripe]`), and the credentials
+//! `payment_provider`), each provider's own table (`[payment.stripe]`, `[payment.alipay]`), and
+//! the credentials
 //! they read from files or the environment — never from the config text.
 
 use std::path::{Path, PathBuf};
@@ -20,14 +21,17 @@ pub enum ProviderKind {
     Rest,
     /// Stripe PaymentIntents (`[payment.stripe]`).
     Stripe,
+    /// Alipay's OpenAPI gateway, the `alipay.trade.*` methods (`[payment.alipay]`).
+    Alipay,
 }
 
 impl ProviderKind {
-    /// `rest` or `stripe`, as written in the config.
+    /// `rest`, `stripe` or `alipay`, as written in the config.
     pub fn as_str(self) -> &'static str {
         match self {
             ProviderKind::Rest => "rest",
             ProviderKind::Stripe => "stripe",
+            ProviderKind::Alipay => "alipay",
         }
     }
 }
@@ -56,6 +60,36 @@ pub struct StripeConfig {
     /// fake server `localstripe` refuses the parameter).
     #[serde(default = "abandoned")]
     pub cancellation_reason: String,
+}
+
+/// `[payment.alipay]`: Alipay's OpenAPI gateway (`alipay.trade.query`, `.close`, `.refund`)
+/// and its asynchronous notifications.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlipayConfig {
+    /// The gateway (default `https://openapi.alipay.com/gateway.do`; the sandbox is
+    /// `https://openapi-sandbox.dl.alipaydev.com/gateway.do`; a test points it at a stub).
+    #[serde(default = "alipay_gateway")]
+    pub gateway: String,
+    /// The app's id (`app_id`) on the Alipay open platform: sent with every request, and a
+    /// notification for another app is refused.
+    pub app_id: String,
+    /// The app's RSA private key (RSA2: 2048 bits or more), PEM or the bare base64 Alipay's key
+    /// tool writes, PKCS#8 or PKCS#1: `{ secret_file = "/etc/timeoutd/alipay-app.key" }` or
+    /// `{ secret_env = "ALIPAY_APP_PRIVATE_KEY" }`. Signs every request.
+    pub app_private_key: SecretRef,
+    /// Alipay's public key (支付宝公钥, shown beside the app's key on the open platform), PEM
+    /// or bare base64, as `app_private_key`: every answer and notification is verified with
+    /// it before it is believed.
+    pub alipay_public_key: SecretRef,
+    /// The seller's Alipay user id (`2088…`); when given, a notification naming another
+    /// seller is refused.
+    #[serde(default)]
+    pub seller_id: Option<String>,
+}
+
+fn alipay_gateway() -> String {
+    "https://openapi.alipay.com/gateway.do".into()
 }
 
 fn stripe_base_url() -> String {
@@ -272,6 +306,32 @@ pub(super) fn validate(c: &Config, p: &mut ConfigProblems) {
         }
         (None, false) => {}
     }
+    match (&pay.alipay, used.contains(&ProviderKind::Alipay)) {
+        (None, true) => p.push(
+            "payment.alipay",
+            "missing: provider `alipay` is used, so give [payment.alipay] with app_id, \
+             app_private_key and alipay_public_key",
+        ),
+        (Some(a), _) => {
+            http_url(&a.gateway, "payment.alipay.gateway", p);
+            if a.app_id.trim().is_empty() {
+                p.push("payment.alipay.app_id", "empty: give the app's id (app_id)");
+            }
+            if let Err(e) = a.app_private_key.resolve(&c.base_dir) {
+                p.push("payment.alipay.app_private_key", e);
+            }
+            if let Err(e) = a.alipay_public_key.resolve(&c.base_dir) {
+                p.push("payment.alipay.alipay_public_key", e);
+            }
+            if a.seller_id.as_deref().is_some_and(|s| s.trim().is_empty()) {
+                p.push(
+                    "payment.alipay.seller_id",
+                    "empty: give the seller's id or leave it out",
+                );
+            }
+        }
+        (None, false) => {}
+    }
 }
 
 #[cfg(test)]
@@ -314,5 +374,35 @@ mod tests {
         }
         let e = load("payment_provider = \"stripe\"\n").unwrap_err();
         assert!(e.contains("merchants.acme.payment_provider"), "{e}");
+    }
+
+    #[test]
+    fn alipay_keys_come_from_files_or_env_and_every_problem_is_named_by_its_key() {
+        let e = load("[payment]\nprovider = \"alipay\"\n").unwrap_err();
+        assert!(e.contains("payment.alipay"), "{e}");
+        let e = load(
+            "[payment]\nprovider = \"alipay\"\n[payment.alipay]\napp_id = \"2021\"\n\
+             app_private_key = \"MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC\"\n\
+             alipay_public_key = { secret_file = \"alipay.pub\" }\n",
+        )
+        .unwrap_err();
+        assert!(e.contains("payment.alipay.app_private_key"), "{e}");
+        assert!(!e.contains("MIIEvQ"), "the key is never repeated: {e}");
+        let e = load(
+            "[payment]\nprovider = \"alipay\"\n[payment.alipay]\napp_id = \" \"\n\
+             gateway = \"openapi.alipay.com\"\nseller_id = \"\"\n\
+             app_private_key = { secret_env = \"TIMEOUTD_TEST_UNSET_ALIPAY_KEY\" }\n\
+             alipay_public_key = { secret_file = \"missing\" }\n",
+        )
+        .unwrap_err();
+        for key in [
+            "payment.alipay.gateway",
+            "payment.alipay.app_id",
+            "payment.alipay.seller_id",
+            "payment.alipay.app_private_key",
+            "payment.alipay.alipay_public_key",
+        ] {
+            assert!(e.contains(key), "{key} in {e}");
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! The payment port: asking a payment's state before a close, closing an order's payment,
 //! and refunding one that succeeded after the close ([`PaymentGateway`]), one adapter per
-//! provider protocol (`rest.rs`, `stripe.rs`), chosen per merchant ([`Providers`]).
+//! provider protocol (`rest.rs`, `stripe.rs`, `alipay.rs`), chosen per merchant ([`Providers`]).
 //!
 //! Every adapter maps its provider's answers onto the same outcomes: paid (the order is
 //! aligned), unpaid / closed / not found (the plugin decides; a close follows), nothing to
@@ -8,6 +8,7 @@
 //! refused ([`EffectError::Permanent`]). Each speaks through [`crate::outbound`]: a deadline on
 //! every request, redirects never followed.
 
+pub mod alipay;
 mod rest;
 pub mod stripe;
 
@@ -40,6 +41,42 @@ pub enum CloseOutcome {
     NothingToClose,
     /// The buyer's payment succeeded first: the order is paid-after-close.
     AlreadyPaid,
+}
+
+/// Why a provider's payment notice (a Stripe webhook, an Alipay notification) was refused (the
+/// metric's `reason` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// No signature (`Stripe-Signature`, Alipay's `sign`), or one that cannot be read.
+    Unsigned,
+    /// The signature does not match the notice (forged or altered).
+    Signature,
+    /// The signed timestamp is outside the tolerance (a replay, or a clock far off; Stripe).
+    Stale,
+    /// The body is not a notice timeoutd can read.
+    Malformed,
+    /// The notice names no order timeoutd has.
+    UnknownOrder,
+    /// The order exists but its `payment_ref` is another payment, or its merchant is not on
+    /// this provider, or the notice is for another app or seller (Alipay).
+    Misaddressed,
+    /// The amount paid is not the order's total.
+    Amount,
+}
+
+impl Refusal {
+    /// The label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::Unsigned => "unsigned",
+            Refusal::Signature => "signature",
+            Refusal::Stale => "stale",
+            Refusal::Malformed => "malformed",
+            Refusal::UnknownOrder => "unknown_order",
+            Refusal::Misaddressed => "misaddressed",
+            Refusal::Amount => "amount",
+        }
+    }
 }
 
 /// A payment provider adapter.
@@ -269,6 +306,10 @@ impl Providers {
             let gateway: Arc<dyn PaymentGateway> = match kind {
                 ProviderKind::Rest => Arc::new(HttpPaymentGateway::new(payment)?),
                 ProviderKind::Stripe => Arc::new(stripe::StripeGateway::from_config(
+                    payment,
+                    &config.base_dir,
+                )?),
+                ProviderKind::Alipay => Arc::new(alipay::AlipayGateway::from_config(
                     payment,
                     &config.base_dir,
                 )?),

@@ -303,40 +303,7 @@ impl PaymentGateway for StripeGateway {
     }
 }
 
-/// Why a webhook notice was refused (the metric's `reason` label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    /// No `Stripe-Signature`, or one that cannot be read.
-    Unsigned,
-    /// No `v1` signature matches the body under the endpoint's secret (forged or altered).
-    Signature,
-    /// The signed timestamp is outside the tolerance (a replay, or a clock far off).
-    Stale,
-    /// The body is not an event timeoutd can read.
-    Malformed,
-    /// The intent names no order timeoutd has (`metadata.order_id`).
-    UnknownOrder,
-    /// The order exists but its `payment_ref` is another intent, or its merchant is not on
-    /// Stripe.
-    Misaddressed,
-    /// The amount received is not the order's total.
-    Amount,
-}
-
-impl Refusal {
-    /// The label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Refusal::Unsigned => "unsigned",
-            Refusal::Signature => "signature",
-            Refusal::Stale => "stale",
-            Refusal::Malformed => "malformed",
-            Refusal::UnknownOrder => "unknown_order",
-            Refusal::Misaddressed => "misaddressed",
-            Refusal::Amount => "amount",
-        }
-    }
-}
+pub use super::Refusal;
 
 /// Checks a webhook's `Stripe-Signature` `header` over the raw `body` with the endpoint's
 /// `secret`, as Stripe documents: the header's `t` and its `v1` signatures (others, such as
