@@ -668,11 +668,8 @@ pub struct Orphan {
 /// than `now - grace`, none held under a lease, none already re-armed by a sweep — and no open
 /// dead letter (those wait for an operator), oldest deadline first.
 ///
-/// The order's own deadline rules, whatever its rows say: a phase-0 row (the order service's)
-/// due later than `deadline + grace` is no live trigger — a producer clock running ahead wrote
-/// it, and the order is swept at its deadline, not left open until the row comes due (later
-/// phases are the plugin's own waits and keep their times). A dead letter of a quarantined
-/// row ([`super::journal::SOURCE_QUARANTINED_ROW`]) does not hold the order back either.
+/// A dead letter of a quarantined row ([`super::journal::SOURCE_QUARANTINED_ROW`]) does not
+/// hold the order back: its order's own times are believable, and it can be closed.
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
@@ -688,15 +685,13 @@ pub async fn find_orphans(
          o.deadline_ms \
          FROM orders o WHERE o.status = 'PENDING' AND o.deadline_ms <= ? \
          AND NOT EXISTS (SELECT 1 FROM order_timeout_msg m WHERE m.order_id = o.id \
-             AND m.status IN ('PENDING', 'SENT') AND ((m.due_ms > ? AND (m.phase > 0 OR m.due_ms <= o.deadline_ms + ?)) \
-                 OR m.claim_until_ms >= ? OR m.source IN (?, ?))) \
+             AND m.status IN ('PENDING', 'SENT') AND (m.due_ms > ? OR m.claim_until_ms >= ? OR m.source IN (?, ?))) \
          AND NOT EXISTS (SELECT 1 FROM dead_letter d WHERE d.order_id = o.id AND d.status = 'OPEN' \
              AND d.source <> ?) \
          ORDER BY o.deadline_ms LIMIT ?",
     )
     .bind(cutoff)
     .bind(cutoff)
-    .bind(grace_ms)
     .bind(now_ms)
     .bind(SOURCE_SWEEP)
     .bind(SOURCE_MANUAL)
