@@ -179,7 +179,7 @@ async fn a_daemons_metric_values_agree_with_its_rows_and_sigint_stops_it() {
         format!(
             "[database]\nurl = \"{}\"\n[admin]\nlisten = \"127.0.0.1:{port}\"\nsample_interval = \"100ms\"\n\
              [admin.tokens]\nops = \"metrics-token-0123456789\"\n[runtime]\ndeadline = \"2s\"\n\
-             [merchants.acme]\nplugin = \"builtin:single-phase\"\n",
+             [sweep]\ngrace = \"1h\"\n[merchants.acme]\nplugin = \"builtin:single-phase\"\n",
             env.url
         ),
     )
@@ -208,7 +208,9 @@ async fn a_daemons_metric_values_agree_with_its_rows_and_sigint_stops_it() {
         .await
         .unwrap();
     // An order past its deadline (by more than the overdue margin, 1 min) whose trigger row
-    // says "later": the overdue gauge counts it by its deadline, whatever the row says.
+    // says "later": the overdue gauge counts it by its deadline, whatever the row says. (The
+    // sweep would close it at deadline + grace, whatever the row says: its grace is an hour
+    // here, so the order stays open for the gauge.)
     env.create(&crate::support::order("row-later", "acme", now - 120_000))
         .await;
     env.db

@@ -111,20 +111,29 @@ each_backend! {
         assert!(matches!(outcomes.as_slice(), [Outcome::Closed { .. }]), "{outcomes:?}");
         assert_eq!(env.status("behind").await, "CLOSED");
         assert_eq!(env.status("ahead").await, "PENDING");
-        // A late row is taken as it is: the sweep does not override it (timeoutd's own
-        // deferrals — a tripped plugin, backoff, a payment lease — look the same), and the order
-        // closes once when its row comes due, on its first trigger.
+        // Past its deadline and the grace, the sweep takes `ahead` though its row says later
+        // (the order service wrote it so; timeoutd never deferred it), and it closes once, nine
+        // minutes before its row would have come due.
         let (swept_at, _) = Clock::manual(T0 + grace + 1);
         let swept = sweep::sweep_once(&env.db, &swept_at, &config.sweep).await.unwrap();
-        assert_eq!(swept.rearmed, 0, "a live (late) row and a quarantined order: nothing re-armed");
-        now.store(T0 + 600_000, std::sync::atomic::Ordering::SeqCst);
-        let outcomes = env.process(&d, T0 + 600_000).await;
+        assert_eq!(swept.rearmed, 1, "the late row's order re-armed, the quarantined one not");
+        now.store(T0 + grace + 1, std::sync::atomic::Ordering::SeqCst);
+        let outcomes = env.process(&d, T0 + grace + 1).await;
         assert!(matches!(outcomes.as_slice(), [Outcome::Closed { .. }]), "{outcomes:?}");
         assert_eq!(env.status("ahead").await, "CLOSED");
         assert_eq!(env.int("SELECT COUNT(*) FROM decision_log WHERE order_id = ? AND decision = 'cancel'", "ahead").await, 1);
         assert_eq!(env.int("SELECT COUNT(*) FROM dead_letter WHERE order_id = ?", "ahead").await, 0);
-        // Stock: the two skewed orders gave theirs back once each; the quarantined one holds its.
-        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (18, 19));
+        // A row timeoutd deferred itself past the deadline (a tripped plugin, a payment lease)
+        // keeps its time: the sweep does not take it over.
+        env.create(&order("held-by-us", "acme", T0)).await;
+        env.db.backend().query("UPDATE order_timeout_msg SET due_ms = ?, last_error = ? WHERE order_id = ?")
+            .bind(T0 + 600_000).bind("held: the merchant's plugin is tripped").bind("held-by-us").execute(env.db.pool()).await.unwrap();
+        let swept = sweep::sweep_once(&env.db, &swept_at, &config.sweep).await.unwrap();
+        assert_eq!(swept.rearmed, 0, "a row timeoutd deferred is live");
+        assert_eq!(env.status("held-by-us").await, "PENDING");
+        // Stock: the two skewed orders gave theirs back once each; the quarantined one and
+        // held-by-us hold theirs.
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (16, 18));
         assert_eq!(env.coupon("cpn-both-in-seconds").await, "LOCKED");
     }
 }

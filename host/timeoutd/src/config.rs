@@ -251,8 +251,10 @@ pub struct SweepConfig {
     /// Time between sweeps.
     #[serde(default = "defaults::sweep_interval", with = "duration")]
     pub interval: Duration,
-    /// How overdue an order must be (past its deadline or its pending trigger's due time) before
-    /// the sweep takes it over from the timers.
+    /// How overdue an order must be (past its deadline, or its pending trigger's due time) before
+    /// the sweep takes it over from the timers. A phase-0 row the order service wrote due later
+    /// than `deadline + grace` (its clock runs ahead) does not hold the sweep back: the order's
+    /// own deadline rules (rows timeoutd deferred itself keep their times).
     #[serde(default = "defaults::grace", with = "duration")]
     pub grace: Duration,
     /// Orders re-armed per sweep.

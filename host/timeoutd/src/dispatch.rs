@@ -495,7 +495,13 @@ impl Dispatcher {
         };
         if let Some(until_ms) = policy.breaker.open_until(now_ms) {
             if let Some(row) = trigger.row() {
-                outbox::defer(&self.db, row, until_ms).await?;
+                outbox::defer(
+                    &self.db,
+                    row,
+                    until_ms,
+                    "held: the merchant's plugin is tripped",
+                )
+                .await?;
             }
             tracing::debug!(merchant = %order.merchant, until_ms, "plugin tripped; trigger waits");
             return Ok(Staged::Ended(Step::Done(Outcome::Tripped { until_ms })));
@@ -632,7 +638,7 @@ impl Dispatcher {
                 tracing::debug!(order = %order.id, early_ms, held = what, "early look; asked at the deadline");
             }
             (Some(row), _) => {
-                outbox::defer(&self.db, row, order.deadline_ms).await?;
+                outbox::defer(&self.db, row, order.deadline_ms, "held until the deadline").await?;
                 tracing::info!(order = %order.id, early_ms, held = what, "before the deadline; held until it");
             }
             (None, _) => {}

@@ -478,23 +478,30 @@ pub async fn finish_many(
     Ok(())
 }
 
-/// Moves a row's due time to `due_ms` (an early trigger waits for the deadline) and drops the
-/// claim; attempts are not counted. A SENT row becomes PENDING again (its message has been
-/// consumed), so the relay or the outbox timer schedules it anew.
+/// Moves a row's due time to `due_ms` (an early trigger waits for the deadline, a tripped
+/// plugin's trigger for the trip's end, a held order's for its payment lease) and drops the
+/// claim; attempts are not counted, `why` is noted in `last_error` (so a row timeoutd deferred
+/// is told from one the order service wrote due late: [`find_orphans`]). A SENT row becomes
+/// PENDING again (its message has been consumed), so the relay or the outbox timer schedules it
+/// anew.
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
-pub async fn defer(db: &Db, row: RowRef<'_>, due_ms: i64) -> Result<(), DbError> {
+pub async fn defer(db: &Db, row: RowRef<'_>, due_ms: i64, why: &str) -> Result<(), DbError> {
     let _gate = db.write_gate().await;
-    let q = db.backend().query_owned(defer_sql(row)).bind(due_ms);
+    let q = db
+        .backend()
+        .query_owned(defer_sql(row))
+        .bind(due_ms)
+        .bind(why.to_string());
     let done = row.bind(q).execute(db.pool()).await?;
     row.held(done.rows_affected())
 }
 
 fn defer_sql(row: RowRef<'_>) -> String {
     format!(
-        "UPDATE order_timeout_msg SET due_ms = ?, status = 'PENDING', claim_token = NULL, \
-         claim_until_ms = NULL WHERE id = ?{} AND status <> 'PROCESSED'",
+        "UPDATE order_timeout_msg SET due_ms = ?, last_error = ?, status = 'PENDING', \
+         claim_token = NULL, claim_until_ms = NULL WHERE id = ?{} AND status <> 'PROCESSED'",
         row.fence()
     )
 }
@@ -507,8 +514,12 @@ pub async fn defer_in(
     conn: &mut AnyConnection,
     row: RowRef<'_>,
     due_ms: i64,
+    why: &str,
 ) -> Result<(), DbError> {
-    let q = Backend::of(conn).query_owned(defer_sql(row)).bind(due_ms);
+    let q = Backend::of(conn)
+        .query_owned(defer_sql(row))
+        .bind(due_ms)
+        .bind(why.to_string());
     let done = row.bind(q).execute(&mut *conn).await?;
     row.held(done.rows_affected())
 }
@@ -668,8 +679,14 @@ pub struct Orphan {
 /// than `now - grace`, none held under a lease, none already re-armed by a sweep — and no open
 /// dead letter (those wait for an operator), oldest deadline first.
 ///
-/// A dead letter of a quarantined row ([`super::journal::SOURCE_QUARANTINED_ROW`]) does not
-/// hold the order back: its order's own times are believable, and it can be closed.
+/// The order's own deadline rules over a row the order service wrote due late (its clock runs
+/// ahead): a phase-0 row timeoutd never deferred or retried (`attempts = 0`, no `last_error`:
+/// [`defer`] and [`retry_later`] note theirs) due later than `deadline + grace` is no live
+/// trigger, and the order is swept at `deadline + grace`. Rows timeoutd pushed later itself —
+/// a tripped plugin, backoff, a payment lease — keep their times, and later phases are the
+/// plugin's own waits. A dead letter of a quarantined row
+/// ([`super::journal::SOURCE_QUARANTINED_ROW`]) does not hold the order back either: its
+/// order's own times are believable, and it can be closed.
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
@@ -685,13 +702,16 @@ pub async fn find_orphans(
          o.deadline_ms \
          FROM orders o WHERE o.status = 'PENDING' AND o.deadline_ms <= ? \
          AND NOT EXISTS (SELECT 1 FROM order_timeout_msg m WHERE m.order_id = o.id \
-             AND m.status IN ('PENDING', 'SENT') AND (m.due_ms > ? OR m.claim_until_ms >= ? OR m.source IN (?, ?))) \
+             AND m.status IN ('PENDING', 'SENT') AND ((m.due_ms > ? AND NOT (m.phase = 0 AND m.attempts = 0 \
+                 AND m.last_error IS NULL AND m.due_ms > o.deadline_ms + ?)) \
+                 OR m.claim_until_ms >= ? OR m.source IN (?, ?))) \
          AND NOT EXISTS (SELECT 1 FROM dead_letter d WHERE d.order_id = o.id AND d.status = 'OPEN' \
              AND d.source <> ?) \
          ORDER BY o.deadline_ms LIMIT ?",
     )
     .bind(cutoff)
     .bind(cutoff)
+    .bind(grace_ms)
     .bind(now_ms)
     .bind(SOURCE_SWEEP)
     .bind(SOURCE_MANUAL)

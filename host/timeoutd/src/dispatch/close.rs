@@ -142,7 +142,8 @@ impl Dispatcher {
                 )
                 .await?;
                 if let Some(row) = d.trigger.row() {
-                    outbox::defer_in(&mut tx, row, until_ms).await?;
+                    outbox::defer_in(&mut tx, row, until_ms, "held: a payment attempt's lease")
+                        .await?;
                 }
                 tx.commit().await?;
                 tracing::info!(

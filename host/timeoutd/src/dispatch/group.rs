@@ -435,7 +435,7 @@ impl Dispatcher {
         };
         for k in (0..group.len()).filter(|&k| !won[k]) {
             if let (Some(until_ms), Some(row)) = (held(k), group[k].trigger.row()) {
-                outbox::defer_in(&mut tx, row, until_ms).await?;
+                outbox::defer_in(&mut tx, row, until_ms, "held: a payment attempt's lease").await?;
             }
         }
         outbox::finish_many(&mut tx, &rows(true), written_ms, None).await?;
