@@ -31,19 +31,7 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// `timeoutd --version`: the version, the git commit it was built from and the policy API
-/// (WIT) versions it serves, e.g. `0.1.0 (commit 3f2a9c1d0b7e; policy API 0.1.0, 0.2.0)`.
-pub fn version() -> &'static str {
-    static LINE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    LINE.get_or_init(|| {
-        format!(
-            "{} (commit {}; policy API {})",
-            env!("CARGO_PKG_VERSION"),
-            env!("TIMEOUTD_GIT_COMMIT"),
-            timeoutd_runtime::SUPPORTED_API_VERSIONS.join(", ")
-        )
-    })
-}
+pub use crate::build_info::version;
 
 /// Log line format.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -410,7 +398,7 @@ async fn run(path: &std::path::Path, config: &Config) -> ExitCode {
         }
     };
     let (summary_stop, summary_shutdown) = tokio::sync::watch::channel(false);
-    let summary = tokio::spawn(crate::events::summarise(summary_shutdown));
+    let summary = tokio::spawn(summarise(summary_shutdown));
     wait_for_signal().await;
     tracing::info!("signal received; draining");
     match running {
@@ -477,4 +465,20 @@ async fn wait_for_signal() {
         }
         _ = term.recv() => {}
     }
+}
+
+/// The log's summaries instead of a line per event, so a burst of any size writes a few lines:
+/// every [`crate::events::SUMMARY_INTERVAL`] the closes ([`crate::events::flush_closes`]) and
+/// the slow statements ([`crate::db::slowlog::flush`]) since the last, until `shutdown`, and
+/// once more then.
+async fn summarise(mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    let flush = || {
+        crate::events::flush_closes();
+        crate::db::slowlog::flush();
+    };
+    while !crate::shutdown::sleep_or_shutdown(crate::events::SUMMARY_INTERVAL, &mut shutdown).await
+    {
+        flush();
+    }
+    flush();
 }

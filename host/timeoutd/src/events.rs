@@ -192,7 +192,7 @@ pub fn emit(event: Event<'_>) {
             effects,
         } => {
             // A line per close is DEBUG: a burst's closes are summed up in one INFO line per
-            // interval ([`summarise`]); the decision log has each close.
+            // interval ([`flush_closes`]); the decision log has each close.
             CLOSED_SINCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tracing::debug!(
                 source,
@@ -339,17 +339,6 @@ pub fn flush_closes() -> u64 {
     closed
 }
 
-/// How often [`summarise`] writes its lines.
+/// How often the daemon writes its summary lines ([`flush_closes`],
+/// the slow statements' flush in `db::slowlog`; `cli`'s `summarise` runs them).
 pub const SUMMARY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// The log's summaries instead of a line per event, so a burst of any size writes a few lines:
-/// every [`SUMMARY_INTERVAL`] the closes ([`flush_closes`]) and the slow statements
-/// ([`crate::db::slowlog::flush`]) since the last, until `shutdown`, and once more then.
-pub async fn summarise(mut shutdown: tokio::sync::watch::Receiver<bool>) {
-    while !crate::shutdown::sleep_or_shutdown(SUMMARY_INTERVAL, &mut shutdown).await {
-        flush_closes();
-        crate::db::slowlog::flush();
-    }
-    flush_closes();
-    crate::db::slowlog::flush();
-}

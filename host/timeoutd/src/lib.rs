@@ -17,6 +17,7 @@
 pub mod admin;
 pub mod alerts;
 pub mod bench;
+pub mod build_info;
 pub mod cli;
 pub mod clock;
 pub mod config;

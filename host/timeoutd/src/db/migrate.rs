@@ -976,7 +976,7 @@ async fn write_window(conn: &mut AnyConnection, backend: Backend) -> Result<(), 
             )
             .bind(build)
             .bind(compatible_from(backend))
-            .bind(crate::cli::version())
+            .bind(crate::build_info::version())
             .bind(now)
             .execute(&mut *conn)
             .await;

@@ -7,7 +7,7 @@
 //!   - recorded in the histogram `timeoutd_slow_statement_seconds{statement}` (the statement's
 //!     summary as sqlx gives it, e.g. `UPDATE sku_stock SET …`), and
 //!   - summarised in at most one WARN line per [`crate::events::SUMMARY_INTERVAL`] ([`flush`],
-//!     run by [`crate::events::summarise`]): how many, and the slowest with its time.
+//!     run by the daemon's command): how many, and the slowest with its time.
 //!
 //! [`Layer`] does the counting; the log's own layers leave sqlx's slow-statement events out
 //! ([`is_slow_statement`]). Statements sqlx logs at other levels (`RUST_LOG=sqlx::query=debug`)
