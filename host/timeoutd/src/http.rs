@@ -21,6 +21,7 @@
 //! `http.payment_lease`, or the answer says why it cannot be paid ([`orders::take_payment_lease`]).
 
 mod alipay;
+mod notice;
 mod stripe;
 
 use std::collections::HashMap;

@@ -26,11 +26,11 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use super::HttpState;
+use super::notice::NotApplied;
 use crate::config::{Config, ProviderKind};
-use crate::db::payments;
+
 use crate::effects::Refusal;
 use crate::effects::alipay::{self, AlipayPublicKey};
-use crate::paid::Applied;
 
 /// What the endpoint needs: Alipay's public key, the app (and seller), each merchant's provider.
 pub(super) struct AlipayNotify {
@@ -60,16 +60,7 @@ impl AlipayNotify {
             key,
             app_id: a.app_id.clone(),
             seller_id: a.seller_id.clone(),
-            on_alipay: config
-                .merchants
-                .keys()
-                .map(|id| {
-                    (
-                        id.clone(),
-                        config.payment_provider_of(id) == ProviderKind::Alipay,
-                    )
-                })
-                .collect(),
+            on_alipay: super::notice::merchants_on(config, ProviderKind::Alipay),
         })
     }
 }
@@ -149,68 +140,21 @@ pub(super) async fn notify(
         // WAIT_BUYER_PAY, TRADE_CLOSED: nothing to apply; acknowledged so Alipay stops.
         return success();
     }
-    let (db, effects) = match state.shard(&order_id) {
-        Ok(shard) => shard,
-        Err((status, _)) => {
-            return refuse(
-                Refusal::UnknownOrder,
-                status,
-                format!("no shard holds order `{order_id}`"),
-            );
-        }
+    let paid = super::notice::Notice {
+        order_id: &order_id,
+        payment_ref: &notice.out_trade_no,
+        cents: notice.cents,
+        described: format!("trade {} on Alipay", notice.out_trade_no),
+        source: "alipay-notify",
     };
-    let order = match payments::order_payment(db, &order_id).await {
-        Ok(order) => order,
-        Err(e) => return unavailable(e),
-    };
-    let Some(order) = order else {
-        return refuse(
+    match super::notice::apply(&state, &hook.on_alipay, paid).await {
+        Ok(_) => success(),
+        Err(NotApplied::NoShard((status, _))) => refuse(
             Refusal::UnknownOrder,
-            StatusCode::NOT_FOUND,
-            format!("order `{order_id}` does not exist"),
-        );
-    };
-    if order.payment_ref.as_deref() != Some(notice.out_trade_no.as_str())
-        || !hook
-            .on_alipay
-            .get(&order.merchant_id)
-            .copied()
-            .unwrap_or(false)
-    {
-        return refuse(
-            Refusal::Misaddressed,
-            StatusCode::CONFLICT,
-            format!(
-                "order `{order_id}` is not paid through trade {} on Alipay",
-                notice.out_trade_no
-            ),
-        );
-    }
-    if notice.cents != Some(order.total_cents) {
-        return refuse(
-            Refusal::Amount,
-            StatusCode::CONFLICT,
-            format!(
-                "paid {:?} cents, the order totals {}",
-                notice.cents, order.total_cents
-            ),
-        );
-    }
-    let clock = effects.clock();
-    match crate::paid::apply(db, clock, &state.resolutions, &order_id, "alipay-notify").await {
-        Ok(Applied::Missing) => refuse(
-            Refusal::UnknownOrder,
-            StatusCode::NOT_FOUND,
-            format!("order `{order_id}` does not exist"),
+            status,
+            format!("no shard holds order `{order_id}`"),
         ),
-        Ok(Applied::AlreadyPaid | Applied::Aligned) => success(),
-        Ok(Applied::AfterClose { .. }) => {
-            effects.run_for_order(&order_id).await;
-            success()
-        }
-        Err(e) => {
-            tracing::error!(order = %order_id, error = %e, "Alipay notification failed");
-            unavailable(e)
-        }
+        Err(NotApplied::Refused(reason, status, what)) => refuse(reason, status, what),
+        Err(NotApplied::Unavailable(e)) => unavailable(e),
     }
 }

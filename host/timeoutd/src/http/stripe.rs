@@ -21,8 +21,8 @@ use axum::http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 
 use super::HttpState;
+use super::notice::NotApplied;
 use crate::config::{Config, ProviderKind, Secret};
-use crate::db::payments;
 use crate::effects::stripe::{self, Refusal};
 use crate::paid::Applied;
 
@@ -48,14 +48,7 @@ impl StripeWebhook {
         Some(StripeWebhook {
             secret,
             tolerance_s: stripe.webhook_tolerance.as_secs() as i64,
-            on_stripe: config
-                .merchants
-                .keys()
-                .map(|id| {
-                    let kind = config.payment_provider_of(id);
-                    (id.clone(), kind == ProviderKind::Stripe)
-                })
-                .collect(),
+            on_stripe: super::notice::merchants_on(config, ProviderKind::Stripe),
         })
     }
 }
@@ -129,59 +122,15 @@ pub(super) async fn webhook(
             format!("PaymentIntent {} has no metadata.order_id", intent.id),
         );
     };
-    let (db, effects) = match state.shard(&order_id) {
-        Ok(shard) => shard,
-        Err(refused) => return refused,
+    let notice = super::notice::Notice {
+        order_id: &order_id,
+        payment_ref: &intent.id,
+        cents: intent.cents,
+        described: format!("PaymentIntent {} on Stripe", intent.id),
+        source: "stripe-webhook",
     };
-    let order = match payments::order_payment(db, &order_id).await {
-        Ok(order) => order,
-        Err(e) => {
-            return (
-                StatusCode::SERVICE_UNAVAILABLE,
-                Json(json!({ "error": e.to_string() })),
-            );
-        }
-    };
-    let Some(order) = order else {
-        return refuse(
-            Refusal::UnknownOrder,
-            StatusCode::NOT_FOUND,
-            format!("order `{order_id}` does not exist"),
-        );
-    };
-    if order.payment_ref.as_deref() != Some(intent.id.as_str())
-        || !hook
-            .on_stripe
-            .get(&order.merchant_id)
-            .copied()
-            .unwrap_or(false)
-    {
-        return refuse(
-            Refusal::Misaddressed,
-            StatusCode::CONFLICT,
-            format!(
-                "order `{order_id}` is not paid through PaymentIntent {} on Stripe",
-                intent.id
-            ),
-        );
-    }
-    if intent.cents != Some(order.total_cents) {
-        return refuse(
-            Refusal::Amount,
-            StatusCode::CONFLICT,
-            format!(
-                "received {:?} cents, the order totals {}",
-                intent.cents, order.total_cents
-            ),
-        );
-    }
-    let clock = effects.clock();
-    match crate::paid::apply(db, clock, &state.resolutions, &order_id, "stripe-webhook").await {
-        Ok(Applied::Missing) => refuse(
-            Refusal::UnknownOrder,
-            StatusCode::NOT_FOUND,
-            format!("order `{order_id}` does not exist"),
-        ),
+    match super::notice::apply(&state, &hook.on_stripe, notice).await {
+        Ok(Applied::Missing) => unreachable!("a missing order is refused"),
         Ok(Applied::AlreadyPaid) => (
             StatusCode::OK,
             Json(json!({ "status": "paid", "new": false })),
@@ -190,21 +139,16 @@ pub(super) async fn webhook(
             StatusCode::OK,
             Json(json!({ "status": "paid", "new": true })),
         ),
-        Ok(Applied::AfterClose { resolution, new }) => {
-            effects.run_for_order(&order_id).await;
-            (
-                StatusCode::OK,
-                Json(
-                    json!({ "status": "paid_after_close", "resolution": resolution.as_str(), "new": new }),
-                ),
-            )
-        }
-        Err(e) => {
-            tracing::error!(order = %order_id, error = %e, "Stripe webhook failed");
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                Json(json!({ "error": e.to_string() })),
-            )
+        Ok(Applied::AfterClose { resolution, new }) => (
+            StatusCode::OK,
+            Json(
+                json!({ "status": "paid_after_close", "resolution": resolution.as_str(), "new": new }),
+            ),
+        ),
+        Err(NotApplied::NoShard(refused)) => refused,
+        Err(NotApplied::Refused(reason, status, what)) => refuse(reason, status, what),
+        Err(NotApplied::Unavailable(e)) => {
+            (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "error": e })))
         }
     }
 }
