@@ -235,7 +235,7 @@ async fn every_sink(how: Misbehaviour) {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
-/// Each sink — webhook, payment provider, alert receiver, OTLP collector, Redis — pointed at a peer
+/// F16: each sink — webhook, payment provider, alert receiver, OTLP collector, Redis — pointed at a peer
 /// that accepts and never answers: the orders close, `/v1/backlog` stays fresh and counts new
 /// overdue orders (it stopped for 135 s behind a hung alert receiver), a healthy receiver gets
 /// its alert, the owed effects wait for a retry, and SIGTERM stops the daemon within 5 s (it
@@ -245,7 +245,7 @@ async fn a_peer_that_never_answers_costs_only_its_own_work() {
     every_sink(Misbehaviour::Hang).await;
 }
 
-/// As above, with a peer answering one byte a second: a deadline covers the whole exchange,
+/// F16, with a peer answering one byte a second: a deadline covers the whole exchange,
 /// not each read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_peer_answering_a_byte_a_second_costs_only_its_own_work() {
@@ -257,7 +257,7 @@ const SHOPS: &[MerchantSpec<'static>] = &[
     ("busy", "builtin:single-phase", &[("channel", "throttled")]),
 ];
 
-/// A webhook answering `302 /login` and a provider answering `303` to the payment: the notices
+/// F17: a webhook answering `302 /login` and a provider answering `303` to the payment: the notices
 /// and payment closes are not delivered (they were marked DONE after a body-less GET of the
 /// redirect's target), nothing follows the redirect, each row waits for a retry naming the
 /// `Location`, and `timeoutd doctor` warns about both. A webhook answering `429` with

@@ -1,4 +1,4 @@
-//! PostgreSQL behind a connection pooler: Debian's PgBouncer, started by each test on loopback
+//! F18: PostgreSQL behind a connection pooler: Debian's PgBouncer, started by each test on loopback
 //! (a private process on a free port, never the machine's service), in front of the test
 //! PostgreSQL server. In `pool_mode = transaction` with `database.pool_mode = "transaction"`,
 //! three daemons started together close a burst exactly once; in session mode the defaults

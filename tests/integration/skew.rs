@@ -1,4 +1,4 @@
-//! Version skew (issue 49, part 4): a daemon of this build beside a schema a newer build has
+//! F19: version skew (issue 49, part 4): a daemon of this build beside a schema a newer build has
 //! migrated — inside its compatibility window it starts and keeps closing a burst exactly once
 //! beside another daemon; outside it, or with a migration half-applied, start-up refuses with one
 //! line and `timeoutd run` exits 78 ([`timeoutd::cli::EXIT_SCHEMA`]) — and DDL that gives up a
