@@ -133,6 +133,9 @@ each_backend! {
         assert_eq!(env.text("SELECT closed_by FROM orders WHERE id = ?", "stuck").await, "manual");
         assert_eq!((env.stock("sku-a").await, env.coupon("cpn-stuck").await.as_str()), (8, "AVAILABLE"));
         assert_eq!(env.text("SELECT trigger_kind FROM decision_log WHERE order_id = ?", "stuck").await, "manual");
+        // A trigger like the others: its row, re-armed as `manual`, claimed and finished.
+        assert_eq!(env.text("SELECT source FROM order_timeout_msg WHERE order_id = ?", "stuck").await, "manual");
+        assert_eq!(env.text("SELECT status FROM order_timeout_msg WHERE order_id = ?", "stuck").await, "PROCESSED");
         assert_eq!(api.call("POST", "/v1/orders/stuck/close", None).await.0, 409, "already CLOSED");
         assert_eq!(api.call("POST", "/v1/orders/future/close", None).await.0, 409, "not due");
         assert_eq!(api.call("POST", "/v1/orders/nope/close", None).await.0, 404);

@@ -77,20 +77,24 @@ pub struct AdminState {
 }
 
 impl AdminState {
-    /// State over the daemon's parts; `tokens` maps names to bearer tokens ([`tokens`]).
-    #[allow(clippy::too_many_arguments)]
+    /// State over the daemon's parts (`ctx`), its effect runner, the sweep's live tuning and
+    /// the latest backlog sample; `tokens` maps names to bearer tokens ([`tokens`]).
     pub fn new(
-        db: Db,
-        clock: Clock,
-        dispatcher: Arc<Dispatcher>,
-        policies: Arc<Policies>,
+        ctx: &crate::context::Context,
         effects: crate::effects::EffectRunner,
-        waker: Waker,
         sweep: watch::Sender<SweepTuning>,
         sample: watch::Receiver<Sample>,
         config: &crate::config::AdminConfig,
         tokens: &BTreeMap<String, String>,
     ) -> Self {
+        let crate::context::Context {
+            db,
+            clock,
+            policies,
+            dispatcher,
+            waker,
+            ..
+        } = ctx.clone();
         AdminState {
             db,
             clock,

@@ -188,7 +188,7 @@ pub fn main() -> ExitCode {
                 Err(code) => code,
             },
             Command::Arm { config, orders } => match load(&config) {
-                Ok(config) => arm(&config, &orders).await,
+                Ok(loaded) => arm(&config, &loaded, &orders).await,
                 Err(code) => code,
             },
             Command::Plugin { command } => crate::plugin_cli::run(command).await,
@@ -362,6 +362,30 @@ fn validate(path: &std::path::Path) -> ExitCode {
 /// (`RestartPreventExitStatus=64 76 78`).
 pub const EXIT_POOLER: u8 = 76;
 
+/// The line and exit status of a command that could not start (`run`, `arm`): bad plugins
+/// are the config's fault ([`EXIT_BAD_CONFIG`]), an undeclared pooler [`EXIT_POOLER`], a schema
+/// outside this build's window [`EXIT_SCHEMA`], anything else 1.
+fn cannot_start(command: &str, path: &std::path::Path, e: daemon::StartError) -> ExitCode {
+    match e {
+        e @ daemon::StartError::Policies(crate::policies::SetupError::Plugins(_)) => {
+            eprintln!("{}: {e}", path.display());
+            ExitCode::from(EXIT_BAD_CONFIG)
+        }
+        e @ daemon::StartError::Pooler(_) => {
+            eprintln!("{command}: cannot start: {e}");
+            ExitCode::from(EXIT_POOLER)
+        }
+        daemon::StartError::Schema(e) if e.needs_operator() => {
+            eprintln!("{command}: cannot start: {e}");
+            ExitCode::from(EXIT_SCHEMA)
+        }
+        e => {
+            eprintln!("{command}: cannot start: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 async fn run(path: &std::path::Path, config: &Config) -> ExitCode {
     crate::db::slowlog::set_threshold(config.database.slow_statement);
     // One database, or a sharded one ([`crate::shards`]).
@@ -380,22 +404,7 @@ async fn run(path: &std::path::Path, config: &Config) -> ExitCode {
     };
     let running = match started {
         Ok(r) => r,
-        Err(e @ daemon::StartError::Policies(crate::policies::SetupError::Plugins(_))) => {
-            eprintln!("{}: {e}", path.display());
-            return ExitCode::from(EXIT_BAD_CONFIG);
-        }
-        Err(e @ daemon::StartError::Pooler(_)) => {
-            eprintln!("timeoutd: cannot start: {e}");
-            return ExitCode::from(EXIT_POOLER);
-        }
-        Err(daemon::StartError::Schema(e)) if e.needs_operator() => {
-            eprintln!("timeoutd: cannot start: {e}");
-            return ExitCode::from(EXIT_SCHEMA);
-        }
-        Err(e) => {
-            eprintln!("timeoutd: cannot start: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(e) => return cannot_start("timeoutd", path, e),
     };
     let (summary_stop, summary_shutdown) = tokio::sync::watch::channel(false);
     let summary = tokio::spawn(summarise(summary_shutdown));
@@ -431,8 +440,13 @@ async fn bench(args: crate::bench::BenchArgs) -> ExitCode {
     }
 }
 
-async fn arm(config: &Config, orders: &[String]) -> ExitCode {
-    match crate::rocketmq::arming::arm_orders(config, orders).await {
+async fn arm(path: &std::path::Path, config: &Config, orders: &[String]) -> ExitCode {
+    // The daemon's own start: the engine, pooler and schema checks cannot be skipped here.
+    let db = match crate::daemon::open_database(config).await {
+        Ok(db) => db,
+        Err(e) => return cannot_start("timeoutd arm", path, e),
+    };
+    match crate::rocketmq::arming::arm_orders(config, db, orders).await {
         Ok(results) => {
             let mut ok = true;
             for (order, armed) in results {

@@ -7,6 +7,7 @@ use tokio::task::JoinSet;
 
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::context::Context;
 use crate::db::{Db, DbError};
 use crate::dispatch::Dispatcher;
 use crate::effects::EffectRunner;
@@ -181,6 +182,31 @@ async fn prepare_checked(db: &Db, migrate: Migrate<'_>) -> Result<(), StartError
     Ok(())
 }
 
+/// The pool over `database.url` every command that works on orders starts from (`run`, `arm`):
+/// connected, then checked and migrated by [`prepare`] as `database.migrate` and
+/// `database.migrate_url` say, so no command can skip the engine, pooler or schema checks.
+///
+/// # Errors
+/// As [`prepare`]; the pool is closed first.
+pub(crate) async fn open_database(config: &Config) -> Result<Db, StartError> {
+    let db = Db::connect_with(
+        &config.database.url,
+        config.database.pool_size(&config.database.url),
+        config.database.pool_mode,
+    )
+    .await
+    .map_err(|e| pooler_refusal(e.into(), config.database.pool_mode))?;
+    let migrate = Migrate::of(
+        config.database.migrate,
+        config.database.migrate_url.as_deref(),
+    );
+    if let Err(e) = prepare(&db, migrate).await {
+        db.close().await;
+        return Err(e);
+    }
+    Ok(db)
+}
+
 /// Opens `http.listen`, when configured, serving the payment callbacks with `state()`; returns
 /// the address bound (port 0 resolved).
 ///
@@ -248,21 +274,7 @@ impl Daemon {
         for warning in crate::effects::unexecuted(config) {
             tracing::warn!("{warning}");
         }
-        let db = Db::connect_with(
-            &config.database.url,
-            config.database.pool_size(&config.database.url),
-            config.database.pool_mode,
-        )
-        .await
-        .map_err(|e| pooler_refusal(e.into(), config.database.pool_mode))?;
-        let migrate = Migrate::of(
-            config.database.migrate,
-            config.database.migrate_url.as_deref(),
-        );
-        if let Err(e) = prepare(&db, migrate).await {
-            db.close().await;
-            return Err(e);
-        }
+        let db = open_database(config).await?;
         Self::start_prepared(config, clock, policies, db).await
     }
 
@@ -310,16 +322,23 @@ impl Daemon {
         }
         let waker: Waker = Arc::new(Notify::new());
         let (shutdown, rx) = watch::channel(false);
+        // What every source and worker below shares, built once.
+        let ctx = Context {
+            db: db.clone(),
+            clock: clock.clone(),
+            policies: policies.clone(),
+            dispatcher: dispatcher.clone(),
+            waker: waker.clone(),
+            shutdown: rx.clone(),
+        };
         let mut tasks = JoinSet::new();
         let mut names = std::collections::HashMap::new();
         let sweep_tuning = watch::Sender::new(sources::sweep::SweepTuning::of(&config.sweep));
         if config.outbox.enabled {
             let task = tasks.spawn(sources::outbox::run(
-                dispatcher.clone(),
+                ctx.clone(),
                 config.outbox.clone(),
                 config.rocketmq.as_ref().map(|r| r.fallback_after),
-                waker.clone(),
-                rx.clone(),
             ));
             names.insert(task.id(), "the outbox timer");
         }
@@ -327,14 +346,10 @@ impl Daemon {
             Some(transport) => Some(
                 crate::rocketmq::Broker::start(
                     transport,
-                    db.clone(),
-                    clock.clone(),
-                    dispatcher.clone(),
-                    policies.clone(),
+                    &ctx,
                     crate::effects::resolutions(config),
                     &config.outbox,
                     &mut tasks,
-                    rx.clone(),
                 )
                 .await?,
             ),
@@ -342,12 +357,9 @@ impl Daemon {
         };
         if config.sweep.enabled {
             let task = tasks.spawn(sources::sweep::run(
-                db.clone(),
-                clock.clone(),
+                ctx.clone(),
                 config.sweep.clone(),
                 sweep_tuning.subscribe(),
-                waker.clone(),
-                rx.clone(),
             ));
             names.insert(task.id(), "the sweep");
         }
@@ -362,7 +374,10 @@ impl Daemon {
         }
         let http_addr = serve_http(
             config,
-            || crate::http::HttpState::new(db.clone(), effects.clone(), config),
+            || {
+                crate::http::HttpState::new(db.clone(), effects.clone(), config)
+                    .with_after_commit(effects_wake.clone())
+            },
             &mut tasks,
             &rx,
         )
@@ -395,15 +410,12 @@ impl Daemon {
                 .min()
                 .expect("one is configured");
             let task = tasks.spawn(crate::gauges::run(
-                db.clone(),
-                clock.clone(),
+                ctx.clone(),
                 every,
                 margin,
                 config.merchants.keys().cloned().collect(),
-                policies.clone(),
                 sample_tx,
                 alerts,
-                rx.clone(),
             ));
             names.insert(task.id(), "the backlog sampling");
         }
@@ -418,12 +430,8 @@ impl Daemon {
                 tracing::info!(path = %file.display(), "admin console token (name `console`) is in this file");
             }
             let state = crate::admin::AdminState::new(
-                db.clone(),
-                clock.clone(),
-                dispatcher.clone(),
-                policies.clone(),
+                &ctx,
                 effects.clone(),
-                waker.clone(),
                 sweep_tuning.clone(),
                 sample_rx,
                 admin,

@@ -82,7 +82,13 @@ impl Backend {
         match conn.backend_name() {
             "PostgreSQL" => Backend::Postgres,
             "MySQL" => Backend::MySql,
-            _ => Backend::Sqlite,
+            "SQLite" => Backend::Sqlite,
+            // sqlx's default drivers (`install_default_drivers`, with this crate's features)
+            // are exactly these three; a connection of another could only come from a driver
+            // added to the build without a backend here.
+            other => unreachable!(
+                "a sqlx `{other}` connection: timeoutd speaks SQLite, MySQL and PostgreSQL only"
+            ),
         }
     }
 
@@ -95,7 +101,7 @@ impl Backend {
             Backend::Postgres => {
                 sqlx::query(sqlx::AssertSqlSafe(number_markers(sql))).persistent(named_statements())
             }
-            _ => sqlx::query(sql),
+            Backend::Sqlite | Backend::MySql => sqlx::query(sql),
         }
     }
 
@@ -105,7 +111,7 @@ impl Backend {
         match self {
             Backend::Postgres => sqlx::query(sqlx::AssertSqlSafe(number_markers(&sql)))
                 .persistent(named_statements()),
-            _ => sqlx::query(sqlx::AssertSqlSafe(sql)),
+            Backend::Sqlite | Backend::MySql => sqlx::query(sqlx::AssertSqlSafe(sql)),
         }
     }
 
@@ -518,7 +524,7 @@ impl Db {
             }
             Backend::MySql => url.replacen("mariadb://", "mysql://", 1),
             Backend::Postgres => url.replacen("postgresql://", "postgres://", 1),
-            _ => url.to_string(),
+            Backend::Sqlite => url.to_string(),
         };
         if backend == Backend::Sqlite {
             create_sqlite_parent(&url)?;
@@ -569,7 +575,7 @@ impl Db {
         // Only PostgreSQL is pooled this way (PgBouncer, Odyssey, PgCat speak its protocol).
         let mode = match backend {
             Backend::Postgres => mode,
-            _ => PoolMode::Session,
+            Backend::Sqlite | Backend::MySql => PoolMode::Session,
         };
         let unnamed = (mode == PoolMode::Transaction).then(|| Arc::new(UnnamedPool::new()));
         let pool = if lazy {

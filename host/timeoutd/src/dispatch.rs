@@ -93,7 +93,7 @@ impl Trigger {
             row_id: Some(row.id),
             claim: row.claim_token.clone(),
             state,
-            poll: row.source == outbox::SOURCE_POLL,
+            poll: outbox::RowSource::of(&row.source) == outbox::RowSource::Poll,
         };
         let Ok(phase) = u32::try_from(row.phase) else {
             let reason = format!(
@@ -674,12 +674,15 @@ impl Dispatcher {
             }
             decision => match permitted(policy, order, trigger.phase, &decision) {
                 Err(problems) => self.refuse(&decided, &decision, problems.join("; ")).await,
-                Ok(()) => match &decision {
-                    Decision::Cancel { reason, effects } => {
-                        self.close(&decided, reason, effects).await
-                    }
-                    _ => self.wait(&decided, &decision).await,
-                },
+                Ok(()) => {
+                    // A group of one: the same transaction a group of triggers shares.
+                    let mut outcomes = match &decision {
+                        Decision::Cancel { .. } => self.close(&[ready]).await?,
+                        Decision::Wait { .. } => self.wait(&[ready]).await?,
+                        Decision::Ignore { .. } => unreachable!("ignore is carried out above"),
+                    };
+                    Ok(outcomes.pop().expect("one outcome per decision"))
+                }
             },
         }
     }

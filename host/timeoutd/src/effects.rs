@@ -19,6 +19,7 @@ mod executor;
 mod flash;
 mod notify;
 mod payment;
+pub mod work;
 pub mod worker;
 
 use std::cmp::Reverse;

@@ -9,6 +9,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::clock::Clock;
+use crate::context::Context;
 use crate::db::{Db, DbError, backlog};
 use crate::events::gauge_set;
 
@@ -114,20 +115,24 @@ pub trait Watcher: Send {
     fn watch(&mut self, sample: &Sample) -> impl Future<Output = ()> + Send;
 }
 
-/// Samples every `every` and publishes, until `shutdown`; the latest sample goes to `latest`
-/// and to `watcher`.
-#[allow(clippy::too_many_arguments)]
+/// Samples `ctx`'s database every `every` and publishes, until `ctx.shutdown`; the latest
+/// sample goes to `latest` and to `watcher`. An order counts as overdue `margin` past its
+/// deadline.
 pub async fn run<W: Watcher>(
-    db: Db,
-    clock: Clock,
+    ctx: Context,
     every: Duration,
     margin: Duration,
     merchants: Vec<String>,
-    policies: std::sync::Arc<crate::policies::Policies>,
     latest: watch::Sender<Sample>,
     mut watcher: Option<W>,
-    mut shutdown: watch::Receiver<bool>,
 ) {
+    let Context {
+        db,
+        clock,
+        policies,
+        mut shutdown,
+        ..
+    } = ctx;
     loop {
         match sample(&db, &clock, margin, &policies).await {
             Ok(s) => {

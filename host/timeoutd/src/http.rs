@@ -36,6 +36,7 @@ use tokio::sync::watch;
 
 use crate::config::{Config, PaidAfterClose, Routing};
 use crate::db::{Db, orders};
+use crate::dispatch::AfterCommit;
 use crate::effects::EffectRunner;
 use crate::paid::Applied;
 
@@ -51,6 +52,10 @@ pub struct HttpState {
     lease_ms: i64,
     stripe: Option<Arc<stripe::StripeWebhook>>,
     alipay: Option<Arc<alipay::AlipayNotify>>,
+    /// Where a paid notice that raised a refund hands its order: the daemon's ledger worker
+    /// (as after any commit, and as the paid topic does); `None` runs it with the shard's
+    /// effect runner (tests, and a sharded front whose shards' workers may be elsewhere).
+    after_commit: Option<Arc<dyn AfterCommit>>,
 }
 
 impl HttpState {
@@ -73,6 +78,26 @@ impl HttpState {
                 .map_or(120_000, |h| h.payment_lease.as_millis() as i64),
             stripe: stripe::StripeWebhook::from_config(config).map(Arc::new),
             alipay: alipay::AlipayNotify::from_config(config).map(Arc::new),
+            after_commit: None,
+        }
+    }
+
+    /// This state, handing the orders of paid notices that raised a refund to `port` (the
+    /// daemon's ledger worker) instead of running them on the request.
+    pub fn with_after_commit(mut self, port: Arc<dyn AfterCommit>) -> Self {
+        self.after_commit = Some(port);
+        self
+    }
+
+    /// What follows a paid notice's commit, the same for every endpoint and for the paid topic:
+    /// a refund it raised ([`Applied::raised_refund`]) is handed to the after-commit path.
+    async fn after_paid(&self, effects: &EffectRunner, order_id: &str, applied: Applied) {
+        if !applied.raised_refund() {
+            return;
+        }
+        match &self.after_commit {
+            Some(port) => port.committed(&[order_id]).await,
+            None => effects.committed(&[order_id]).await,
         }
     }
 
@@ -322,8 +347,8 @@ async fn handle_paid(
             StatusCode::OK,
             Json(json!({ "status": "paid", "new": true })),
         )),
-        Applied::AfterClose { resolution, new } => {
-            effects.run_for_order(order_id).await;
+        applied @ Applied::AfterClose { resolution, new } => {
+            state.after_paid(effects, order_id, applied).await;
             Ok((
                 StatusCode::ACCEPTED,
                 Json(

@@ -21,6 +21,7 @@ pub mod build_info;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod context;
 pub mod daemon;
 pub mod db;
 pub mod demo;

@@ -33,9 +33,19 @@ pub enum Applied {
     Missing,
 }
 
+impl Applied {
+    /// Whether this notice recorded a paid-after-close, whose refund (or review) is a new
+    /// PENDING ledger row: every caller then hands the order to the after-commit path (the
+    /// ledger worker in the daemon), the HTTP endpoints as the paid topic. A repeated notice
+    /// raises nothing new; its row is already the worker's.
+    pub fn raised_refund(self) -> bool {
+        matches!(self, Applied::AfterClose { new: true, .. })
+    }
+}
+
 /// Applies a paid notice for `order_id` from `source` (`callback`, `paid-message`), reading
-/// each merchant's `on_paid_after_close` from `resolutions`. The caller wakes the ledger
-/// executor when a refund may have been raised.
+/// each merchant's `on_paid_after_close` from `resolutions`. The caller hands the order to its
+/// after-commit path when [`Applied::raised_refund`].
 ///
 /// # Errors
 /// [`DbError`] when the database cannot be read or written; nothing was applied.

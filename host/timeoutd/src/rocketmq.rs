@@ -27,15 +27,11 @@ pub mod relay;
 
 use std::sync::Arc;
 
-use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 pub use client::{Scheduled, Transport, TransportError};
 
-use crate::clock::Clock;
-use crate::db::Db;
-use crate::dispatch::Dispatcher;
-use crate::policies::Policies;
+use crate::context::Context;
 
 /// The transport's running parts, as the daemon starts them.
 pub struct Broker {
@@ -60,18 +56,21 @@ impl Broker {
     ///
     /// # Errors
     /// [`TransportError::Start`] when a part cannot start.
-    #[allow(clippy::too_many_arguments)]
     pub async fn start(
         transport: Arc<Transport>,
-        db: Db,
-        clock: Clock,
-        dispatcher: Arc<Dispatcher>,
-        policies: Arc<Policies>,
+        ctx: &Context,
         resolutions: Arc<std::collections::HashMap<String, crate::config::PaidAfterClose>>,
         outbox: &crate::config::OutboxConfig,
         tasks: &mut JoinSet<()>,
-        shutdown: watch::Receiver<bool>,
     ) -> Result<Broker, TransportError> {
+        let Context {
+            db,
+            clock,
+            policies,
+            dispatcher,
+            shutdown,
+            ..
+        } = ctx.clone();
         let config = transport.config().clone();
         let app = tokio::runtime::Handle::current();
         let arming = arming::Arming::start(

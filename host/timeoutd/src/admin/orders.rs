@@ -5,11 +5,10 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use timeoutd_runtime::model::{OrderStatus, TriggerKind};
+use timeoutd_runtime::model::OrderStatus;
 
 use super::{AdminState, ApiError, ApiResult};
-use crate::db::{orders, views};
-use crate::dispatch::Trigger;
+use crate::db::{orders, outbox, views};
 
 /// `?limit=` (default 100, at most 1000).
 #[derive(Debug, Deserialize)]
@@ -96,20 +95,26 @@ pub async fn close(State(s): State<AdminState>, Path(id): Path<String>) -> ApiRe
             ),
         ));
     }
-    let phase = crate::db::outbox::latest_phase(&s.db, &id).await?;
-    let trigger = Trigger {
-        order_id: id,
-        kind: TriggerKind::Manual,
-        phase,
-        attempt: 0,
-        due_ms: None,
-        row_id: None,
-        claim: None,
-        state: Vec::new(),
-        poll: false,
+    // A trigger like every other: the order's latest phase row, re-armed as `manual` (it keeps
+    // the state its phase was scheduled with) and claimed in one step, then handled as the
+    // outbox timer handles a row, its completion fenced by the claim.
+    let phase = outbox::latest_phase(&s.db, &id).await?;
+    let Some(row) = outbox::claim_for_operator(&s.db, &id, phase, now, MANUAL_LEASE_MS).await?
+    else {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("a trigger for order `{id}` is being handled now; look again in a moment"),
+        ));
     };
-    let outcome = s.dispatcher.handle(&trigger).await;
+    let outcome = match crate::sources::outbox::trigger_of(&row) {
+        Ok(trigger) => s.dispatcher.handle(&trigger).await,
+        Err(bad) => s.dispatcher.reject(&bad.trigger, &bad.reason).await,
+    };
     Ok(Json(
         serde_json::to_value(outcome).expect("outcome serialises"),
     ))
 }
+
+/// How long a manual close holds its order's row (ms): the plugin's deadline and one
+/// transaction fit well inside; a daemon that dies meanwhile leaves the row to the sweep.
+const MANUAL_LEASE_MS: i64 = 30_000;

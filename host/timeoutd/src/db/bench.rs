@@ -176,7 +176,9 @@ pub async fn audit_counts(db: &Db) -> Result<AuditCounts, DbError> {
     .await?;
     let units = match db.backend() {
         Backend::MySql => "SELECT CAST(SUM(available) AS SIGNED) FROM sku_stock",
-        _ => "SELECT CAST(SUM(available) AS BIGINT) FROM sku_stock",
+        Backend::Sqlite | Backend::Postgres => {
+            "SELECT CAST(SUM(available) AS BIGINT) FROM sku_stock"
+        }
     };
     let stock_units = scalar(db, units).await?;
     let coupons_held = scalar(
@@ -221,7 +223,7 @@ async fn scalar(db: &Db, sql: &'static str) -> Result<i64, DbError> {
 pub async fn explain_hot_queries(db: &Db, now_ms: i64) -> Vec<(String, String)> {
     let explain = match db.backend() {
         Backend::Sqlite => "EXPLAIN QUERY PLAN",
-        _ => "EXPLAIN",
+        Backend::MySql | Backend::Postgres => "EXPLAIN",
     };
     let queries = [
         (

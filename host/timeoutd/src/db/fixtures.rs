@@ -20,7 +20,7 @@ pub async fn recreate_database(db: &Db, name: &str) -> Result<(), DbError> {
         .await?;
     let create = match db.backend() {
         Backend::MySql => format!("CREATE DATABASE {name} CHARACTER SET utf8mb4"),
-        _ => format!("CREATE DATABASE {name}"),
+        Backend::Sqlite | Backend::Postgres => format!("CREATE DATABASE {name}"),
     };
     sqlx::query(sqlx::AssertSqlSafe(create))
         .execute(db.pool())

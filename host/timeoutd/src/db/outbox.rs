@@ -5,15 +5,60 @@ use sqlx::{AnyConnection, Row};
 
 use super::{Backend, Db, DbError};
 
-/// Who put a row in the table; decides the trigger kind the plugin sees.
-pub const SOURCE_WAIT: &str = "wait";
+/// Who put a row in `order_timeout_msg` (its `source` column): decides the trigger kind the
+/// plugin sees ([`crate::sources::outbox::trigger_of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowSource {
+    /// The shop's order service: the column's default `order-service`, and any name timeoutd
+    /// does not write itself (a shop may name its writers as it likes).
+    OrderService,
+    /// A `wait` decision's next phase ([`SOURCE_WAIT`]).
+    Wait,
+    /// A `wait` that asked for the payment provider to be polled ([`SOURCE_POLL`]).
+    Poll,
+    /// Re-armed by the sweep ([`SOURCE_SWEEP`]).
+    Sweep,
+    /// Re-armed by an operator ([`SOURCE_MANUAL`]).
+    Manual,
+}
+
+impl RowSource {
+    /// The `source` value timeoutd writes for it (`order-service` for the shop's rows, the
+    /// column's default).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RowSource::OrderService => "order-service",
+            RowSource::Wait => "wait",
+            RowSource::Poll => "wait-poll",
+            RowSource::Sweep => "sweep",
+            RowSource::Manual => "manual",
+        }
+    }
+
+    /// The source a row's `source` value names: timeoutd's own names, and
+    /// [`RowSource::OrderService`] for every other (the one place that rule lives).
+    pub fn of(name: &str) -> RowSource {
+        [
+            RowSource::Wait,
+            RowSource::Poll,
+            RowSource::Sweep,
+            RowSource::Manual,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == name)
+        .unwrap_or(RowSource::OrderService)
+    }
+}
+
+/// Rows of a `wait` decision's next phase.
+pub const SOURCE_WAIT: &str = RowSource::Wait.as_str();
 /// Rows of a phase whose `wait` asked for the payment provider to be polled (`poll_payment`):
 /// their trigger asks the provider even before the deadline.
-pub const SOURCE_POLL: &str = "wait-poll";
+pub const SOURCE_POLL: &str = RowSource::Poll.as_str();
 /// Rows re-armed by the sweep.
-pub const SOURCE_SWEEP: &str = "sweep";
+pub const SOURCE_SWEEP: &str = RowSource::Sweep.as_str();
 /// Rows re-armed by an operator (a re-driven dead letter).
-pub const SOURCE_MANUAL: &str = "manual";
+pub const SOURCE_MANUAL: &str = RowSource::Manual.as_str();
 
 /// A claimed, due outbox row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -220,6 +265,64 @@ pub async fn claim_unseen(
             .await?;
     }
     Ok(rows)
+}
+
+/// An operator's trigger for `order_id`: the row of its `phase`, made PENDING and due now as
+/// `manual` (attempts reset, its phase's state kept; inserted when the order has none) and
+/// claimed for `lease_ms`, in one transaction, so no other claimer can take it in between.
+/// `None` when another holder has the row under a live lease.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn claim_for_operator(
+    db: &Db,
+    order_id: &str,
+    phase: u32,
+    now_ms: i64,
+    lease_ms: i64,
+) -> Result<Option<DueRow>, DbError> {
+    let backend = db.backend();
+    let token = super::claim_token("manual-");
+    let until_ms = now_ms + lease_ms;
+    let mut tx = db.begin().await?;
+    let inserted = backend
+        .query_owned(format!(
+            "{insert} INTO order_timeout_msg \
+             (order_id, due_ms, phase, status, source, claim_token, claim_until_ms) \
+             VALUES (?, ?, ?, 'PENDING', ?, ?, ?){on_conflict}",
+            insert = backend.insert_ignore().0,
+            on_conflict = backend.insert_ignore().1,
+        ))
+        .bind(order_id)
+        .bind(now_ms)
+        .bind(i64::from(phase))
+        .bind(SOURCE_MANUAL)
+        .bind(token.clone())
+        .bind(until_ms)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+    if inserted == 0 {
+        backend
+            .query(
+                "UPDATE order_timeout_msg SET status = 'PENDING', \
+                 due_ms = CASE WHEN due_ms > ? THEN ? ELSE due_ms END, source = ?, attempts = 0, \
+                 claim_token = ?, claim_until_ms = ? \
+                 WHERE order_id = ? AND phase = ? AND (claim_until_ms IS NULL OR claim_until_ms < ?)",
+            )
+            .bind(now_ms)
+            .bind(now_ms)
+            .bind(SOURCE_MANUAL)
+            .bind(token.clone())
+            .bind(until_ms)
+            .bind(order_id)
+            .bind(i64::from(phase))
+            .bind(now_ms)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(held_by(db, &token).await?.into_iter().next())
 }
 
 /// Gives up a claim on row `id` and changes nothing else (its due time and status stay): an
@@ -550,25 +653,54 @@ pub async fn retry_later(
     row.held(done.rows_affected())
 }
 
-/// Schedules `phase` of `order_id` at `due_ms` (a `wait` decision), with the `state` the wait
-/// hands to it (stored as hex; empty is none) and, when `poll`, as a polling phase
-/// ([`SOURCE_POLL`]). A row for that phase that already exists is left as it is, so a replayed
-/// decision schedules nothing twice.
+/// One next phase a `wait` decision schedules ([`schedule_phases`]).
+#[derive(Debug, Clone, Copy)]
+pub struct NextPhase<'a> {
+    /// The order.
+    pub order_id: &'a str,
+    /// The phase to schedule.
+    pub phase: u32,
+    /// When it is due, epoch ms.
+    pub due_ms: i64,
+    /// The state the wait hands to it (stored as hex; empty is none).
+    pub state: &'a [u8],
+    /// A polling phase ([`SOURCE_POLL`]): its trigger asks the payment provider even before
+    /// the deadline.
+    pub poll: bool,
+}
+
+/// Schedules each of `phases` (the `wait` decisions of a group; one for a single wait), in
+/// multi-row statements. A row for a phase that already exists is left as it is, so a replayed
+/// decision schedules nothing twice. Returns how many rows were inserted.
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
-pub async fn schedule_phase(
+pub async fn schedule_phases(
     conn: &mut AnyConnection,
     backend: Backend,
-    order_id: &str,
-    phase: u32,
-    due_ms: i64,
-    state: &[u8],
-    poll: bool,
-) -> Result<(), DbError> {
-    let source = if poll { SOURCE_POLL } else { SOURCE_WAIT };
-    let state = (!state.is_empty()).then(|| hex::encode(state));
-    insert(conn, backend, order_id, phase, due_ms, source, state).await
+    phases: &[NextPhase<'_>],
+) -> Result<u64, DbError> {
+    let mut inserted = 0;
+    for chunk in phases.chunks(super::ledger::ROWS_PER_INSERT) {
+        let values = vec!["(?, ?, ?, 'PENDING', ?, ?)"; chunk.len()].join(", ");
+        let mut q = backend.query_owned(format!(
+            "{insert} INTO order_timeout_msg (order_id, due_ms, phase, status, source, state) \
+             VALUES {values}{on_conflict}",
+            insert = backend.insert_ignore().0,
+            on_conflict = backend.insert_ignore().1,
+        ));
+        for next in chunk {
+            let source = if next.poll { SOURCE_POLL } else { SOURCE_WAIT };
+            q = q
+                .bind(next.order_id.to_string())
+                .bind(next.due_ms)
+                .bind(i64::from(next.phase))
+                .bind(source)
+                .bind((!next.state.is_empty()).then(|| hex::encode(next.state)));
+        }
+        inserted += q.execute(&mut *conn).await?.rows_affected();
+    }
+    Ok(inserted)
 }
 
 /// Inserts the PENDING row for `(order_id, phase)` due at `due_ms` with `source`, unless one
@@ -584,34 +716,7 @@ pub async fn insert_row(
     due_ms: i64,
     source: &str,
 ) -> Result<(), DbError> {
-    insert(conn, backend, order_id, phase, due_ms, source, None).await
-}
-
-/// The one statement of [`insert_row`] and [`schedule_phase`]: the row with its `state` (hex,
-/// NULL for none), unless `(order_id, phase)` exists.
-async fn insert(
-    conn: &mut AnyConnection,
-    backend: Backend,
-    order_id: &str,
-    phase: u32,
-    due_ms: i64,
-    source: &str,
-    state: Option<String>,
-) -> Result<(), DbError> {
-    backend
-        .query_owned(format!(
-            "{insert} INTO order_timeout_msg (order_id, due_ms, phase, status, source, state) \
-         VALUES (?, ?, ?, 'PENDING', ?, ?){on_conflict}",
-            insert = backend.insert_ignore().0,
-            on_conflict = backend.insert_ignore().1,
-        ))
-        .bind(order_id)
-        .bind(due_ms)
-        .bind(i64::from(phase))
-        .bind(source)
-        .bind(state)
-        .execute(&mut *conn)
-        .await?;
+    insert_rows(conn, backend, &[(order_id, phase, due_ms)], source).await?;
     Ok(())
 }
 

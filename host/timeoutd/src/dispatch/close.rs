@@ -1,13 +1,52 @@
 //! The close: one transaction holding the compare-and-set, the stock and coupon changes, the
-//! ledger rows, the decision log and the outbox row. The rules shared by the single close and
-//! the group close ([`super::group`]) live here: the stamp, the reason a lost compare-and-set
-//! gives, and each effect's ledger row.
+//! ledger rows, the decision log and the outbox rows, for one order or a group of them
+//! ([`super::group`] gathers the groups; a trigger handled alone is a group of one). Its rules
+//! live here: the stamp, what each effect does inside the transaction, the reason a lost
+//! compare-and-set gives, and each effect's ledger row.
 
-use timeoutd_runtime::model::Effect;
+use std::collections::{BTreeMap, HashSet};
 
-use super::{Decided, Dispatcher, Outcome};
+use timeoutd_runtime::model::{Decision, Effect};
+
+use super::{Decided, Dispatcher, Outcome, Ready};
 use crate::db::{DbError, WriteTx, journal, ledger, orders, outbox};
-use crate::kinds::LedgerKind;
+use crate::events::{Event, emit};
+
+/// What the close transaction does with one effect. Exhaustive over [`Effect`]: a new kind of
+/// effect does not compile until it is given its part here, and [`crate::kinds::home`] says the
+/// same (`tests::every_effect_is_in_the_transaction_where_its_kind_is_at_home`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum InClose<'e> {
+    /// `quantity` units of `sku` back to `sku_stock`.
+    Stock {
+        /// The SKU.
+        sku: &'e str,
+        /// Units.
+        quantity: u32,
+    },
+    /// The coupon back to AVAILABLE, if this order locked it.
+    Coupon {
+        /// The coupon id.
+        coupon: &'e str,
+    },
+    /// Carried out after the commit by the ledger executor: recorded PENDING.
+    External,
+}
+
+/// [`InClose`] of `effect`.
+pub(super) fn in_close(effect: &Effect) -> InClose<'_> {
+    match effect {
+        Effect::RestoreStock { sku, quantity } => InClose::Stock {
+            sku,
+            quantity: *quantity,
+        },
+        Effect::ReleaseCoupon { coupon } => InClose::Coupon { coupon },
+        Effect::RestoreFlashStock { .. }
+        | Effect::ReleaseFlashSlot { .. }
+        | Effect::ClosePayment { .. }
+        | Effect::Notify(_) => InClose::External,
+    }
+}
 
 /// Why a close that lost its compare-and-set did nothing (paid in between, F12; a concurrent
 /// duplicate, F9).
@@ -46,19 +85,19 @@ impl<'a> Decided<'a> {
             .iter()
             .enumerate()
             .map(|(index, effect)| {
-                let (status, note) = match effect {
-                    _ if is_external(effect) => (ledger::PENDING, None),
-                    Effect::RestoreStock { sku, .. } if !applied(index, effect) => (
+                let (status, note) = match in_close(effect) {
+                    InClose::External => (ledger::PENDING, None),
+                    InClose::Stock { sku, .. } if !applied(index, effect) => (
                         ledger::FAILED,
                         Some(format!("no sku_stock row for `{sku}`")),
                     ),
-                    Effect::ReleaseCoupon { coupon } if !applied(index, effect) => (
+                    InClose::Coupon { coupon } if !applied(index, effect) => (
                         ledger::DONE,
                         Some(format!(
                             "coupon `{coupon}` was not locked by this order; left alone"
                         )),
                     ),
-                    _ => (ledger::DONE, None),
+                    InClose::Stock { .. } | InClose::Coupon { .. } => (ledger::DONE, None),
                 };
                 ledger::NewEntry {
                     order_id: &self.order.id,
@@ -78,7 +117,7 @@ impl<'a> Decided<'a> {
 
 /// Whether `effect` is carried out outside the database (by the ledger executor).
 pub(super) fn is_external(effect: &Effect) -> bool {
-    LedgerKind::Effect(effect.kind()).is_external()
+    in_close(effect) == InClose::External
 }
 
 /// The `decision_log.detail` of a close.
@@ -112,90 +151,197 @@ impl Dispatcher {
         Ok(self.clock.now_ms_on(&self.db, tx).await?.max(decided_ms))
     }
 
-    /// Closes the order with `effects` (already checked against it). Effects inside the
-    /// database are applied in the transaction and recorded DONE; effects outside it (notices,
-    /// payment, Redis) are recorded PENDING and carried out from the ledger after the commit
-    /// ([`Dispatcher::after_commit`]). The one-order form of the group close.
-    pub(super) async fn close(
-        &self,
-        d: &Decided<'_>,
-        reason: &str,
-        effects: &[Effect],
-    ) -> Result<Outcome, DbError> {
-        let order = d.order;
+    /// Closes `group`, permitted cancels (one, or many decided together), in one transaction;
+    /// outcomes in the same order. Effects inside the database are applied in the transaction
+    /// and recorded DONE; effects outside it (notices, payment, Redis) are recorded PENDING and
+    /// carried out from the ledger after the commit ([`Dispatcher::after_commit`]). An order
+    /// that left PENDING before the lock (paid, F12; closed by a duplicate, F9) is a no-op with
+    /// its decision logged; one a payment attempt's lease holds waits for the lease.
+    ///
+    /// # Errors
+    /// [`DbError`] when any statement fails; the transaction is rolled back and nothing of the
+    /// group is applied (a group's caller then closes each order alone).
+    pub(super) async fn close(&self, group: &[&Ready]) -> Result<Vec<Outcome>, DbError> {
+        let now_ms = group.iter().map(|r| r.now_ms).max().unwrap_or_default();
+        let decided: Vec<_> = group.iter().map(|r| r.decided()).collect();
+        let cancels: Vec<(&str, &[Effect])> = group
+            .iter()
+            .map(|r| match &r.decision {
+                Decision::Cancel { reason, effects } => (reason.as_str(), effects.as_slice()),
+                Decision::Wait { .. } | Decision::Ignore { .. } => {
+                    unreachable!("only cancels are closed")
+                }
+            })
+            .collect();
+        let ids: Vec<&str> = group.iter().map(|r| r.order.id.as_str()).collect();
         let backend = self.db.backend();
         let mut tx = self.db.begin().await?;
-        // Stamped when written: on SQLite the transaction may have queued for the writer.
-        let stamp = orders::CloseStamp {
-            now_ms: self.written_at(&mut tx, d.now_ms).await?,
-            ..d.close_stamp(reason)
-        };
-        if !orders::compare_and_close(&mut tx, &order.id, &stamp).await? {
-            tx.rollback().await?;
-            let mut tx = self.db.begin().await?;
-            let leases = orders::live_leases(&mut tx, &[order.id.as_str()], d.now_ms).await?;
-            if let Some(&until_ms) = leases.get(&order.id) {
-                // A payment attempt holds the order: the close waits for it to lapse.
-                journal::log_decision(
-                    &mut tx,
-                    &d.record("cancel", "deferred", held_detail(until_ms)),
-                )
-                .await?;
-                if let Some(row) = d.trigger.row() {
-                    outbox::defer_in(&mut tx, row, until_ms, "held: a payment attempt's lease")
-                        .await?;
+        let locked: HashSet<String> = orders::lock_pending(&mut tx, &ids, Some(now_ms))
+            .await?
+            .into_iter()
+            .collect();
+        // Which orders of the group this transaction closes, by position; those a payment
+        // attempt holds wait for its lease to lapse.
+        let won: Vec<bool> = ids.iter().map(|id| locked.contains(*id)).collect();
+        let lost: Vec<&str> = (0..group.len())
+            .filter(|&k| !won[k])
+            .map(|k| ids[k])
+            .collect();
+        let leases = orders::live_leases(&mut tx, &lost, now_ms).await?;
+        let held = |k: usize| leases.get(ids[k]).copied();
+        let closing = || (0..group.len()).filter(|&k| won[k]);
+        // Stock: one statement per SKU, in SKU order (two groups never deadlock on stock rows).
+        // Before the orders' update, so that a group waiting for a hot SKU's row lock (a flash
+        // sale's groups all touch the same few) is stamped after the wait: the orders it won
+        // are already locked by `lock_pending`.
+        let mut per_sku: BTreeMap<&str, i64> = BTreeMap::new();
+        let mut coupons: Vec<(&str, &str)> = Vec::new();
+        for k in closing() {
+            for effect in cancels[k].1 {
+                match in_close(effect) {
+                    InClose::Stock { sku, quantity } => {
+                        *per_sku.entry(sku).or_default() += i64::from(quantity)
+                    }
+                    InClose::Coupon { coupon } => coupons.push((coupon, ids[k])),
+                    InClose::External => {}
                 }
-                tx.commit().await?;
-                tracing::info!(
-                    until_ms,
-                    "a payment attempt holds the order; the close waits"
-                );
-                return Ok(Outcome::Deferred { until_ms });
             }
-            journal::log_decision(&mut tx, &d.record("cancel", "noop", noop_detail())).await?;
-            if let Some(row) = d.trigger.row() {
-                outbox::finish(&mut tx, row, d.now_ms, Some(CAS_LOST)).await?;
+        }
+        let mut missing_skus: HashSet<&str> = HashSet::new();
+        for (sku, units) in &per_sku {
+            if !orders::restore_units(&mut tx, sku, *units).await? {
+                missing_skus.insert(sku);
             }
-            tx.commit().await?;
-            tracing::info!("close lost the compare-and-set; no effect applied");
-            return Ok(Outcome::NoOp {
-                reason: CAS_LOST.to_string(),
+        }
+        // The close's stamp: when it is written, not when the group was decided. Staged groups
+        // queue for the writer (SQLite) or for the hot rows; a stamp read before that said an
+        // order closed up to a second before it did.
+        let written_ms = self.written_at(&mut tx, now_ms).await?;
+        let stamps: Vec<(&str, orders::CloseStamp<'_>)> = closing()
+            .map(|k| (ids[k], decided[k].close_stamp(cancels[k].0)))
+            .collect();
+        let changed = orders::close_many(&mut tx, &stamps, written_ms).await?;
+        if changed != stamps.len() as u64 {
+            return Err(DbError::BadRow {
+                table: "orders",
+                detail: format!(
+                    "group close changed {changed} of {} locked orders",
+                    stamps.len()
+                ),
             });
         }
-        let mut applied = vec![false; effects.len()];
-        for (index, effect) in effects.iter().enumerate() {
-            applied[index] = match effect {
-                Effect::RestoreStock { sku, quantity } => {
-                    orders::restore_stock(&mut tx, sku, *quantity).await?
+        let released = orders::release_coupons(&mut tx, &coupons).await?;
+        let applied = |_: usize, e: &Effect| match in_close(e) {
+            InClose::Stock { sku, .. } => !missing_skus.contains(sku),
+            InClose::Coupon { coupon } => released.contains(coupon),
+            InClose::External => false,
+        };
+        let entries: Vec<_> = closing()
+            .flat_map(|k| decided[k].ledger_entries(cancels[k].1, applied))
+            .collect();
+        ledger::record_many(&mut tx, backend, &entries, written_ms).await?;
+        let records: Vec<journal::DecisionRecord<'_>> = (0..group.len())
+            .map(|k| match (won[k], held(k)) {
+                (true, _) => decided[k].record(
+                    "cancel",
+                    "closed",
+                    closed_detail(cancels[k].0, cancels[k].1),
+                ),
+                (false, Some(until_ms)) => {
+                    decided[k].record("cancel", "deferred", held_detail(until_ms))
                 }
-                Effect::ReleaseCoupon { coupon } => {
-                    orders::release_coupon(&mut tx, coupon, &order.id).await?
-                }
-                _ => false,
-            };
+                (false, None) => decided[k].record("cancel", "noop", noop_detail()),
+            })
+            .collect();
+        journal::log_decisions(&mut tx, &records).await?;
+        let rows = |closed: bool| -> Vec<outbox::RowRef<'_>> {
+            (0..group.len())
+                .filter(|&k| won[k] == closed && (closed || held(k).is_none()))
+                .filter_map(|k| group[k].trigger.row())
+                .collect()
+        };
+        for k in (0..group.len()).filter(|&k| !won[k]) {
+            if let (Some(until_ms), Some(row)) = (held(k), group[k].trigger.row()) {
+                outbox::defer_in(&mut tx, row, until_ms, "held: a payment attempt's lease").await?;
+            }
         }
-        for entry in d.ledger_entries(effects, |i, _| applied[i]) {
-            ledger::record(&mut tx, backend, &entry, stamp.now_ms).await?;
-        }
-        journal::log_decision(
-            &mut tx,
-            &d.record("cancel", "closed", closed_detail(reason, effects)),
-        )
-        .await?;
-        if let Some(row) = d.trigger.row() {
-            outbox::finish(&mut tx, row, stamp.now_ms, None).await?;
-        }
+        outbox::finish_many(&mut tx, &rows(true), written_ms, None).await?;
+        outbox::finish_many(&mut tx, &rows(false), written_ms, Some(CAS_LOST)).await?;
         tx.commit().await?;
-        let lateness_ms = stamp.now_ms - stamp.due_ms;
-        crate::events::emit(crate::events::Event::Closed {
-            source: d.trigger.kind.as_str(),
-            lateness_ms: stamp.now_ms - order.deadline_ms,
-            trigger_lateness_ms: lateness_ms,
-            effects: effects.len(),
-        });
-        if effects.iter().any(is_external) {
-            self.after_commit(&[&order.id]).await;
+        let outcomes: Vec<Outcome> = (0..group.len())
+            .map(|k| match won[k] {
+                true => {
+                    let lateness_ms = written_ms - decided[k].close_due_ms();
+                    emit(Event::Closed {
+                        source: group[k].trigger.kind.as_str(),
+                        lateness_ms: written_ms - group[k].order.deadline_ms,
+                        trigger_lateness_ms: lateness_ms,
+                        effects: cancels[k].1.len(),
+                    });
+                    Outcome::Closed { lateness_ms }
+                }
+                false => match held(k) {
+                    Some(until_ms) => Outcome::Deferred { until_ms },
+                    None => Outcome::NoOp {
+                        reason: CAS_LOST.to_string(),
+                    },
+                },
+            })
+            .collect();
+        let external: Vec<&str> = closing()
+            .filter(|&k| cancels[k].1.iter().any(is_external))
+            .map(|k| ids[k])
+            .collect();
+        if !external.is_empty() {
+            self.after_commit(&external).await;
         }
-        Ok(Outcome::Closed { lateness_ms })
+        Ok(outcomes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use timeoutd_runtime::model::{EffectKind, Notice};
+
+    use super::*;
+    use crate::kinds::LedgerKind;
+
+    /// An effect of `kind` (exhaustive: a new kind is added here too).
+    fn sample(kind: EffectKind) -> Effect {
+        let s = || "x".to_string();
+        match kind {
+            EffectKind::RestoreStock => Effect::RestoreStock {
+                sku: s(),
+                quantity: 1,
+            },
+            EffectKind::RestoreFlashStock => Effect::RestoreFlashStock {
+                activity: s(),
+                quantity: 1,
+            },
+            EffectKind::ReleaseFlashSlot => Effect::ReleaseFlashSlot {
+                activity: s(),
+                user: s(),
+            },
+            EffectKind::ReleaseCoupon => Effect::ReleaseCoupon { coupon: s() },
+            EffectKind::ClosePayment => Effect::ClosePayment { payment_ref: s() },
+            EffectKind::Notify => Effect::Notify(Notice {
+                channel: s(),
+                template: s(),
+                params: Vec::new(),
+            }),
+        }
+    }
+
+    #[test]
+    fn every_effect_is_in_the_transaction_where_its_kind_is_at_home() {
+        for &kind in EffectKind::ALL {
+            let effect = sample(kind);
+            assert_eq!(effect.kind(), kind);
+            assert_eq!(
+                is_external(&effect),
+                LedgerKind::Effect(kind).is_external(),
+                "{kind:?}: the close transaction and kinds::home disagree"
+            );
+        }
     }
 }

@@ -9,9 +9,9 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
-use timeoutd_runtime::model::Effect;
 
 use super::executor::{Done, EffectError, Executor, Job};
+use super::work::RedisWork;
 use crate::config::{Config, RedisConfig};
 use crate::kinds::Section;
 
@@ -316,16 +316,15 @@ impl Executor for FlashEffects {
             let keys = self.keys.get(&row.merchant_id).ok_or_else(|| {
                 EffectError::Permanent(format!("merchant `{}` is not configured", row.merchant_id))
             })?;
-            match serde_json::from_str::<Effect>(&row.payload).map_err(|_| job.unreadable())? {
-                Effect::RestoreFlashStock { activity, quantity } => {
+            match job.redis_work()? {
+                RedisWork::RestoreStock { activity, quantity } => {
                     let key = keys.stock.replace("<activity>", &activity);
                     self.sale.restore_stock(&key, quantity, &row.key).await
                 }
-                Effect::ReleaseFlashSlot { activity, user } => {
+                RedisWork::ReleaseSlot { activity, user } => {
                     let key = keys.users.replace("<activity>", &activity);
                     self.sale.release_slot(&key, &user, &row.key).await
                 }
-                _ => Err(job.unreadable()),
             }
         })
     }

@@ -8,11 +8,11 @@ use serde_json::{Value, json};
 use timeoutd_runtime::model::Notice;
 
 use futures_util::future::BoxFuture;
-use timeoutd_runtime::model::Effect;
 
 use super::executor::{Done, EffectError, Executor, Job};
+use super::work::NotifyWork;
 use crate::config::{ChannelConfig, NotifyConfig};
-use crate::kinds::{LedgerKind, Section};
+use crate::kinds::Section;
 
 #[derive(Debug, Clone)]
 enum Sink {
@@ -183,10 +183,8 @@ impl Executor for Notifier {
 
     fn execute<'a>(&'a self, job: Job<'a>) -> BoxFuture<'a, Result<Done, EffectError>> {
         Box::pin(async move {
-            let notice: Notice = match job.kind {
-                LedgerKind::Remind => {
-                    let notice =
-                        serde_json::from_str(&job.row.payload).map_err(|_| job.unreadable())?;
+            let notice: Notice = match job.notify_work()? {
+                NotifyWork::Remind(notice) => {
                     if let Some(status) = job.order_status
                         && status != "PENDING"
                     {
@@ -194,10 +192,7 @@ impl Executor for Notifier {
                     }
                     notice
                 }
-                _ => match serde_json::from_str::<Effect>(&job.row.payload) {
-                    Ok(Effect::Notify(notice)) => notice,
-                    _ => return Err(job.unreadable()),
-                },
+                NotifyWork::Notify(notice) => notice,
             };
             let row = job.row;
             self.send(

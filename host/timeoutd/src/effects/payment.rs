@@ -20,13 +20,14 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
-use timeoutd_runtime::model::{Effect, Payment};
+use timeoutd_runtime::model::Payment;
 
 use super::executor::{Done, EffectError, Executor, Job};
+use super::work::PaymentWork;
 use crate::clock::Clock;
 use crate::config::{Config, PaidAfterClose, ProviderKind};
 use crate::db::{Db, DbError, payments};
-use crate::kinds::{LedgerKind, Section};
+use crate::kinds::Section;
 use crate::ratecap::RateCap;
 
 /// A boxed future, for the object-safe gateway trait.
@@ -213,22 +214,14 @@ impl Executor for PaymentEffects {
     fn execute<'a>(&'a self, job: Job<'a>) -> BoxFuture<'a, Result<Done, EffectError>> {
         Box::pin(async move {
             self.admit(&job)?;
-            match job.kind {
-                LedgerKind::Refund => {
-                    let payment_ref = serde_json::from_str::<serde_json::Value>(&job.row.payload)
-                        .ok()
-                        .and_then(|v| v["payment_ref"].as_str().map(str::to_string))
-                        .ok_or_else(|| job.unreadable())?;
-                    self.providers
-                        .of(&job.row.merchant_id)
-                        .refund(&payment_ref, &job.row.key)
-                        .await
-                        .map(|()| Done::plain())
-                }
-                _ => match serde_json::from_str::<Effect>(&job.row.payload) {
-                    Ok(Effect::ClosePayment { payment_ref }) => self.close(job, &payment_ref).await,
-                    _ => Err(job.unreadable()),
-                },
+            match job.payment_work()? {
+                PaymentWork::Refund { payment_ref } => self
+                    .providers
+                    .of(&job.row.merchant_id)
+                    .refund(&payment_ref, &job.row.key)
+                    .await
+                    .map(|()| Done::plain()),
+                PaymentWork::Close { payment_ref } => self.close(job, &payment_ref).await,
             }
         })
     }

@@ -112,10 +112,9 @@ pub(super) async fn apply(
     })?;
     match applied {
         Applied::Missing => Err(missing()),
-        Applied::AfterClose { .. } => {
-            effects.run_for_order(order_id).await;
+        Applied::AfterClose { .. } | Applied::AlreadyPaid | Applied::Aligned => {
+            state.after_paid(effects, order_id, applied).await;
             Ok(applied)
         }
-        Applied::AlreadyPaid | Applied::Aligned => Ok(applied),
     }
 }

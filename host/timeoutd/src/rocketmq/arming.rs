@@ -348,13 +348,15 @@ impl Arming {
     }
 }
 
-/// `timeoutd arm`: connects to the database and the broker named by `config`, arms each order
-/// and reports how each ended.
+/// `timeoutd arm`: over `db` (opened and checked as the daemon's is: the command line passes
+/// `daemon::open_database`'s pool), connects to the broker named by `config`, arms each order
+/// and reports how each ended. Closes `db`.
 ///
 /// # Errors
-/// When `[rocketmq]` is missing, or the database, plugins or broker cannot be reached.
+/// When `[rocketmq]` is missing, or the plugins or broker cannot be reached.
 pub async fn arm_orders(
     config: &crate::config::Config,
+    db: Db,
     orders: &[String],
 ) -> anyhow::Result<Vec<(String, Armed)>> {
     let rocketmq = config
@@ -362,16 +364,7 @@ pub async fn arm_orders(
         .as_ref()
         .ok_or_else(|| anyhow::anyhow!("the configuration has no [rocketmq] section"))?;
     let policies = crate::policies::load(config)?;
-    let db = Db::connect_with(
-        &config.database.url,
-        config.database.pool_size(&config.database.url),
-        config.database.pool_mode,
-    )
-    .await?;
-    if config.database.migrate {
-        db.migrate_through(config.database.migrate_url.as_deref())
-            .await?;
-    }
+
     let transport = Transport::start(rocketmq).await?;
     let listener = ArmListener::new(Handle::current(), db.clone(), Clock::Database, policies);
     let arming = Arming::start(transport.clone(), listener).await?;

@@ -74,11 +74,12 @@ impl PaidListener {
                 let reason = format!("paid notice for order `{order_id}`, which does not exist");
                 self.dead_letter(r, Some(&order_id), &reason).await
             }
-            Applied::AfterClose { new: true, .. } => {
-                self.dispatcher.after_commit(&[&order_id]).await;
+            Applied::Aligned | Applied::AlreadyPaid | Applied::AfterClose { .. } => {
+                if applied.raised_refund() {
+                    self.dispatcher.after_commit(&[&order_id]).await;
+                }
                 Ok(())
             }
-            Applied::Aligned | Applied::AlreadyPaid | Applied::AfterClose { .. } => Ok(()),
         }
     }
 

@@ -9,13 +9,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use timeoutd_runtime::model::TriggerKind;
-use tokio::sync::{Notify, Semaphore, mpsc, watch};
+use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::prefetch::{self, Prefetch};
 use crate::config::OutboxConfig;
-use crate::db::outbox::{self, DueRow, SOURCE_MANUAL, SOURCE_SWEEP};
+use crate::context::Context;
+use crate::db::outbox::{self, DueRow, RowSource};
 use crate::dispatch::{Dispatcher, Outcome, Trigger};
 
 /// Wakes the outbox timer when this process has written a row that may be due soon.
@@ -24,24 +25,24 @@ pub type Waker = Arc<Notify>;
 /// The trigger a claimed row stands for: its `source` says who fired it ([`Trigger::of_row`]:
 /// `Err` for a row that cannot be a trigger, with the reason).
 pub fn trigger_of(row: &DueRow) -> Result<Trigger, Box<crate::dispatch::BadRow>> {
-    let kind = match row.source.as_str() {
-        SOURCE_SWEEP => TriggerKind::Sweep,
-        SOURCE_MANUAL => TriggerKind::Manual,
-        _ => TriggerKind::Outbox,
+    let kind = match RowSource::of(&row.source) {
+        RowSource::Sweep => TriggerKind::Sweep,
+        RowSource::Manual => TriggerKind::Manual,
+        RowSource::OrderService | RowSource::Wait | RowSource::Poll => TriggerKind::Outbox,
     };
     Trigger::of_row(row, kind)
 }
 
-/// Runs the timer until `shutdown` turns true; a batch in flight is finished first. With a
+/// Runs the timer over `ctx`'s dispatcher until `ctx.shutdown` turns true; a batch in flight is finished first. With a
 /// broker (`sent_grace` = `rocketmq.fallback_after`), rows relayed to it (SENT) are taken back
 /// once they are that overdue.
-pub async fn run(
-    dispatcher: Arc<Dispatcher>,
-    config: OutboxConfig,
-    sent_grace: Option<Duration>,
-    waker: Waker,
-    mut shutdown: watch::Receiver<bool>,
-) {
+pub async fn run(ctx: Context, config: OutboxConfig, sent_grace: Option<Duration>) {
+    let Context {
+        dispatcher,
+        waker,
+        mut shutdown,
+        ..
+    } = ctx;
     let db = dispatcher.db().clone();
     let lease_ms = config.lease.as_millis() as i64;
     let group = config.group_commit.max(1) as usize;

@@ -4,13 +4,11 @@
 //! Several daemons sweeping at once converge on the same rows; the close's compare-and-set does
 //! the rest (F3, F11).
 
-use std::sync::Arc;
-
 use tokio::sync::watch;
 
-use super::outbox::Waker;
 use crate::clock::{Clock, Stopwatch};
 use crate::config::SweepConfig;
+use crate::context::Context;
 use crate::db::{Db, DbError, outbox};
 use crate::events::{Event, emit};
 
@@ -75,18 +73,17 @@ impl SweepTuning {
     }
 }
 
-/// Sweeps at start and then every interval until `shutdown` turns true; a sweep that re-armed a
+/// Sweeps `ctx`'s database at start and then every interval until `ctx.shutdown` turns true; a sweep that re-armed a
 /// full batch is followed at once by the next. A change of `tuning` takes effect at once (the
 /// current wait is cut short).
-pub async fn run(
-    db: Db,
-    clock: Clock,
-    config: SweepConfig,
-    mut tuning: watch::Receiver<SweepTuning>,
-    waker: Waker,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let waker: Waker = Arc::clone(&waker);
+pub async fn run(ctx: Context, config: SweepConfig, mut tuning: watch::Receiver<SweepTuning>) {
+    let Context {
+        db,
+        clock,
+        waker,
+        mut shutdown,
+        ..
+    } = ctx;
     loop {
         let now_tuning = *tuning.borrow_and_update();
         let config = SweepConfig {
