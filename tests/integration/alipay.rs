@@ -49,7 +49,7 @@ impl Stub {
             &python,
             &crate::support::repo_root().join("tests/data/alipay/stub.py"),
             &[
-                APP_ID.as_ref(),
+                std::ffi::OsStr::new(APP_ID),
                 dir.join("app.pub").as_os_str(),
                 dir.join("alipay.key").as_os_str(),
                 dir.join("forger.key").as_os_str(),

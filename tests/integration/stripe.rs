@@ -8,7 +8,6 @@
 //! `payment_intent.succeeded` webhook is believed, while forged, altered, stale, misaddressed
 //! and unknown-order notices are refused with a 4xx, record nothing and are counted by reason.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use hmac::{Hmac, KeyInit, Mac};
