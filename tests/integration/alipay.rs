@@ -558,14 +558,22 @@ async fn doctor_finds_an_app_key_alipay_rejects_and_an_alipay_key_that_verifies_
         "{right:?}"
     );
     for (wrong, says) in [
-        ("app_private_key = { secret_file = \"app.key\" }", "app_private_key = { secret_file = \"forger.key\" }"),
-        ("alipay_public_key = { secret_file = \"alipay.pub.txt\" }", "alipay_public_key = { secret_file = \"forger.pub\" }"),
+        (
+            "app_private_key = { secret_file = \"app.key\" }",
+            "app_private_key = { secret_file = \"forger.key\" }",
+        ),
+        (
+            "alipay_public_key = { secret_file = \"alipay.pub.txt\" }",
+            "alipay_public_key = { secret_file = \"forger.pub\" }",
+        ),
     ]
     .map(|(from, to)| (alipay_config(&stub, "").replace(from, to), to))
     {
         let found = findings(wrong).await;
         assert!(
-            found.iter().any(|f| f.level == timeoutd::doctor::Level::Error),
+            found
+                .iter()
+                .any(|f| f.level == timeoutd::doctor::Level::Error),
             "{says}: {found:?}"
         );
     }

@@ -126,5 +126,7 @@ pub async fn doctor_findings(
         }
     }
     let at = format!("payment.{provider}");
-    all.into_iter().filter(|f| f.what.starts_with(&at)).collect()
+    all.into_iter()
+        .filter(|f| f.what.starts_with(&at))
+        .collect()
 }

@@ -322,7 +322,11 @@ async fn a_lost_notification_is_aligned_by_query_an_unpaid_order_closed_at_wecha
         .filter(|r| r["path"].as_str().unwrap().ends_with("/close"))
         .collect();
     assert_eq!(closes.len(), 2, "{closes:?}");
-    assert!(closes.iter().all(|r| r["body"] == json!({ "mchid": MCHID })));
+    assert!(
+        closes
+            .iter()
+            .all(|r| r["body"] == json!({ "mchid": MCHID }))
+    );
     env.cleanup().await;
 }
 
@@ -365,7 +369,9 @@ async fn forged_altered_replayed_and_misaddressed_notifications_are_refused_and_
         r.send()
     };
     stub.pay("wx202611290010").await;
-    let genuine = stub.notice("wx202611290010", json!({}), "platform", 0).await;
+    let genuine = stub
+        .notice("wx202611290010", json!({}), "platform", 0)
+        .await;
     let unsigned = {
         let (mut headers, body) = genuine.clone();
         headers.remove("Wechatpay-Signature");
@@ -484,7 +490,16 @@ async fn doctor_finds_a_key_wechat_pay_rejects_and_a_platform_key_that_does_not_
     let dir = env.dir.path();
     // The platform's key as a certificate, as merchants of the platform-certificate era have it.
     let cert = std::process::Command::new("openssl")
-        .args(["req", "-x509", "-new", "-days", "1", "-subj", "/CN=Tenpay", "-key"])
+        .args([
+            "req",
+            "-x509",
+            "-new",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=Tenpay",
+            "-key",
+        ])
         .arg(dir.join("platform.key"))
         .arg("-out")
         .arg(dir.join("platform.crt"))

@@ -409,7 +409,10 @@ fn validate_wechatpay(w: &WechatpayConfig, c: &Config, p: &mut ConfigProblems) {
         ),
     ] {
         if value.is_some_and(|v| v.trim().is_empty()) {
-            p.push(format!("payment.wechatpay.{key}"), format!("empty: give {what}"));
+            p.push(
+                format!("payment.wechatpay.{key}"),
+                format!("empty: give {what}"),
+            );
         }
     }
     for (key, secret) in [
@@ -539,7 +542,10 @@ mod tests {
              [payment]\nbase_url = \"http://pay\"\n",
         )
         .unwrap_err();
-        assert!(e.contains("payment.wechatpay: missing"), "per merchant: {e}");
+        assert!(
+            e.contains("payment.wechatpay: missing"),
+            "per merchant: {e}"
+        );
         let e = load(
             "[payment]\nprovider = \"wechatpay\"\n[payment.wechatpay]\nmchid = \"1900000109\"\n\
              merchant_serial_no = \"5157F09EFDC096DE15EBE81A47057A72\"\n\

@@ -352,9 +352,9 @@ pub fn gateway_of(
         ProviderKind::Rest => Arc::new(HttpPaymentGateway::new(payment)?),
         ProviderKind::Stripe => Arc::new(stripe::StripeGateway::from_config(payment, base_dir)?),
         ProviderKind::Alipay => Arc::new(alipay::AlipayGateway::from_config(payment, base_dir)?),
-        ProviderKind::Wechatpay => Arc::new(wechatpay::WechatpayGateway::from_config(
-            payment, base_dir,
-        )?),
+        ProviderKind::Wechatpay => {
+            Arc::new(wechatpay::WechatpayGateway::from_config(payment, base_dir)?)
+        }
     })
 }
 

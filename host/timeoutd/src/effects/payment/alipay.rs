@@ -343,7 +343,6 @@ pub fn sign_content<'a>(
         .join("&")
 }
 
-
 impl PaymentGateway for AlipayGateway {
     fn query<'a>(&'a self, payment_ref: &'a str) -> GatewayFuture<'a, Payment> {
         Box::pin(async move {

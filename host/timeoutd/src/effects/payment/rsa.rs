@@ -26,7 +26,12 @@ impl PrivateKey {
     pub fn sign(&self, content: &[u8]) -> String {
         let mut signature = vec![0; self.key.public().modulus_len()];
         self.key
-            .sign(&signature::RSA_PKCS1_SHA256, &self.rng, content, &mut signature)
+            .sign(
+                &signature::RSA_PKCS1_SHA256,
+                &self.rng,
+                content,
+                &mut signature,
+            )
             .expect("signing with a parsed RSA key");
         base64::engine::general_purpose::STANDARD.encode(signature)
     }

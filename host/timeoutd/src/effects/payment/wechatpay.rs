@@ -281,7 +281,10 @@ impl WechatpayGateway {
                 .request(method.clone(), format!("{}{url}", self.base_url))
                 .header("Authorization", auth)
                 .header("Accept", "application/json")
-                .header("User-Agent", concat!("timeoutd/", env!("CARGO_PKG_VERSION")));
+                .header(
+                    "User-Agent",
+                    concat!("timeoutd/", env!("CARGO_PKG_VERSION")),
+                );
             if body.is_some() {
                 request = request
                     .header("Content-Type", "application/json")
@@ -307,14 +310,16 @@ impl WechatpayGateway {
         let status = response.status();
         let headers = response.headers().clone();
         let judged = EffectError::of_answer(url, status, &headers);
-        let raw = response
-            .bytes()
-            .await
-            .map_err(|e| EffectError::Transient(format!("{url}: HTTP {status}, body not read: {e}")))?;
+        let raw = response.bytes().await.map_err(|e| {
+            EffectError::Transient(format!("{url}: HTTP {status}, body not read: {e}"))
+        })?;
         let answer = Answer {
             status,
             body: serde_json::from_slice(&raw).unwrap_or(Value::Null),
-            believed: self.platform.verify(&SignedHeaders::of(&headers), &raw).is_ok(),
+            believed: self
+                .platform
+                .verify(&SignedHeaders::of(&headers), &raw)
+                .is_ok(),
         };
         if RETRYABLE.contains(&answer.code()) {
             return Err(EffectError::Transient(format!(
@@ -461,15 +466,13 @@ impl PaymentGateway for WechatpayGateway {
             // Refused (paid, closed already, …): the transaction's state says which.
             match self.query(payment_ref).await?.status {
                 PaymentStatus::Paid => Ok(CloseOutcome::AlreadyPaid),
-                PaymentStatus::Closed | PaymentStatus::NotFound => {
-                    Ok(CloseOutcome::NothingToClose)
-                }
-                PaymentStatus::Unpaid | PaymentStatus::Unknown => Err(EffectError::Transient(
-                    format!(
+                PaymentStatus::Closed | PaymentStatus::NotFound => Ok(CloseOutcome::NothingToClose),
+                PaymentStatus::Unpaid | PaymentStatus::Unknown => {
+                    Err(EffectError::Transient(format!(
                         "{what}: WeChat Pay refused the close ({}) of a transaction it reports unpaid; asked again later",
                         answer.described()
-                    ),
-                )),
+                    )))
+                }
             }
         })
     }
@@ -594,7 +597,10 @@ pub fn verify_notice(
         text("ciphertext")?,
     )?;
     Ok(Notice {
-        event_type: notice["event_type"].as_str().unwrap_or_default().to_string(),
+        event_type: notice["event_type"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
         resource: serde_json::from_slice(&plain).map_err(|_| Refusal::Malformed)?,
     })
 }
@@ -620,7 +626,11 @@ pub fn decrypt(
         .decode(ciphertext)
         .map_err(|_| Refusal::Malformed)?;
     let plain = aead::LessSafeKey::new(key)
-        .open_in_place(nonce, aead::Aad::from(associated_data.as_bytes()), &mut data)
+        .open_in_place(
+            nonce,
+            aead::Aad::from(associated_data.as_bytes()),
+            &mut data,
+        )
         .map_err(|_| Refusal::Undecryptable)?;
     Ok(plain.to_vec())
 }
@@ -660,8 +670,10 @@ mod tests {
     #[test]
     fn trade_states_map_onto_timeoutd_outcomes() {
         let state = |s: &str| {
-            payment_of(&json!({ "out_trade_no": "T1", "trade_state": s, "amount": { "total": 3490 },
-                "success_time": "2026-11-29T18:00:00+08:00" }))
+            payment_of(
+                &json!({ "out_trade_no": "T1", "trade_state": s, "amount": { "total": 3490 },
+                "success_time": "2026-11-29T18:00:00+08:00" }),
+            )
         };
         let paid = state("SUCCESS").unwrap();
         assert_eq!(
@@ -677,7 +689,10 @@ mod tests {
         ] {
             assert_eq!(state(s).unwrap().status, want, "{s}");
         }
-        assert!(matches!(state("USERPAYING"), Err(EffectError::Transient(_))));
+        assert!(matches!(
+            state("USERPAYING"),
+            Err(EffectError::Transient(_))
+        ));
         assert!(matches!(state("NEW"), Err(EffectError::Permanent(_))));
     }
 
