@@ -13,41 +13,18 @@
 //! refused with a 4xx, record nothing and are counted by reason, and a genuine one then applies.
 //! An answer altered after Alipay signed it is never believed.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use timeoutd::clock::Clock;
 use timeoutd::db::Backend;
 use timeoutd::dispatch::Outcome;
-use tokio::io::AsyncBufReadExt;
 
+use crate::provider_fakes as fakes;
 use crate::support::{Env, MerchantSpec, T0, eventually, order};
 
 const SHOPS: &[MerchantSpec<'static>] = &[("acme", "builtin:single-phase", &[])];
 const APP_ID: &str = "2021004100000001";
-
-/// Generates an RSA key of 2048 bits into `dir/name.key` (`traditional`: PKCS#1, as Alipay's
-/// Python SDK reads it; else PKCS#8) and its public key into `dir/name.pub`.
-fn key_pair(dir: &Path, name: &str, traditional: bool) {
-    let key = dir.join(format!("{name}.key"));
-    let mut genrsa = Command::new("openssl");
-    genrsa.arg("genrsa");
-    if traditional {
-        genrsa.arg("-traditional");
-    }
-    let made = genrsa.arg("-out").arg(&key).arg("2048").output().unwrap();
-    assert!(made.status.success(), "openssl genrsa: {made:?}");
-    let public = Command::new("openssl")
-        .args(["rsa", "-pubout", "-in"])
-        .arg(&key)
-        .arg("-out")
-        .arg(dir.join(format!("{name}.pub")))
-        .output()
-        .unwrap();
-    assert!(public.status.success(), "openssl rsa -pubout: {public:?}");
-}
 
 /// A stub Alipay gateway of this test's own; killed when dropped.
 struct Stub {
@@ -59,48 +36,28 @@ struct Stub {
 impl Stub {
     /// Makes the three key pairs in `env`'s scratch directory and starts the stub with them.
     async fn start(env: &Env) -> Stub {
-        let python = std::env::var("TIMEOUTD_ALIPAY_PYTHON").unwrap_or_else(|_| {
-            let req = std::fs::read(
-                crate::support::repo_root().join("tests/data/alipay/requirements.txt"),
-            )
-            .unwrap();
-            let sum = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&req));
-            format!(
-                "{}/.cache/timeoutd/alipay-{}/bin/python",
-                std::env::var("HOME").unwrap(),
-                &sum[..16]
-            )
-        });
-        assert!(
-            PathBuf::from(&python).exists(),
-            "no interpreter with Alipay's SDK at {python}: run scripts/test (it installs alipay-sdk-python into a venv) or set TIMEOUTD_ALIPAY_PYTHON"
-        );
+        let python = fakes::python("TIMEOUTD_ALIPAY_PYTHON", "alipay", "alipay");
         let dir = env.dir.path();
-        key_pair(dir, "app", false);
-        key_pair(dir, "alipay", true);
-        key_pair(dir, "forger", true);
+        fakes::key_pair(dir, "app", false);
+        fakes::key_pair(dir, "alipay", true);
+        fakes::key_pair(dir, "forger", true);
         // Alipay's public key as the open platform shows it: bare base64, no PEM lines.
         let pem = std::fs::read_to_string(dir.join("alipay.pub")).unwrap();
         let bare: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
         std::fs::write(dir.join("alipay.pub.txt"), bare).unwrap();
-        let mut child = tokio::process::Command::new(&python)
-            .arg(crate::support::repo_root().join("tests/data/alipay/stub.py"))
-            .arg(APP_ID)
-            .arg(dir.join("app.pub"))
-            .arg(dir.join("alipay.key"))
-            .arg(dir.join("forger.key"))
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start the Alipay stub");
-        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-        let port = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .expect("the stub printed its port")
-            .unwrap()
-            .expect("a port line");
+        let (url, child) = fakes::spawn(
+            &python,
+            &crate::support::repo_root().join("tests/data/alipay/stub.py"),
+            &[
+                std::ffi::OsStr::new(APP_ID),
+                dir.join("app.pub").as_os_str(),
+                dir.join("alipay.key").as_os_str(),
+                dir.join("forger.key").as_os_str(),
+            ],
+        )
+        .await;
         Stub {
-            url: format!("http://127.0.0.1:{}", port.trim()),
+            url,
             _child: child,
             http: reqwest::Client::new(),
         }
@@ -199,17 +156,12 @@ fn alipay_config(stub: &Stub, extra: &str) -> String {
     )
 }
 
-/// The `[http]` listener of `config` serving on a port of its own: its base URL.
+/// The `[http]` listener of `config`: the base of its Alipay notify URLs.
 async fn listen(env: &Env, config: &timeoutd::config::Config) -> String {
-    let runner = env.runner(config, Clock::Database).await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    // Never stopped: the server lives as long as the test.
-    std::mem::forget(stop);
-    let state = timeoutd::http::HttpState::new(env.db.clone(), runner, config);
-    tokio::spawn(timeoutd::http::serve(listener, state, stopped));
-    format!("http://{addr}/v1/providers/alipay/notify")
+    format!(
+        "{}/v1/providers/alipay/notify",
+        fakes::listen(env, config).await
+    )
 }
 
 /// Every request reached the stub signed as Alipay's SDK expects.
@@ -375,17 +327,7 @@ async fn seed_002_a_lost_notification_is_aligned_by_query_an_unpaid_trade_closed
 }
 
 fn refused(reason: &str) -> u64 {
-    let prefix = format!(
-        "timeoutd_payment_notices_refused_total{{provider=\"alipay\",reason=\"{reason}\"}} "
-    );
-    timeoutd::events::metrics_handle()
-        .render()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(&prefix)
-                .map(|v| v.trim().parse::<f64>().unwrap() as u64)
-        })
-        .unwrap_or(0)
+    fakes::refused("alipay", reason)
 }
 
 /// A notification's parameters.
@@ -594,5 +536,46 @@ async fn a_close_refused_for_a_paid_trade_is_paid_after_close_and_refunded_once(
         json!({ "acme/raced/refund": "34.90" })
     );
     all_verified(&stub).await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn doctor_finds_an_app_key_alipay_rejects_and_an_alipay_key_that_verifies_nothing() {
+    let env = Env::new(Backend::Sqlite).await;
+    let stub = Stub::start(&env).await;
+    let dir = env.dir.path();
+    let secrets = [dir.join("app.key"), dir.join("forger.key")];
+    let secrets: Vec<&std::path::Path> = secrets.iter().map(|p| p.as_path()).collect();
+    let findings = |config: String| {
+        let config = env.config(SHOPS, &config);
+        let secrets = &secrets;
+        async move { fakes::doctor_findings(&config, "alipay", secrets).await }
+    };
+    let right = findings(alipay_config(&stub, "")).await;
+    assert!(
+        right.iter().all(|f| f.level == timeoutd::doctor::Level::Ok)
+            && right.iter().any(|f| f.found.contains("\"not found\"")),
+        "{right:?}"
+    );
+    for (wrong, says) in [
+        (
+            "app_private_key = { secret_file = \"app.key\" }",
+            "app_private_key = { secret_file = \"forger.key\" }",
+        ),
+        (
+            "alipay_public_key = { secret_file = \"alipay.pub.txt\" }",
+            "alipay_public_key = { secret_file = \"forger.pub\" }",
+        ),
+    ]
+    .map(|(from, to)| (alipay_config(&stub, "").replace(from, to), to))
+    {
+        let found = findings(wrong).await;
+        assert!(
+            found
+                .iter()
+                .any(|f| f.level == timeoutd::doctor::Level::Error),
+            "{says}: {found:?}"
+        );
+    }
     env.cleanup().await;
 }

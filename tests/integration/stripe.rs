@@ -8,7 +8,6 @@
 //! `payment_intent.succeeded` webhook is believed, while forged, altered, stale, misaddressed
 //! and unknown-order notices are refused with a 4xx, record nothing and are counted by reason.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use hmac::{Hmac, KeyInit, Mac};
@@ -33,21 +32,10 @@ const API_KEY: &str = "sk_test_timeoutd";
 
 impl LocalStripe {
     async fn start() -> LocalStripe {
-        let python = std::env::var("TIMEOUTD_LOCALSTRIPE_PYTHON").unwrap_or_else(|_| {
-            let req = std::fs::read(
-                crate::support::repo_root().join("tests/data/localstripe/requirements.txt"),
-            )
-            .unwrap();
-            let sum = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&req));
-            format!(
-                "{}/.cache/timeoutd/localstripe-{}/bin/python",
-                std::env::var("HOME").unwrap(),
-                &sum[..16]
-            )
-        });
-        assert!(
-            PathBuf::from(&python).exists(),
-            "no localstripe interpreter at {python}: run scripts/test (it installs localstripe into a venv) or set TIMEOUTD_LOCALSTRIPE_PYTHON"
+        let python = crate::provider_fakes::python(
+            "TIMEOUTD_LOCALSTRIPE_PYTHON",
+            "localstripe",
+            "localstripe",
         );
         let mut child = tokio::process::Command::new(&python)
             .arg(crate::support::repo_root().join("tests/data/localstripe/serve.py"))
@@ -358,17 +346,7 @@ fn sign(secret: &str, t: i64, body: &str) -> String {
 }
 
 fn refused(reason: &str) -> u64 {
-    let prefix = format!(
-        "timeoutd_payment_notices_refused_total{{provider=\"stripe\",reason=\"{reason}\"}} "
-    );
-    timeoutd::events::metrics_handle()
-        .render()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(&prefix)
-                .map(|v| v.trim().parse::<f64>().unwrap() as u64)
-        })
-        .unwrap_or(0)
+    crate::provider_fakes::refused("stripe", reason)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -544,5 +522,29 @@ async fn only_a_genuinely_signed_webhook_is_applied_and_each_refusal_is_counted(
         .unwrap();
     assert_eq!(again.status(), 200);
     assert_eq!(again.json::<Value>().await.unwrap()["new"], false);
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn doctor_finds_a_publishable_key_given_for_the_secret_one() {
+    let env = Env::new(Backend::Sqlite).await;
+    let stripe = LocalStripe::start().await;
+    let config = env.config(SHOPS, &stripe_config(&env, &stripe, "", ""));
+    let key = env.dir.path().join("stripe.key");
+    let right = crate::provider_fakes::doctor_findings(&config, "stripe", &[&key]).await;
+    assert!(
+        right.iter().all(|f| f.level == timeoutd::doctor::Level::Ok)
+            && right.iter().any(|f| f.found.contains("\"not found\"")),
+        "{right:?}"
+    );
+    // A publishable key where the secret one belongs: Stripe (localstripe) answers 401.
+    std::fs::write(&key, "pk_test_TIMEOUTDpublishable0001\n").unwrap();
+    let wrong = crate::provider_fakes::doctor_findings(&config, "stripe", &[&key]).await;
+    assert!(
+        wrong
+            .iter()
+            .any(|f| f.level == timeoutd::doctor::Level::Error && f.found.contains("401")),
+        "{wrong:?}"
+    );
     env.cleanup().await;
 }

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-pub use payment::{AlipayConfig, ProviderKind, Secret, SecretRef, StripeConfig};
+pub use payment::{AlipayConfig, ProviderKind, Secret, SecretRef, StripeConfig, WechatpayConfig};
 pub use rocketmq::{ConsumeFrom, DelayMode, RocketMqConfig};
 pub use validate::ConfigProblems;
 
@@ -416,8 +416,8 @@ pub struct RedisConfig {
 #[serde(deny_unknown_fields)]
 pub struct PaymentConfig {
     /// The adapter of merchants that do not name their own `payment_provider`: `rest`
-    /// (default: timeoutd's REST shape at `base_url`), `stripe` (`[payment.stripe]`) or
-    /// `alipay` (`[payment.alipay]`).
+    /// (default: timeoutd's REST shape at `base_url`), `stripe` (`[payment.stripe]`), `alipay`
+    /// (`[payment.alipay]`) or `wechatpay` (`[payment.wechatpay]`).
     #[serde(default)]
     pub provider: ProviderKind,
     /// `rest`: base URL, e.g. `https://pay.example.com` (needed when any merchant uses `rest`).
@@ -473,6 +473,10 @@ pub struct PaymentConfig {
     /// `[payment.alipay]`: Alipay's gateway, the app's id and the two RSA keys.
     #[serde(default)]
     pub alipay: Option<AlipayConfig>,
+    /// `[payment.wechatpay]`: WeChat Pay API v3, the merchant's id, its key and certificate
+    /// serial, the platform's public key and the APIv3 key.
+    #[serde(default)]
+    pub wechatpay: Option<WechatpayConfig>,
 }
 
 /// `payment.on_unknown`: when the provider cannot say whether an order was paid.
@@ -684,7 +688,7 @@ pub struct MerchantConfig {
     #[serde(default)]
     pub on_paid_after_close: PaidAfterClose,
     /// The adapter that speaks to this merchant's payment provider, when it differs from
-    /// `payment.provider`: `rest`, `stripe` or `alipay`.
+    /// `payment.provider`: `rest`, `stripe`, `alipay` or `wechatpay`.
     #[serde(default)]
     pub payment_provider: Option<ProviderKind>,
     /// When the plugin fails: `retry` (default: backoff, then dead-letter), `fallback` (the

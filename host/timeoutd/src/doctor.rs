@@ -6,7 +6,10 @@
 //! privileges, character sets, the host clock against the database clock); Redis (writable,
 //! an eviction policy that could drop idempotency markers); the broker's name servers
 //! (reachable); every merchant's plugin (loads, its WIT stamp accepted); the payment provider
-//! and every webhook (reachable).
+//! and every webhook (reachable); each configured payment provider's keys (parse) and answers
+//! (a reference that cannot exist is "not found": [`providers`]).
+
+mod providers;
 
 use std::fmt;
 use std::time::Duration;
@@ -103,6 +106,7 @@ pub async fn examine(config: &Config) -> Vec<Finding> {
     findings.extend(broker(config).await);
     findings.extend(plugins(config));
     findings.extend(endpoints(config).await);
+    findings.extend(providers::check(config).await);
     findings
 }
 
@@ -661,6 +665,9 @@ async fn endpoints(config: &Config) -> Vec<Finding> {
         }
         if let Some(a) = &p.alipay {
             targets.push(("payment.alipay.gateway".into(), a.gateway.clone()));
+        }
+        if let Some(w) = &p.wechatpay {
+            targets.push(("payment.wechatpay.base_url".into(), w.base_url.clone()));
         }
     }
     for (name, channel) in &config.notify.channels {

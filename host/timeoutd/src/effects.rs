@@ -33,7 +33,7 @@ pub use flash::{FlashEffects, FlashSale};
 pub use notify::Notifier;
 pub use payment::{
     CloseOutcome, HttpPaymentGateway, PaymentEffects, PaymentGateway, Providers, Refusal, alipay,
-    record_paid_after_close, resolutions, stripe, with_provider,
+    gateway_of, record_paid_after_close, resolutions, rsa, stripe, wechatpay, with_provider,
 };
 
 use crate::clock::Clock;

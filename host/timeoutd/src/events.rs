@@ -131,10 +131,10 @@ pub enum Event<'a> {
     /// A provider's payment notice (a Stripe webhook, an Alipay notification) was refused with
     /// a 4xx and nothing recorded (`timeoutd_payment_notices_refused_total{provider, reason}`).
     NoticeRefused {
-        /// `stripe` or `alipay`.
+        /// `stripe`, `alipay` or `wechatpay`.
         provider: &'static str,
-        /// `unsigned`, `signature`, `stale`, `malformed`, `unknown_order`, `misaddressed` or
-        /// `amount`.
+        /// `unsigned`, `signature`, `stale`, `undecryptable`, `malformed`, `unknown_order`,
+        /// `misaddressed` or `amount`.
         reason: &'static str,
     },
     /// A transactional arming ended ([`crate::rocketmq::arming::Arming::arm`]).

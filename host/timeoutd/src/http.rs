@@ -16,6 +16,9 @@
 //! `POST /v1/providers/alipay/notify/{order}` — Alipay's signed asynchronous notifications
 //! ([`alipay`]), applied as the paid callback is and answered `success`.
 //!
+//! `POST /v1/providers/wechatpay/notify/{order}` — WeChat Pay's signed, encrypted payment
+//! notifications ([`wechatpay`]), applied as the paid callback is.
+//!
 //! `POST /v1/orders/{order}/payment-attempts` — an aggregated cashier about to take the buyer's
 //! money serializes the payment with the close: the order is held against its close for
 //! `http.payment_lease`, or the answer says why it cannot be paid ([`orders::take_payment_lease`]).
@@ -23,6 +26,7 @@
 mod alipay;
 mod notice;
 mod stripe;
+mod wechatpay;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -52,6 +56,7 @@ pub struct HttpState {
     lease_ms: i64,
     stripe: Option<Arc<stripe::StripeWebhook>>,
     alipay: Option<Arc<alipay::AlipayNotify>>,
+    wechatpay: Option<Arc<wechatpay::WechatpayNotify>>,
     /// Where a paid notice that raised a refund hands its order: the daemon's ledger worker
     /// (as after any commit, and as the paid topic does); `None` runs it with the shard's
     /// effect runner (tests, and a sharded front whose shards' workers may be elsewhere).
@@ -78,6 +83,7 @@ impl HttpState {
                 .map_or(120_000, |h| h.payment_lease.as_millis() as i64),
             stripe: stripe::StripeWebhook::from_config(config).map(Arc::new),
             alipay: alipay::AlipayNotify::from_config(config).map(Arc::new),
+            wechatpay: wechatpay::WechatpayNotify::from_config(config).map(Arc::new),
             after_commit: None,
         }
     }
@@ -126,6 +132,10 @@ pub fn router(state: HttpState) -> Router {
         .route("/v1/orders/{order}/payment-attempts", post(payment_attempt))
         .route("/v1/providers/stripe/webhook", post(stripe::webhook))
         .route("/v1/providers/alipay/notify/{order}", post(alipay::notify))
+        .route(
+            "/v1/providers/wechatpay/notify/{order}",
+            post(wechatpay::notify),
+        )
         .fallback(no_route)
         .with_state(state)
 }

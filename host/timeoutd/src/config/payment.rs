@@ -1,7 +1,7 @@
 //! `[payment]`'s providers: which adapter speaks to the provider (`provider`, per merchant
-//! `payment_provider`), each provider's own table (`[payment.stripe]`, `[payment.alipay]`), and
-//! the credentials
-//! they read from files or the environment — never from the config text.
+//! `payment_provider`), each provider's own table (`[payment.stripe]`, `[payment.alipay]`,
+//! `[payment.wechatpay]`), and the credentials they read from files or the environment — never
+//! from the config text.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -23,15 +23,18 @@ pub enum ProviderKind {
     Stripe,
     /// Alipay's OpenAPI gateway, the `alipay.trade.*` methods (`[payment.alipay]`).
     Alipay,
+    /// WeChat Pay API v3 (`[payment.wechatpay]`).
+    Wechatpay,
 }
 
 impl ProviderKind {
-    /// `rest`, `stripe` or `alipay`, as written in the config.
+    /// `rest`, `stripe`, `alipay` or `wechatpay`, as written in the config.
     pub fn as_str(self) -> &'static str {
         match self {
             ProviderKind::Rest => "rest",
             ProviderKind::Stripe => "stripe",
             ProviderKind::Alipay => "alipay",
+            ProviderKind::Wechatpay => "wechatpay",
         }
     }
 }
@@ -86,6 +89,52 @@ pub struct AlipayConfig {
     /// seller is refused.
     #[serde(default)]
     pub seller_id: Option<String>,
+}
+
+/// `[payment.wechatpay]`: WeChat Pay API v3 (直连商户): query by `out_trade_no`, close, domestic
+/// refunds, and the payment notifications (支付通知).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WechatpayConfig {
+    /// The API's base URL (default `https://api.mch.weixin.qq.com`; a test points it at a
+    /// stub).
+    #[serde(default = "wechatpay_base_url")]
+    pub base_url: String,
+    /// The merchant's id (`mchid`, 商户号): sent with every request and in every
+    /// `Authorization`; a notification for another merchant is refused.
+    pub mchid: String,
+    /// The app the payments are made in (`appid`); when given, a notification for another app
+    /// is refused.
+    #[serde(default)]
+    pub appid: Option<String>,
+    /// The serial number of the merchant's API certificate (商户API证书序列号, `serial_no` in
+    /// the `Authorization` header): `openssl x509 -in apiclient_cert.pem -noout -serial`.
+    pub merchant_serial_no: String,
+    /// The merchant's API private key (`apiclient_key.pem`, RSA 2048, PKCS#8 or PKCS#1):
+    /// `{ secret_file = "/etc/timeoutd/apiclient_key.pem" }` or `{ secret_env = "…" }`. Signs
+    /// every request.
+    pub merchant_private_key: SecretRef,
+    /// WeChat Pay's public key (微信支付公钥, `pub_key.pem`) or a platform certificate (平台证书,
+    /// PEM), as `merchant_private_key`: every answer and notification is verified with it
+    /// before it is believed.
+    pub platform_public_key: SecretRef,
+    /// The id of that key (`PUB_KEY_ID_…`) or the certificate's serial: when given, an answer
+    /// or notification whose `Wechatpay-Serial` names another key is not believed (the
+    /// platform rotated its key: give the new one).
+    #[serde(default)]
+    pub platform_public_key_id: Option<String>,
+    /// The APIv3 key (APIv3密钥, 32 characters, set on the merchant platform), as
+    /// `merchant_private_key`: notifications' resources are decrypted with it
+    /// (AEAD_AES_256_GCM).
+    pub apiv3_key: SecretRef,
+    /// How far a notification's `Wechatpay-Timestamp` may be from the database clock (default
+    /// 5m): an older one is a replay and refused.
+    #[serde(default = "five_minutes", with = "duration")]
+    pub notify_tolerance: Duration,
+}
+
+fn wechatpay_base_url() -> String {
+    "https://api.mch.weixin.qq.com".into()
 }
 
 fn alipay_gateway() -> String {
@@ -332,6 +381,63 @@ pub(super) fn validate(c: &Config, p: &mut ConfigProblems) {
         }
         (None, false) => {}
     }
+    match (&pay.wechatpay, used.contains(&ProviderKind::Wechatpay)) {
+        (None, true) => p.push(
+            "payment.wechatpay",
+            "missing: provider `wechatpay` is used, so give [payment.wechatpay] with mchid, \
+             merchant_serial_no, merchant_private_key, platform_public_key and apiv3_key",
+        ),
+        (Some(w), _) => validate_wechatpay(w, c, p),
+        (None, false) => {}
+    }
+}
+
+fn validate_wechatpay(w: &WechatpayConfig, c: &Config, p: &mut ConfigProblems) {
+    http_url(&w.base_url, "payment.wechatpay.base_url", p);
+    for (key, value, what) in [
+        ("mchid", Some(&w.mchid), "the merchant's id (商户号)"),
+        (
+            "merchant_serial_no",
+            Some(&w.merchant_serial_no),
+            "the merchant API certificate's serial number",
+        ),
+        ("appid", w.appid.as_ref(), "the app's id, or leave it out"),
+        (
+            "platform_public_key_id",
+            w.platform_public_key_id.as_ref(),
+            "the key's id (PUB_KEY_ID_…) or leave it out",
+        ),
+    ] {
+        if value.is_some_and(|v| v.trim().is_empty()) {
+            p.push(
+                format!("payment.wechatpay.{key}"),
+                format!("empty: give {what}"),
+            );
+        }
+    }
+    for (key, secret) in [
+        ("merchant_private_key", &w.merchant_private_key),
+        ("platform_public_key", &w.platform_public_key),
+    ] {
+        if let Err(e) = secret.resolve(&c.base_dir) {
+            p.push(format!("payment.wechatpay.{key}"), e);
+        }
+    }
+    match w.apiv3_key.resolve(&c.base_dir) {
+        Err(e) => p.push("payment.wechatpay.apiv3_key", e),
+        // Its length only: the key itself is never written anywhere.
+        Ok(k) if k.expose().len() != 32 => p.push(
+            "payment.wechatpay.apiv3_key",
+            format!(
+                "{} bytes long; an APIv3 key is 32 characters (AES-256)",
+                k.expose().len()
+            ),
+        ),
+        Ok(_) => {}
+    }
+    if w.notify_tolerance < Duration::from_secs(1) {
+        p.push("payment.wechatpay.notify_tolerance", "must be at least 1s");
+    }
 }
 
 #[cfg(test)]
@@ -404,5 +510,51 @@ mod tests {
         ] {
             assert!(e.contains(key), "{key} in {e}");
         }
+    }
+
+    #[test]
+    fn wechatpay_keys_come_from_files_or_env_and_every_problem_is_named_by_its_key() {
+        let e = load("[payment]\nprovider = \"wechatpay\"\n").unwrap_err();
+        assert!(e.contains("payment.wechatpay"), "{e}");
+        let e = load(
+            "[payment]\nprovider = \"wechatpay\"\n[payment.wechatpay]\nmchid = \" \"\n\
+             merchant_serial_no = \"\"\nbase_url = \"api.mch.weixin.qq.com\"\nappid = \"\"\n\
+             merchant_private_key = { secret_file = \"missing.key\" }\n\
+             platform_public_key = { secret_file = \"missing.pem\" }\n\
+             apiv3_key = { secret_env = \"TIMEOUTD_TEST_UNSET_APIV3_KEY\" }\n\
+             notify_tolerance = \"0s\"\n",
+        )
+        .unwrap_err();
+        for key in [
+            "payment.wechatpay.base_url",
+            "payment.wechatpay.mchid",
+            "payment.wechatpay.merchant_serial_no",
+            "payment.wechatpay.appid",
+            "payment.wechatpay.merchant_private_key",
+            "payment.wechatpay.platform_public_key",
+            "payment.wechatpay.apiv3_key",
+            "payment.wechatpay.notify_tolerance",
+        ] {
+            assert!(e.contains(key), "{key} in {e}");
+        }
+        let e = load(
+            "[merchants.wx]\nplugin = \"builtin:single-phase\"\npayment_provider = \"wechatpay\"\n\
+             [payment]\nbase_url = \"http://pay\"\n",
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("payment.wechatpay: missing"),
+            "per merchant: {e}"
+        );
+        let e = load(
+            "[payment]\nprovider = \"wechatpay\"\n[payment.wechatpay]\nmchid = \"1900000109\"\n\
+             merchant_serial_no = \"5157F09EFDC096DE15EBE81A47057A72\"\n\
+             merchant_private_key = { secret_file = \"k\" }\n\
+             platform_public_key = { secret_file = \"p\" }\n\
+             apiv3_key = \"0123456789abcdefTOPSECRET0123456\"\n",
+        )
+        .unwrap_err();
+        assert!(e.contains("payment.wechatpay.apiv3_key"), "{e}");
+        assert!(!e.contains("TOPSECRET"), "the key is never repeated: {e}");
     }
 }

@@ -1,6 +1,7 @@
 //! The payment port: asking a payment's state before a close, closing an order's payment,
 //! and refunding one that succeeded after the close ([`PaymentGateway`]), one adapter per
-//! provider protocol (`rest.rs`, `stripe.rs`, `alipay.rs`), chosen per merchant ([`Providers`]).
+//! provider protocol (`rest.rs`, `stripe.rs`, `alipay.rs`, `wechatpay.rs`), chosen per merchant
+//! ([`Providers`]).
 //!
 //! Every adapter maps its provider's answers onto the same outcomes: paid (the order is
 //! aligned), unpaid / closed / not found (the plugin decides; a close follows), nothing to
@@ -10,7 +11,9 @@
 
 pub mod alipay;
 mod rest;
+pub mod rsa;
 pub mod stripe;
+pub mod wechatpay;
 
 pub use rest::HttpPaymentGateway;
 
@@ -25,7 +28,7 @@ use timeoutd_runtime::model::Payment;
 use super::executor::{Done, EffectError, Executor, Job};
 use super::work::PaymentWork;
 use crate::clock::Clock;
-use crate::config::{Config, PaidAfterClose, ProviderKind};
+use crate::config::{Config, PaidAfterClose, PaymentConfig, ProviderKind};
 use crate::db::{Db, DbError, payments};
 use crate::kinds::Section;
 use crate::ratecap::RateCap;
@@ -44,22 +47,28 @@ pub enum CloseOutcome {
     AlreadyPaid,
 }
 
-/// Why a provider's payment notice (a Stripe webhook, an Alipay notification) was refused (the
-/// metric's `reason` label).
+/// Why a provider's payment notice (a Stripe webhook, an Alipay or WeChat Pay notification) was
+/// refused (the metric's `reason` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
-    /// No signature (`Stripe-Signature`, Alipay's `sign`), or one that cannot be read.
+    /// No signature (`Stripe-Signature`, Alipay's `sign`, `Wechatpay-Signature`), or one that
+    /// cannot be read.
     Unsigned,
     /// The signature does not match the notice (forged or altered).
     Signature,
-    /// The signed timestamp is outside the tolerance (a replay, or a clock far off; Stripe).
+    /// The signed timestamp is outside the tolerance (a replay, or a clock far off; Stripe,
+    /// WeChat Pay).
     Stale,
+    /// Signed, but its resource does not decrypt with the APIv3 key (WeChat Pay: the key
+    /// configured is not the one set on the merchant platform).
+    Undecryptable,
     /// The body is not a notice timeoutd can read.
     Malformed,
     /// The notice names no order timeoutd has.
     UnknownOrder,
     /// The order exists but its `payment_ref` is another payment, or its merchant is not on
-    /// this provider, or the notice is for another app or seller (Alipay).
+    /// this provider, or the notice is for another app or seller (Alipay) or merchant
+    /// (WeChat Pay's `mchid`, `appid`).
     Misaddressed,
     /// The amount paid is not the order's total.
     Amount,
@@ -72,6 +81,7 @@ impl Refusal {
             Refusal::Unsigned => "unsigned",
             Refusal::Signature => "signature",
             Refusal::Stale => "stale",
+            Refusal::Undecryptable => "undecryptable",
             Refusal::Malformed => "malformed",
             Refusal::UnknownOrder => "unknown_order",
             Refusal::Misaddressed => "misaddressed",
@@ -296,17 +306,7 @@ impl Providers {
         };
         let mut built: HashMap<ProviderKind, Arc<dyn PaymentGateway>> = HashMap::new();
         for kind in config.payment_providers() {
-            let gateway: Arc<dyn PaymentGateway> = match kind {
-                ProviderKind::Rest => Arc::new(HttpPaymentGateway::new(payment)?),
-                ProviderKind::Stripe => Arc::new(stripe::StripeGateway::from_config(
-                    payment,
-                    &config.base_dir,
-                )?),
-                ProviderKind::Alipay => Arc::new(alipay::AlipayGateway::from_config(
-                    payment,
-                    &config.base_dir,
-                )?),
-            };
+            let gateway = gateway_of(kind, payment, &config.base_dir)?;
             built.insert(kind, gateway);
         }
         let default = built[&payment.provider].clone();
@@ -328,6 +328,27 @@ impl Providers {
             .unwrap_or(&self.default)
             .as_ref()
     }
+}
+
+/// The adapter of provider `kind` as `payment` describes it (`base_dir`: the config file's
+/// folder).
+///
+/// # Errors
+/// When it cannot be built (its table missing, a key that cannot be read or parsed, no HTTP
+/// client); the message names the key, never its content.
+pub fn gateway_of(
+    kind: ProviderKind,
+    payment: &PaymentConfig,
+    base_dir: &std::path::Path,
+) -> Result<Arc<dyn PaymentGateway>, String> {
+    Ok(match kind {
+        ProviderKind::Rest => Arc::new(HttpPaymentGateway::new(payment)?),
+        ProviderKind::Stripe => Arc::new(stripe::StripeGateway::from_config(payment, base_dir)?),
+        ProviderKind::Alipay => Arc::new(alipay::AlipayGateway::from_config(payment, base_dir)?),
+        ProviderKind::Wechatpay => {
+            Arc::new(wechatpay::WechatpayGateway::from_config(payment, base_dir)?)
+        }
+    })
 }
 
 /// The providers are dispatch's port for asking a payment's state before a close.

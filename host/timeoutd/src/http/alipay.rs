@@ -30,11 +30,11 @@ use super::notice::NotApplied;
 use crate::config::{Config, ProviderKind};
 
 use crate::effects::Refusal;
-use crate::effects::alipay::{self, AlipayPublicKey};
+use crate::effects::{alipay, rsa};
 
 /// What the endpoint needs: Alipay's public key, the app (and seller), each merchant's provider.
 pub(super) struct AlipayNotify {
-    key: AlipayPublicKey,
+    key: rsa::PublicKey,
     app_id: String,
     seller_id: Option<String>,
     on_alipay: HashMap<String, bool>,
@@ -48,7 +48,7 @@ impl AlipayNotify {
         let key = match a
             .alipay_public_key
             .resolve(&config.base_dir)
-            .and_then(|s| alipay::public_key(&s))
+            .and_then(|s| rsa::public_key(&s))
         {
             Ok(key) => key,
             Err(e) => {

@@ -1,6 +1,7 @@
 //! A provider's paid notice once its signature is believed (Stripe's webhook, Alipay's async
-//! notify): the checks against the order and its application, shared by every provider's
-//! endpoint, which keeps only its own reading of the request and its own answer's shape.
+//! notify, WeChat Pay's notification): the checks against the order and its application, and
+//! the clock a signed timestamp is held against, shared by every provider's endpoint, which
+//! keeps only its own reading of the request and its own answer's shape.
 
 use std::collections::HashMap;
 
@@ -21,6 +22,21 @@ pub(super) fn merchants_on(config: &Config, kind: ProviderKind) -> HashMap<Strin
         .keys()
         .map(|id| (id.clone(), config.payment_provider_of(id) == kind))
         .collect()
+}
+
+/// The database clock, epoch seconds: a notice's signed timestamp is held against it (the
+/// first database's; every shard's clock is the same kind).
+///
+/// # Errors
+/// The database's error, for a 503 the provider retries.
+pub(super) async fn now_s(state: &HttpState) -> Result<i64, String> {
+    let (_, db, effects) = &state.shards[0];
+    effects
+        .clock()
+        .now_ms(db)
+        .await
+        .map(|ms| ms.div_euclid(1000))
+        .map_err(|e| e.to_string())
 }
 
 /// What a believed notice says: the order it names, the provider's reference of the payment,

@@ -77,19 +77,9 @@ pub(super) async fn webhook(
             ),
         );
     };
-    // The clock of the first database: every shard's clock is the same kind.
-    let (db, effects) = {
-        let (_, db, effects) = &state.shards[0];
-        (db, effects)
-    };
-    let now_s = match effects.clock().now_ms(db).await {
-        Ok(ms) => ms.div_euclid(1000),
-        Err(e) => {
-            return (
-                StatusCode::SERVICE_UNAVAILABLE,
-                Json(json!({ "error": e.to_string() })),
-            );
-        }
+    let now_s = match super::notice::now_s(&state).await {
+        Ok(now_s) => now_s,
+        Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "error": e }))),
     };
     let signature = headers
         .get("stripe-signature")

@@ -32,15 +32,13 @@
 use std::path::Path;
 use std::time::Duration;
 
-use base64::Engine;
-use ring::rand::SystemRandom;
-use ring::signature::{self, RsaKeyPair, UnparsedPublicKey};
 use serde_json::Value;
 use serde_json::value::RawValue;
 use timeoutd_runtime::model::{Payment, PaymentStatus};
 
-use super::{CloseOutcome, GatewayFuture, PaymentGateway, Refusal};
-use crate::config::{PaymentConfig, Secret};
+use super::rsa::{PrivateKey, PublicKey};
+use super::{CloseOutcome, GatewayFuture, PaymentGateway, Refusal, rsa};
+use crate::config::PaymentConfig;
 use crate::effects::EffectError;
 use crate::retry::Backoff;
 
@@ -52,9 +50,8 @@ pub struct AlipayGateway {
     client: reqwest::Client,
     gateway: String,
     app_id: String,
-    app_key: RsaKeyPair,
-    alipay_key: AlipayPublicKey,
-    rng: SystemRandom,
+    app_key: PrivateKey,
+    alipay_key: PublicKey,
     attempts: u32,
 }
 
@@ -72,12 +69,12 @@ impl AlipayGateway {
         let app_key = alipay
             .app_private_key
             .resolve(base_dir)
-            .and_then(|s| private_key(&s))
+            .and_then(|s| rsa::private_key(&s))
             .map_err(|e| format!("payment.alipay.app_private_key: {e}"))?;
         let alipay_key = alipay
             .alipay_public_key
             .resolve(base_dir)
-            .and_then(|s| public_key(&s))
+            .and_then(|s| rsa::public_key(&s))
             .map_err(|e| format!("payment.alipay.alipay_public_key: {e}"))?;
         Ok(AlipayGateway {
             client: crate::outbound::client("payment.alipay", payment.timeout)?,
@@ -85,7 +82,6 @@ impl AlipayGateway {
             app_id: alipay.app_id.clone(),
             app_key,
             alipay_key,
-            rng: SystemRandom::new(),
             attempts: payment.attempts.max(1),
         })
     }
@@ -103,7 +99,7 @@ impl AlipayGateway {
             ("biz_content", biz.to_string()),
         ];
         let content = sign_content(form.iter().map(|(k, v)| (*k, v.as_str())), &["sign"]);
-        let sign = sign(&self.app_key, &self.rng, content.as_bytes());
+        let sign = self.app_key.sign(content.as_bytes());
         form.push(("sign", sign));
         form
     }
@@ -347,120 +343,6 @@ pub fn sign_content<'a>(
         .join("&")
 }
 
-/// SHA256withRSA (PKCS#1 v1.5) of `content` under `key`, base64.
-fn sign(key: &RsaKeyPair, rng: &SystemRandom, content: &[u8]) -> String {
-    let mut signature = vec![0; key.public().modulus_len()];
-    key.sign(&signature::RSA_PKCS1_SHA256, rng, content, &mut signature)
-        .expect("signing with a parsed RSA key");
-    base64::engine::general_purpose::STANDARD.encode(signature)
-}
-
-/// Alipay's RSA public key (its PKCS#1 `RSAPublicKey` DER).
-#[derive(Clone)]
-pub struct AlipayPublicKey(Vec<u8>);
-
-impl std::fmt::Debug for AlipayPublicKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("AlipayPublicKey")
-    }
-}
-
-impl AlipayPublicKey {
-    /// Whether `signature` (base64) is this key's SHA256withRSA signature of `content`.
-    pub fn verifies(&self, content: &[u8], signature: &str) -> bool {
-        let Ok(signature) = base64::engine::general_purpose::STANDARD.decode(signature.trim())
-        else {
-            return false;
-        };
-        UnparsedPublicKey::new(&signature::RSA_PKCS1_2048_8192_SHA256, &self.0)
-            .verify(content, &signature)
-            .is_ok()
-    }
-}
-
-/// The DER inside a PEM text, or of bare base64 (as Alipay's key tool writes keys).
-fn der_of(text: &str) -> Result<Vec<u8>, String> {
-    let body: String = text
-        .lines()
-        .filter(|l| !l.trim_start().starts_with("-----"))
-        .flat_map(|l| l.chars().filter(|c| !c.is_whitespace()))
-        .collect();
-    base64::engine::general_purpose::STANDARD
-        .decode(body)
-        .map_err(|_| "not PEM or base64".to_string())
-}
-
-/// The app's private key: PKCS#8 or PKCS#1, PEM or bare base64, 2048 bits or more.
-///
-/// # Errors
-/// What is wrong with it, never its content.
-pub fn private_key(secret: &Secret) -> Result<RsaKeyPair, String> {
-    let der = der_of(secret.expose())?;
-    RsaKeyPair::from_pkcs8(&der)
-        .or_else(|_| RsaKeyPair::from_der(&der))
-        .map_err(|e| format!("not an RSA private key of 2048 bits or more (PKCS#8 or PKCS#1): {e}"))
-}
-
-/// Alipay's public key: an X.509 `SubjectPublicKeyInfo` (`BEGIN PUBLIC KEY`, or the bare base64
-/// the open platform shows) or a PKCS#1 `RSAPublicKey`.
-///
-/// # Errors
-/// What is wrong with it, never its content.
-pub fn public_key(secret: &Secret) -> Result<AlipayPublicKey, String> {
-    let der = der_of(secret.expose())?;
-    let rsa = spki_rsa_key(&der).unwrap_or(der);
-    // `RSAPublicKey ::= SEQUENCE { modulus INTEGER, publicExponent INTEGER }`, 2048 bits or
-    // more: a key that verifies nothing is caught at start-up, not at the first answer.
-    let modulus = der_element(&rsa, 0x30)
-        .filter(|(_, after)| after.is_empty())
-        .and_then(|(seq, _)| der_element(seq, 0x02))
-        .filter(|(_, exponent)| der_element(exponent, 0x02).is_some());
-    match modulus {
-        Some((n, _)) if n.len() >= 256 => Ok(AlipayPublicKey(rsa)),
-        Some(_) => Err("an RSA public key shorter than 2048 bits (RSA2 needs 2048)".into()),
-        None => Err("not an RSA public key (SubjectPublicKeyInfo or PKCS#1)".into()),
-    }
-}
-
-/// The `RSAPublicKey` inside a `SubjectPublicKeyInfo` whose algorithm is rsaEncryption.
-fn spki_rsa_key(der: &[u8]) -> Option<Vec<u8>> {
-    const RSA_ENCRYPTION: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01];
-    let (spki, _) = der_element(der, 0x30)?;
-    let (algorithm, rest) = der_element(spki, 0x30)?;
-    let (oid, _) = der_element(algorithm, 0x06)?;
-    if oid != RSA_ENCRYPTION {
-        return None;
-    }
-    let (bits, _) = der_element(rest, 0x03)?;
-    match bits.split_first() {
-        Some((0, key)) => Some(key.to_vec()),
-        _ => None,
-    }
-}
-
-/// The content of the DER element of tag `tag` at the start of `der`, and what follows it.
-fn der_element(der: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
-    let (&t, rest) = der.split_first()?;
-    if t != tag {
-        return None;
-    }
-    let (&first, mut rest) = rest.split_first()?;
-    let len = if first < 0x80 {
-        usize::from(first)
-    } else {
-        let n = usize::from(first & 0x7f);
-        if n == 0 || n > 4 || rest.len() < n {
-            return None;
-        }
-        let (bytes, after) = rest.split_at(n);
-        rest = after;
-        bytes
-            .iter()
-            .fold(0usize, |acc, b| (acc << 8) | usize::from(*b))
-    };
-    (rest.len() >= len).then(|| rest.split_at(len))
-}
-
 impl PaymentGateway for AlipayGateway {
     fn query<'a>(&'a self, payment_ref: &'a str) -> GatewayFuture<'a, Payment> {
         Box::pin(async move {
@@ -535,7 +417,7 @@ impl PaymentGateway for AlipayGateway {
 /// # Errors
 /// [`Refusal::Malformed`] (not a form, a repeated parameter, a charset other than UTF-8),
 /// [`Refusal::Unsigned`] (no `sign`), [`Refusal::Signature`] (forged or altered, or not RSA2).
-pub fn verify_notice(body: &[u8], key: &AlipayPublicKey) -> Result<Vec<(String, String)>, Refusal> {
+pub fn verify_notice(body: &[u8], key: &PublicKey) -> Result<Vec<(String, String)>, Refusal> {
     let params: Vec<(String, String)> =
         serde_urlencoded::from_bytes(body).map_err(|_| Refusal::Malformed)?;
     let mut names: Vec<&str> = params.iter().map(|(k, _)| k.as_str()).collect();
@@ -696,17 +578,5 @@ mod tests {
             answer("40002", "isv.invalid-signature"),
             Ok(Err(_))
         ));
-    }
-
-    #[test]
-    fn a_public_key_is_read_from_spki_pem_or_bare_base64_and_garbage_refused() {
-        assert!(public_key(&Secret::for_tests("not a key")).is_err());
-        assert!(private_key(&Secret::for_tests("bm90IGEga2V5")).is_err());
-        let e = private_key(&Secret::for_tests(
-            "-----BEGIN PRIVATE KEY-----\nQUJD\n-----END PRIVATE KEY-----",
-        ))
-        .err()
-        .unwrap();
-        assert!(!e.contains("QUJD"), "{e}");
     }
 }
