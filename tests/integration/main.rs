@@ -9,6 +9,7 @@ mod edges;
 mod effects;
 mod engines;
 mod fakes;
+mod galera;
 mod group;
 mod input;
 mod leases;

@@ -206,8 +206,13 @@ impl Env {
 
     /// A dispatcher like a daemon's, over its own pool (a second one is a second daemon).
     pub async fn dispatcher(&self, config: &Config, clock: Clock) -> Arc<Dispatcher> {
+        self.dispatcher_on(&self.url, config, clock).await
+    }
+
+    /// As [`Env::dispatcher`], reaching this database at `url` (another node of a cluster).
+    pub async fn dispatcher_on(&self, url: &str, config: &Config, clock: Clock) -> Arc<Dispatcher> {
         let policies = timeoutd::policies::load(config).unwrap();
-        let db = Db::connect(&self.url, 8).await.unwrap();
+        let db = Db::connect(url, 8).await.unwrap();
         let effects = EffectRunner::from_config(db.clone(), clock.clone(), config)
             .await
             .unwrap();

@@ -308,9 +308,16 @@ pub(crate) fn close_many_query<'q>(
         }
         Backend::MySql => {
             // MariaDB keeps the CASE lists (quadratic per group, but the statement every
-            // Galera chaos run has audited): with the stamps joined in through a derived table,
-            // one Galera chaos run of two on 2026-12-02 found orders closed twice, not yet
-            // explained.
+            // Galera chaos run has audited since one run with the stamps joined through a
+            // derived table audited 106 orders closed twice). Measured since (SCALING.md, "The
+            // Galera double close of 2026-12-02"; tests/integration/galera.rs): both statements
+            // lock, match and count the same rows, and what keeps a close once on Galera holds
+            // for either — this statement writes every row it claims (so certification commits
+            // only the first of two closes of an order), counts found rows (sqlx sets
+            // CLIENT_FOUND_ROWS: an order named twice, already closed or not due is not
+            // counted, so `changed != closes.len()` fails the group), and fails with 1213 once
+            // Galera has aborted its transaction. The symptom fits close records committed
+            // after such an abort, which no statement shape prevents.
             let case = case_by_id(closes.len());
             let mut q = backend
                 .query_owned(format!(
