@@ -45,16 +45,15 @@ fn file_modules() -> BTreeMap<Module, PathBuf> {
                 walk(&path, &inner, out);
             } else if path.extension().is_some_and(|e| e == "rs") {
                 let stem = path.file_stem().unwrap().to_string_lossy().to_string();
-                let mut module = prefix.to_vec();
-                match stem.as_str() {
-                    "lib" | "main" if prefix.is_empty() => {
-                        if stem == "main" {
-                            continue;
-                        }
+                let module = match (prefix.is_empty(), stem.as_str()) {
+                    (true, "main") => continue,
+                    (true, "lib") | (_, "mod") => prefix.to_vec(),
+                    _ => {
+                        let mut module = prefix.to_vec();
+                        module.push(stem);
+                        module
                     }
-                    "mod" => {}
-                    _ => module.push(stem),
-                }
+                };
                 out.insert(module, path);
             }
         }
@@ -335,12 +334,7 @@ fn sibling_graph() -> Siblings {
     for (module, path) in &files {
         let code = code_of(&std::fs::read_to_string(path).unwrap());
         for r in references(module, &code, &modules) {
-            let common = r
-                .from
-                .iter()
-                .zip(&r.to)
-                .take_while(|(a, b)| a == b)
-                .count();
+            let common = r.from.iter().zip(&r.to).take_while(|(a, b)| a == b).count();
             if common == r.from.len() || common == r.to.len() {
                 continue;
             }
@@ -481,7 +475,7 @@ fn no_import_circle_anywhere_in_the_daemon_crate() {
     }
     assert!(circles.is_empty(), "import circles: {circles:#?}");
     // The reader finds the edges it must: a known import, a known absence.
-    let top = &graph[&Vec::new()];
+    let top = &graph[&Module::new()];
     assert!(top.contains_key(&("dispatch".to_string(), "db".to_string())));
     assert!(!top.contains_key(&("db".to_string(), "dispatch".to_string())));
 }
@@ -496,9 +490,8 @@ fn imports_point_down_the_layers_architecture_md_declares() {
         .collect();
     let graph = sibling_graph();
     let mut upward = Vec::new();
-    for ((from, to), refs) in &graph[&Vec::new()] {
-        let (Some(&a), Some(&b)) = (layer_of.get(from.as_str()), layer_of.get(to.as_str()))
-        else {
+    for ((from, to), refs) in &graph[&Module::new()] {
+        let (Some(&a), Some(&b)) = (layer_of.get(from.as_str()), layer_of.get(to.as_str())) else {
             // A module missing from the table is the next test's finding.
             continue;
         };
@@ -526,8 +519,15 @@ fn architecture_md_names_every_module_of_the_crate_once() {
     for name in layers.iter().flatten() {
         *seen.entry(name.clone()).or_insert(0) += 1;
     }
-    let twice: Vec<&String> = seen.iter().filter(|(_, n)| **n > 1).map(|(m, _)| m).collect();
-    assert!(twice.is_empty(), "in two layers of ARCHITECTURE.md: {twice:?}");
+    let twice: Vec<&String> = seen
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(m, _)| m)
+        .collect();
+    assert!(
+        twice.is_empty(),
+        "in two layers of ARCHITECTURE.md: {twice:?}"
+    );
     let documented: BTreeSet<String> = seen.into_keys().collect();
     let crate_modules = declared_modules();
     assert!(crate_modules.contains("dispatch") && crate_modules.contains("db"));
@@ -544,7 +544,10 @@ fn architecture_md_names_every_module_of_the_crate_once() {
         .filter(|m| m.len() == 1)
         .map(|m| m[0].clone())
         .collect();
-    assert_eq!(files, crate_modules, "files under src/ against lib.rs's `mod`s");
+    assert_eq!(
+        files, crate_modules,
+        "files under src/ against lib.rs's `mod`s"
+    );
 }
 
 /// The Rust name of an effect kind's variant (`RestoreStock`): `EffectKind` and `Effect`
@@ -560,9 +563,9 @@ fn variant(kind: LedgerKind) -> String {
 /// `LedgerKind::Remind`, `E::RestoreStock`).
 fn names_variant(code: &str, qualifiers: &[&str], variant: &str) -> bool {
     let tokens = tokens(code);
-    tokens.windows(3).any(|w| {
-        qualifiers.contains(&w[0].as_str()) && w[1] == "::" && w[2] == variant
-    })
+    tokens
+        .windows(3)
+        .any(|w| qualifiers.contains(&w[0].as_str()) && w[1] == "::" && w[2] == variant)
 }
 
 #[test]
@@ -647,9 +650,17 @@ fn every_ledger_kind_has_an_executor_or_is_applied_in_the_close_transaction() {
             }
         }
     }
-    assert!(homeless.is_empty(), "ledger kinds nobody carries out: {homeless:#?}");
+    assert!(
+        homeless.is_empty(),
+        "ledger kinds nobody carries out: {homeless:#?}"
+    );
     // Every section has its executor, and the database's part of the close exists.
-    assert_eq!(executors.len(), Section::ALL.len(), "{:?}", executors.keys());
+    assert_eq!(
+        executors.len(),
+        Section::ALL.len(),
+        "{:?}",
+        executors.keys()
+    );
     assert!(code(&["db", "orders"]).contains("fn compare_and_close"));
 }
 

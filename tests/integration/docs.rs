@@ -65,7 +65,10 @@ fn read_page(path: &Path) -> Page {
     let mut last_prose = String::new();
     for (i, line) in text.lines().enumerate() {
         let trimmed = line.trim_start();
-        let fence: String = trimmed.chars().take_while(|&c| c == '`' || c == '~').collect();
+        let fence: String = trimmed
+            .chars()
+            .take_while(|&c| c == '`' || c == '~')
+            .collect();
         match &mut open {
             Some((opened, block)) => {
                 if fence.len() >= opened.len()
@@ -73,6 +76,7 @@ fn read_page(path: &Path) -> Page {
                     && trimmed[fence.len()..].trim().is_empty()
                 {
                     blocks.push(open.take().unwrap().1);
+                    last_prose.clear();
                 } else {
                     block.body.push(line.to_string());
                 }
@@ -123,8 +127,9 @@ fn every_command_block_in_the_docs_runs_or_says_why_not() {
     let bin = timeoutd_bin();
     let bin_dir = bin.parent().unwrap().to_path_buf();
     let path = std::env::join_paths(
-        std::iter::once(bin_dir.clone())
-            .chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
+        std::iter::once(bin_dir.clone()).chain(std::env::split_paths(
+            &std::env::var_os("PATH").unwrap_or_default(),
+        )),
     )
     .unwrap();
     let mut problems = Vec::new();
@@ -178,7 +183,10 @@ fn every_command_block_in_the_docs_runs_or_says_why_not() {
         }
     }
     assert!(problems.is_empty(), "{problems:#?}");
-    assert!(ran >= 3, "only {ran} command blocks ran: the docs' cheap commands should");
+    assert!(
+        ran >= 3,
+        "only {ran} command blocks ran: the docs' cheap commands should"
+    );
 }
 
 /// GitHub's anchor of a heading: lower case, punctuation dropped (`-` and `_` kept), spaces
@@ -254,7 +262,13 @@ fn link_targets(line: &str) -> Vec<String> {
         && let Some(def) = trimmed.find("]: ")
         && !trimmed[..def].contains(']')
     {
-        out.push(trimmed[def + 3..].split_whitespace().next().unwrap_or("").to_string());
+        out.push(
+            trimmed[def + 3..]
+                .split_whitespace()
+                .next()
+                .unwrap_or("")
+                .to_string(),
+        );
     }
     out
 }
@@ -268,10 +282,7 @@ fn every_relative_link_in_the_docs_reaches_a_file_and_heading() {
         let name = relative(&page_path);
         for (line_no, line) in &page.prose {
             for target in link_targets(line) {
-                if target.is_empty()
-                    || target.contains("://")
-                    || target.starts_with("mailto:")
-                {
+                if target.is_empty() || target.contains("://") || target.starts_with("mailto:") {
                     continue;
                 }
                 checked += 1;
@@ -306,12 +317,18 @@ fn every_relative_link_in_the_docs_reaches_a_file_and_heading() {
         }
     }
     assert!(problems.is_empty(), "broken links: {problems:#?}");
-    assert!(checked >= 20, "only {checked} relative links found: is the reader broken?");
+    assert!(
+        checked >= 20,
+        "only {checked} relative links found: is the reader broken?"
+    );
 }
 
 #[test]
 fn anchors_follow_githubs_rules() {
-    assert_eq!(slug("Behind a connection pooler"), "behind-a-connection-pooler");
+    assert_eq!(
+        slug("Behind a connection pooler"),
+        "behind-a-connection-pooler"
+    );
     assert_eq!(
         slug("Upgrades, rollbacks and the schema's compatibility window"),
         "upgrades-rollbacks-and-the-schemas-compatibility-window"
