@@ -121,6 +121,10 @@ fn read_page(path: &Path) -> Page {
 /// Info strings of blocks that are commands to run.
 const COMMANDS: [&str; 4] = ["sh", "bash", "shell", "console"];
 
+/// Words of commands never run by a test, marked or not: a build, the project's scripts (the
+/// suite, installs, services), root.
+const EXPENSIVE: [&str; 3] = ["cargo ", "scripts/", "sudo "];
+
 #[test]
 fn every_command_block_in_the_docs_runs_or_says_why_not() {
     let root = root();
@@ -156,6 +160,15 @@ fn every_command_block_in_the_docs_runs_or_says_why_not() {
                     problems.push(format!("{at}: `<!-- not run: -->` gives no reason"));
                 }
                 Some(_) => {}
+                None if EXPENSIVE
+                    .iter()
+                    .any(|w| block.body.iter().any(|l| l.contains(w))) =>
+                {
+                    problems.push(format!(
+                        "{at}: unmarked, but it builds, installs or starts something (cargo, \
+                         scripts/, sudo): mark it `<!-- not run: REASON -->`"
+                    ));
+                }
                 None => {
                     // The docs write the release build's path; the tests run the build at hand.
                     let script = block
