@@ -2,8 +2,10 @@
 
 mod admin;
 mod alipay;
+mod architecture;
 mod chaos;
 mod config;
+mod docs;
 mod e2e;
 mod edges;
 mod effects;

@@ -5,7 +5,7 @@
 //! It ticks every [`crate::RuntimeLimits::epoch_tick`] while plugin code runs and for
 //! [`IDLE_LINGER`] after the last call ends, then sleeps until the next call begins. An idle
 //! daemon's ticker had woken 1,000 times a second for nothing: about 70 % of the idle process's
-//! CPU (README, "Performance"). A call marks itself running with [`EpochTicker::enter`] before
+//! CPU (docs/performance.md). A call marks itself running with [`EpochTicker::enter`] before
 //! its `Store` gets a deadline, so a sleeping ticker is woken before the deadline starts to
 //! count, and the deadline still counts whole ticks from there.
 

@@ -165,7 +165,7 @@ async fn database(config: &Config) -> Vec<Finding> {
                     Level::Error,
                     "database.engine",
                     r,
-                    "timeoutd refuses to start on this database (SCALING.md, \"Distributed engines\")",
+                    "timeoutd refuses to start on this database (docs/scaling.md, \"Distributed engines\")",
                 )
             }));
             out.extend(engine.warnings().into_iter().map(|w| {

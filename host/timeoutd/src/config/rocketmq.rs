@@ -75,7 +75,7 @@ pub struct RocketMqConfig {
     /// holds both in memory until the row's due time ([`crate::sources::prefetch`]). RocketMQ's timer wheel is only as precise as its slot
     /// (`timerPrecisionMs`, 1 s by default) and releases a burst due in one slot over seconds
     /// (a release-built rocketmq-rust 1.0.0 broker: a 10,000-message slot from about 1 s to 2.3 s
-    /// after it; README, "Performance"), so a burst closes on time only if its messages come
+    /// after it; docs/performance.md), so a burst closes on time only if its messages come
     /// early. A held message is acknowledged at once: its row stays SENT under the daemon's
     /// renewed claim; a daemon that stops before the due time gives the claim back (one that
     /// crashes lets its lease lapse), and the outbox timer takes the row back `fallback_after`
@@ -119,7 +119,7 @@ pub struct RocketMqConfig {
     /// are merged into the next group, so more calls make bigger groups under a burst: a
     /// flash sale's hot SKUs are then updated once per group instead of the small groups
     /// queueing on those rows' locks. 16 → 64 took a 10,000-message burst from about 1,800 to
-    /// 2,900 closes/s, all closed by message instead of 44 % (README, "Performance").
+    /// 2,900 closes/s, all closed by message instead of 44 % (docs/performance.md).
     #[serde(default = "defaults::consume_threads")]
     pub consume_threads: u32,
     /// Most messages the broker client hands one listener call

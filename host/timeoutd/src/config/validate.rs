@@ -115,7 +115,7 @@ fn database(c: &Config, p: &mut ConfigProblems) {
                         key,
                         format!(
                             "[{key}] is not available with database.shards yet: run a daemon per \
-                             shard database (database.url) for it (SCALING.md)"
+                             shard database (database.url) for it (docs/scaling.md)"
                         ),
                     );
                 }

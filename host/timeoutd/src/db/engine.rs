@@ -1,6 +1,6 @@
 //! What the database server under the daemon is, and whether timeoutd can run on it safely.
 //! Read once at start-up, which refuses what cannot be run safely ([`Engine::refusals`]), and
-//! by `timeoutd doctor`. The one place for these rules (SCALING.md, "Distributed engines").
+//! by `timeoutd doctor`. The one place for these rules (docs/scaling.md, "Distributed engines").
 //!
 //! timeoutd relies on three things of its database: `SELECT … FOR UPDATE SKIP LOCKED` claims
 //! whose row locks hold until commit, a single-row compare-and-set inside a transaction that
@@ -8,9 +8,9 @@
 //! transaction. What breaks them:
 //!
 //! - **TiDB** (`…-TiDB-v…`) has no `SKIP LOCKED` lock type; **Vitess** (`…-vitess`) refused
-//!   the clause (SCALING.md cites their trackers).
+//!   the clause (docs/scaling.md cites their trackers).
 //! - **MariaDB Spider**: a table of the `SPIDER` engine is a link to tables on backend servers
-//!   (measured on MariaDB 10.11: SCALING.md, "MariaDB Spider"). Spider drops `SKIP LOCKED` (and
+//!   (measured on MariaDB 10.11: docs/scaling.md, "MariaDB Spider"). Spider drops `SKIP LOCKED` (and
 //!   `NOWAIT`) when it sends a claim to the shards, so concurrent daemons block on each other's
 //!   claims and fail with lock-wait timeouts instead of skipping; a close touching rows on two
 //!   shards commits on each separately (atomic only with `spider_internal_xa`), so a crash
@@ -179,7 +179,7 @@ impl Engine {
             out.push(format!(
                 "{}: a MySQL-compatible engine without SELECT … FOR UPDATE SKIP LOCKED as timeoutd \
                  uses it; run timeoutd on MariaDB 10.6+, MySQL 8.0.1+ or PostgreSQL 9.5+ (one per \
-                 shard; SCALING.md)",
+                 shard; docs/scaling.md)",
                 self.version
             ));
         }
@@ -189,7 +189,7 @@ impl Engine {
                     "table `{table}` is a Spider table (engine SPIDER): Spider drops SKIP LOCKED \
                      from claims, commits a close on each shard separately, and evaluates NOW() \
                      on the front, so a close is neither one atomic step nor timed by one clock; \
-                     run timeoutd against each backend shard's database instead (SCALING.md, \
+                     run timeoutd against each backend shard's database instead (docs/scaling.md, \
                      \"MariaDB Spider\")"
                 ));
             } else {

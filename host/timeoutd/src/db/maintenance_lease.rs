@@ -2,7 +2,7 @@
 //! `holder`, `until_ms`) taken and renewed by a conditional `UPDATE` whose affected rows are
 //! checked — exclusive on every backend, and on Galera too, where certification keeps a
 //! conditional update exclusive across nodes (row locks and `GET_LOCK` are node-local there;
-//! SCALING.md). Used by retention (`retention`), and by sharding (`shard`, one per shard
+//! docs/scaling.md). Used by retention (`retention`), and by sharding (`shard`, one per shard
 //! database, and `daemon:<id>`, each daemon's presence).
 
 use sqlx::Row;

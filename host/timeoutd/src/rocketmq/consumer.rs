@@ -299,7 +299,7 @@ impl TimeoutConsumer {
         };
         let outcomes = crate::lease::renewing(all_groups, lease, || async {
             for token in &tokens {
-                crate::sources::outbox::renew_rows(&self.dispatcher, Some(token), lease).await;
+                crate::sources::prefetch::renew_rows(&self.dispatcher, Some(token), lease).await;
             }
         })
         .await;

@@ -253,18 +253,3 @@ async fn prefetch_rows(
         .load_and_hold(dispatcher, triggers, clock_read, &alive)
         .await;
 }
-
-/// Extends the lease of the rows held under `token` while their group is being handled.
-pub(crate) async fn renew_rows(dispatcher: &Dispatcher, token: Option<&str>, lease: Duration) {
-    let Some(token) = token else { return };
-    let db = dispatcher.db();
-    let renewed = async {
-        let now_ms = dispatcher.clock().now_ms(db).await?;
-        outbox::renew(db, token, now_ms + lease.as_millis() as i64).await
-    }
-    .await;
-    match renewed {
-        Ok(held) => tracing::debug!(token, held, "outbox lease renewed while working"),
-        Err(e) => tracing::warn!(error = %e, "outbox lease renewal failed; the lease may lapse"),
-    }
-}

@@ -178,13 +178,29 @@ pub fn keep_alive(
                 _ = done.recv() => break,
                 _ = tokio::time::sleep(every) => {
                     for token in &tokens {
-                        super::outbox::renew_rows(&dispatcher, Some(token), lease).await;
+                        renew_rows(&dispatcher, Some(token), lease).await;
                     }
                 }
             }
         }
     };
     (alive, renewer)
+}
+
+/// Extends the lease of the rows held under `token` while their group is being handled
+/// (the prefetch's holds, and the broker consumer's claims while it works).
+pub(crate) async fn renew_rows(dispatcher: &Dispatcher, token: Option<&str>, lease: Duration) {
+    let Some(token) = token else { return };
+    let db = dispatcher.db();
+    let renewed = async {
+        let now_ms = dispatcher.clock().now_ms(db).await?;
+        outbox::renew(db, token, now_ms + lease.as_millis() as i64).await
+    }
+    .await;
+    match renewed {
+        Ok(held) => tracing::debug!(token, held, "outbox lease renewed while working"),
+        Err(e) => tracing::warn!(error = %e, "outbox lease renewal failed; the lease may lapse"),
+    }
 }
 
 impl Released {
