@@ -1,6 +1,6 @@
 //! The group close on a three-node MariaDB Galera cluster (ignored in the normal suite: start
 //! one with `scripts/galera start DIR`, then `cargo test -p timeoutd-tests --test integration --
-//! galera:: --ignored`). Node N answers SQL on 127.0.0.1:341N. What these pin is SCALING.md's
+//! galera:: --ignored`). Node N answers SQL on 127.0.0.1:341N. What these pin is docs/scaling.md's
 //! "The Galera double close of 2026-12-02": why a close racing another node's close commits
 //! once, whichever statement the group close uses, and the one thing that would break it.
 

@@ -309,7 +309,7 @@ pub(crate) fn close_many_query<'q>(
         Backend::MySql => {
             // MariaDB keeps the CASE lists (quadratic per group, but the statement every
             // Galera chaos run has audited since one run with the stamps joined through a
-            // derived table audited 106 orders closed twice). Measured since (SCALING.md, "The
+            // derived table audited 106 orders closed twice). Measured since (docs/scaling.md, "The
             // Galera double close of 2026-12-02"; tests/integration/galera.rs): both statements
             // lock, match and count the same rows, and what keeps a close once on Galera holds
             // for either — this statement writes every row it claims (so certification commits
