@@ -130,7 +130,7 @@ async fn a_group_close_aborted_by_another_nodes_close_fails_with_either_statemen
         single.commit().await.unwrap();
         // A causal read on node 2 returns once node 2 has applied node 1's close, which it can
         // only do after aborting the group holding the row.
-        let seen = orders::status_of(&mut *node2.pool().acquire().await.unwrap(), &a)
+        let seen = orders::status_of(&mut node2.pool().acquire().await.unwrap(), &a)
             .await
             .unwrap();
         assert_eq!(seen.as_deref(), Some("CLOSED"), "{form}");
@@ -180,7 +180,7 @@ async fn after_galera_aborts_a_close_a_statement_sent_anyway_commits_on_its_own(
         .await
         .unwrap();
     single.commit().await.unwrap();
-    orders::status_of(&mut *node2.pool().acquire().await.unwrap(), "trap")
+    orders::status_of(&mut node2.pool().acquire().await.unwrap(), "trap")
         .await
         .unwrap();
     let e = orders::close_many(&mut group, &[("trap", stamp("outbox"))], T0)
@@ -226,8 +226,8 @@ async fn three_daemons_on_three_nodes_racing_through_one_burst_close_each_order_
     let config = env.config(SINGLE, "");
     let (clock, now) = Clock::manual(T0 + 1);
     let mut daemons: Vec<Arc<Dispatcher>> = Vec::new();
-    for k in 0..3 {
-        let url = env.url.replacen(NODES[0], NODES[k], 1);
+    for node in NODES {
+        let url = env.url.replacen(NODES[0], node, 1);
         daemons.push(env.dispatcher_on(&url, &config, clock.clone()).await);
     }
     let triggers = env.claim(T0 + 1).await;
