@@ -618,10 +618,21 @@ fn every_ledger_kind_has_an_executor_or_is_applied_in_the_close_transaction() {
                         kind.as_str()
                     )),
                     Some((module, text)) => {
-                        if !names_variant(text, &["Effect", "LedgerKind", "E", "EffectKind"], &name)
+                        // `effects/work.rs` reads each row once into its section's work enum
+                        // (an exhaustive match over the effects, unit-tested against `home`),
+                        // and the executor matches that enum exhaustively: the kind must be
+                        // read there, and the executor must take its section's work.
+                        let work = format!("{section_name}Work");
+                        if !names_variant(&code(&["effects", "work"]), &["Effect", "LedgerKind"], &name)
                         {
                             homeless.push(format!(
-                                "{}: the {section_name} executor ({}) has no arm naming {name}",
+                                "{}: effects/work.rs does not read {name} into any section's work",
+                                kind.as_str()
+                            ));
+                        }
+                        if !tokens(text).contains(&work) {
+                            homeless.push(format!(
+                                "{}: the {section_name} executor ({}) does not take {work}",
                                 kind.as_str(),
                                 show(module)
                             ));
