@@ -623,8 +623,11 @@ fn every_ledger_kind_has_an_executor_or_is_applied_in_the_close_transaction() {
                         // and the executor matches that enum exhaustively: the kind must be
                         // read there, and the executor must take its section's work.
                         let work = format!("{section_name}Work");
-                        if !names_variant(&code(&["effects", "work"]), &["Effect", "LedgerKind"], &name)
-                        {
+                        if !names_variant(
+                            &code(&["effects", "work"]),
+                            &["Effect", "LedgerKind"],
+                            &name,
+                        ) {
                             homeless.push(format!(
                                 "{}: effects/work.rs does not read {name} into any section's work",
                                 kind.as_str()
