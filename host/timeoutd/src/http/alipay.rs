@@ -26,7 +26,6 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use super::HttpState;
-use super::notice::NotApplied;
 use crate::config::{Config, ProviderKind};
 
 use crate::effects::Refusal;
@@ -149,12 +148,9 @@ pub(super) async fn notify(
     };
     match super::notice::apply(&state, &hook.on_alipay, paid).await {
         Ok(_) => success(),
-        Err(NotApplied::NoShard((status, _))) => refuse(
-            Refusal::UnknownOrder,
-            status,
-            format!("no shard holds order `{order_id}`"),
-        ),
-        Err(NotApplied::Refused(reason, status, what)) => refuse(reason, status, what),
-        Err(NotApplied::Unavailable(e)) => unavailable(e),
+        Err(not_applied) => match not_applied.refusal(&order_id) {
+            Ok((reason, status, what)) => refuse(reason, status, what),
+            Err(e) => unavailable(e),
+        },
     }
 }

@@ -64,6 +64,23 @@ pub(super) enum NotApplied {
     Unavailable(String),
 }
 
+impl NotApplied {
+    /// Why nothing was applied, for an endpoint that answers every refusal in its provider's own
+    /// shape (Alipay, WeChat Pay): `Ok` the refusal (an order no shard can hold is an unknown
+    /// order, with the routing's status), `Err` the database's failure for a 5xx.
+    pub(super) fn refusal(self, order_id: &str) -> Result<(Refusal, StatusCode, String), String> {
+        match self {
+            NotApplied::NoShard((status, _)) => Ok((
+                Refusal::UnknownOrder,
+                status,
+                format!("no shard holds order `{order_id}`"),
+            )),
+            NotApplied::Refused(reason, status, what) => Ok((reason, status, what)),
+            NotApplied::Unavailable(e) => Err(e),
+        }
+    }
+}
+
 /// Checks `notice` against its order — it exists, carries the notice's payment reference,
 /// belongs to a merchant on this provider (`on_provider`), and totals what was received — and
 /// applies it through [`crate::paid::apply`] (PENDING → PAID; CLOSED → paid-after-close,

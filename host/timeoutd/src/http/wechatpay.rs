@@ -28,7 +28,6 @@ use axum::http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 
 use super::HttpState;
-use super::notice::NotApplied;
 use crate::config::{Config, ProviderKind, Secret};
 use crate::effects::Refusal;
 use crate::effects::wechatpay::{self, Platform, SignedHeaders};
@@ -172,12 +171,9 @@ pub(super) async fn notify(
     };
     match super::notice::apply(&state, &hook.on_wechatpay, applied).await {
         Ok(_) => success(),
-        Err(NotApplied::NoShard((status, _))) => refuse(
-            Refusal::UnknownOrder,
-            status,
-            format!("no shard holds order `{order_id}`"),
-        ),
-        Err(NotApplied::Refused(reason, status, what)) => refuse(reason, status, what),
-        Err(NotApplied::Unavailable(e)) => unavailable(e),
+        Err(not_applied) => match not_applied.refusal(&order_id) {
+            Ok((reason, status, what)) => refuse(reason, status, what),
+            Err(e) => unavailable(e),
+        },
     }
 }
