@@ -539,6 +539,12 @@ async fn idle(file: std::path::PathBuf) -> Idle {
         Backend::Sqlite
     };
     let env = Env::new(backend).await;
+    // A config closing a shop's own tables (`[database.shop]`, mall's profile) gets mall's
+    // tables in a database of their own beside the test's.
+    let shop = match text.contains("[database.shop]") {
+        true => Some(crate::shop::shop_database(&env).await),
+        false => None,
+    };
     let log = env.dir.path().join("timeoutd.log");
     let admin_port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -555,6 +561,10 @@ async fn idle(file: std::path::PathBuf) -> Idle {
         .env("TIMEOUTD_MYSQL_URL", &env.url)
         .env("TIMEOUTD_POSTGRES_URL", &env.url)
         .env("TIMEOUTD_DATA_DIR", env.dir.path())
+        .env(
+            "TIMEOUTD_SHOP_DATABASE",
+            shop.as_ref().map_or("", |(name, _)| name.as_str()),
+        )
         .env_remove("RUST_LOG")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
@@ -632,6 +642,9 @@ async fn idle(file: std::path::PathBuf) -> Idle {
     };
     let stop_s = term.elapsed().as_secs_f64();
     let log_text = read();
+    if let Some((name, db)) = shop {
+        crate::shop::drop_shop_database(&env, &name, db).await;
+    }
     env.cleanup().await;
     Idle {
         config: file.file_name().unwrap().to_string_lossy().into_owned(),

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use futures_util::future::join_all;
 use timeoutd::clock::Clock;
 use timeoutd::db::orders::{self, CloseStamp};
+use timeoutd::db::shop::Schema;
 use timeoutd::db::{Backend, Db, DbError, journal};
 use timeoutd::dispatch::Dispatcher;
 
@@ -117,9 +118,14 @@ async fn a_group_close_aborted_by_another_nodes_close_fails_with_either_statemen
         env.create(&order(&a, "acme", T0 - 1_000)).await;
         env.create(&order(&b, "acme", T0 - 1_000)).await;
         let mut group = node2.begin().await.unwrap();
-        let locked = orders::lock_pending(&mut group, &[a.as_str(), b.as_str()], Some(T0))
-            .await
-            .unwrap();
+        let locked = orders::lock_pending(
+            &mut group,
+            &Schema::Canonical,
+            &[a.as_str(), b.as_str()],
+            Some(T0),
+        )
+        .await
+        .unwrap();
         assert_eq!(locked, vec![a.clone(), b.clone()], "{form}");
         let mut single = env.db.begin().await.unwrap();
         assert!(
@@ -136,7 +142,7 @@ async fn a_group_close_aborted_by_another_nodes_close_fails_with_either_statemen
         assert_eq!(seen.as_deref(), Some("CLOSED"), "{form}");
         let closes = [(a.as_str(), stamp("outbox")), (b.as_str(), stamp("outbox"))];
         let cas = match form {
-            "case" => orders::close_many(&mut group, &closes, T0).await,
+            "case" => orders::close_many(&mut group, &Schema::Canonical, &closes, T0).await,
             _ => derived_table_close(&mut group, &closes, T0).await,
         };
         let e = cas.expect_err("the aborted group's compare-and-set must fail");
@@ -167,7 +173,7 @@ async fn after_galera_aborts_a_close_a_statement_sent_anyway_commits_on_its_own(
     let node2 = node(&env, 1).await;
     env.create(&order("trap", "acme", T0 - 1_000)).await;
     let mut group = node2.begin().await.unwrap();
-    orders::lock_pending(&mut group, &["trap"], Some(T0))
+    orders::lock_pending(&mut group, &Schema::Canonical, &["trap"], Some(T0))
         .await
         .unwrap();
     let mut single = env.db.begin().await.unwrap();
@@ -183,9 +189,14 @@ async fn after_galera_aborts_a_close_a_statement_sent_anyway_commits_on_its_own(
     orders::status_of(&mut node2.pool().acquire().await.unwrap(), "trap")
         .await
         .unwrap();
-    let e = orders::close_many(&mut group, &[("trap", stamp("outbox"))], T0)
-        .await
-        .expect_err("aborted");
+    let e = orders::close_many(
+        &mut group,
+        &Schema::Canonical,
+        &[("trap", stamp("outbox"))],
+        T0,
+    )
+    .await
+    .expect_err("aborted");
     assert!(is_abort(&e), "{e}");
     // What the daemon never does: carry on after the error, then roll back.
     journal::log_decision(&mut group, &decision("trap", "outbox"))

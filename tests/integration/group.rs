@@ -222,7 +222,7 @@ each_backend! {
             ("s-early", stamp(T0 - 55, "outbox", "unpaid")),
         ];
         let mut tx = env.db.begin().await.unwrap();
-        let changed = orders::close_many(&mut tx, &closes, T0).await.unwrap();
+        let changed = orders::close_many(&mut tx, &timeoutd::db::shop::Schema::Canonical, &closes, T0).await.unwrap();
         tx.commit().await.unwrap();
         assert_eq!(changed, 3, "the paid order and the one not yet due are left alone");
         for (id, due, by, reason) in [

@@ -28,6 +28,7 @@ mod retention;
 mod rocketmq;
 mod runtime;
 mod shards;
+mod shop;
 mod skew;
 mod stripe;
 mod support;

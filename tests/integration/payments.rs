@@ -228,7 +228,7 @@ each_backend! {
         }
         let config = env.config(SHOPS, "");
         let mut conn = env.db.pool().acquire().await.unwrap();
-        let held = timeoutd::db::orders::take_payment_lease(&mut conn, "g-2", T0 - 1_000, T0 + 30_000).await.unwrap();
+        let held = timeoutd::db::orders::take_payment_lease(&mut conn, &timeoutd::db::shop::Schema::Canonical, "g-2", T0 - 1_000, T0 + 30_000).await.unwrap();
         assert_eq!(held, timeoutd::db::orders::Attempt::Held { until_ms: T0 + 30_000 });
         drop(conn);
         let (clock, _) = Clock::manual(T0);

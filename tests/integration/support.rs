@@ -200,7 +200,10 @@ impl Env {
 
     /// An effect runner like a daemon's, over its own pool.
     pub async fn runner(&self, config: &Config, clock: Clock) -> EffectRunner {
-        let db = Db::connect(&self.url, 8).await.unwrap();
+        let db = Db::connect(&self.url, 8)
+            .await
+            .unwrap()
+            .with_schema(config.schema().unwrap());
         EffectRunner::from_config(db, clock, config).await.unwrap()
     }
 
@@ -212,7 +215,11 @@ impl Env {
     /// As [`Env::dispatcher`], reaching this database at `url` (another node of a cluster).
     pub async fn dispatcher_on(&self, url: &str, config: &Config, clock: Clock) -> Arc<Dispatcher> {
         let policies = timeoutd::policies::load(config).unwrap();
-        let db = Db::connect(url, 8).await.unwrap();
+        // Orders in the tables `[database.shop]` maps, or timeoutd's own.
+        let db = Db::connect(url, 8)
+            .await
+            .unwrap()
+            .with_schema(config.schema().unwrap());
         let effects = EffectRunner::from_config(db.clone(), clock.clone(), config)
             .await
             .unwrap();
@@ -261,7 +268,10 @@ impl Env {
     /// Pays an order (reference order service).
     pub async fn pay(&self, id: &str, at_ms: i64) -> bool {
         let mut tx = self.db.begin().await.unwrap();
-        let paid = timeoutd::db::orders::pay(&mut tx, id, at_ms).await.unwrap();
+        let paid =
+            timeoutd::db::orders::pay(&mut tx, &timeoutd::db::shop::Schema::Canonical, id, at_ms)
+                .await
+                .unwrap();
         tx.commit().await.unwrap();
         paid
     }

@@ -371,6 +371,10 @@ fn cannot_start(command: &str, path: &std::path::Path, e: daemon::StartError) ->
             eprintln!("{}: {e}", path.display());
             ExitCode::from(EXIT_BAD_CONFIG)
         }
+        e @ daemon::StartError::Shop(_) => {
+            eprintln!("{command}: cannot start: {e}");
+            ExitCode::from(EXIT_BAD_CONFIG)
+        }
         e @ daemon::StartError::Pooler(_) => {
             eprintln!("{command}: cannot start: {e}");
             ExitCode::from(EXIT_POOLER)

@@ -143,6 +143,26 @@ pub struct DatabaseConfig {
     /// ([`crate::db::slowlog`]).
     #[serde(default = "defaults::slow_statement", with = "duration")]
     pub slow_statement: Duration,
+    /// `[database.shop]`: the orders live in a shop's own tables (its order service keeps
+    /// writing them), read and closed through a schema profile (docs/adoption.md). Left out,
+    /// timeoutd's own tables (`orders`, `order_items`, `sku_stock`, `coupons`). MariaDB/MySQL,
+    /// one database (not with `shards`) in this version.
+    #[serde(default)]
+    pub shop: Option<ShopConfig>,
+}
+
+/// `[database.shop]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShopConfig {
+    /// The schema profile file (relative to this file): `profiles/mall.toml`.
+    pub profile: PathBuf,
+    /// The database (on the same server as `database.url`) holding the shop's tables, when
+    /// timeoutd's own tables live in a database of their own (recommended: timeoutd's
+    /// migrations then never run in the shop's database). Left out, the shop's tables are in
+    /// the database `url` names.
+    #[serde(default)]
+    pub database: Option<String>,
 }
 
 /// Pool size on a database server when `max_connections` is left out.
@@ -776,6 +796,23 @@ impl Config {
         config.base_dir = base_dir.to_path_buf();
         validate::validate(&config)?;
         Ok(config)
+    }
+
+    /// Whose tables hold the orders: the canonical ones, or the shop's through
+    /// `[database.shop]`'s profile compiled for `database.url`'s backend.
+    ///
+    /// # Errors
+    /// Every problem of the profile (file, keys, backend), each a sentence naming it.
+    pub fn schema(&self) -> Result<crate::db::shop::Schema, Vec<String>> {
+        use crate::db::shop::{Mapped, Profile, Schema};
+        let Some(shop) = &self.database.shop else {
+            return Ok(Schema::Canonical);
+        };
+        let profile = Profile::load(&self.base_dir.join(&shop.profile))?;
+        let backend =
+            crate::db::Backend::of_url(&self.database.url).map_err(|e| vec![e.to_string()])?;
+        let mapped = Mapped::compile(profile, shop.database.as_deref(), backend)?;
+        Ok(Schema::Mapped(std::sync::Arc::new(mapped)))
     }
 
     /// Where a merchant's plugin comes from.

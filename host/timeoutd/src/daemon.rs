@@ -49,6 +49,11 @@ pub enum StartError {
     /// The admin API's token could not be read or made (`admin.token_file`).
     #[error("{0}")]
     Admin(String),
+    /// The schema profile of `[database.shop]` does not fit the live schema (a missing table or
+    /// column, a type it cannot read): every problem, one per line
+    /// ([`crate::db::shop::check`]).
+    #[error("database.shop: the schema profile does not fit the database:\n  {}", .0.join("\n  "))]
+    Shop(Vec<String>),
     /// An HTTP endpoint could not listen: the config key (`http.listen` or `admin.listen`), the
     /// address and why (e.g. "Address already in use").
     #[error("{0} {1}: {2}")]
@@ -204,7 +209,36 @@ pub(crate) async fn open_database(config: &Config) -> Result<Db, StartError> {
         db.close().await;
         return Err(e);
     }
+    let db = db.with_schema(config.schema().map_err(StartError::Shop)?);
+    if let Err(e) = check_shop(&db).await {
+        db.close().await;
+        return Err(e);
+    }
     Ok(db)
+}
+
+/// A shop's schema profile checked against the live tables: refused with every problem, the
+/// sweep's missing index logged as a warning with the statement that creates it.
+///
+/// # Errors
+/// [`StartError::Shop`] listing the problems; [`StartError::Db`] when the catalog cannot be
+/// read.
+async fn check_shop(db: &Db) -> Result<(), StartError> {
+    let Some(mapped) = db.schema().mapped() else {
+        return Ok(());
+    };
+    let report = crate::db::shop::check::check(db, mapped).await?;
+    if !report.problems.is_empty() {
+        return Err(StartError::Shop(report.problems));
+    }
+    for advice in &report.advice {
+        tracing::warn!("{advice}");
+    }
+    tracing::info!(
+        profile = mapped.name(),
+        "orders are the shop's own tables, through a schema profile"
+    );
+    Ok(())
 }
 
 /// Opens `http.listen`, when configured, serving the payment callbacks with `state()`; returns

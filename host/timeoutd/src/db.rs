@@ -25,6 +25,7 @@ pub mod pooler;
 pub mod relay;
 pub mod replay;
 pub mod retention;
+pub mod shop;
 pub mod slowlog;
 pub mod views;
 
@@ -432,6 +433,9 @@ pub struct Db {
     /// SQLite only: writers of this process queue here, in order, instead of in SQLite's busy
     /// handler (which sleeps 1, 2, 5 … 100 ms between tries and made lateness grow with load).
     write_gate: Arc<Mutex<()>>,
+    /// Whose tables hold the orders ([`shop::Schema`]): timeoutd's own unless a schema profile
+    /// maps a shop's.
+    schema: shop::Schema,
 }
 
 /// A write transaction; on SQLite it also holds the process's write gate until it ends.
@@ -591,7 +595,19 @@ impl Db {
             },
             backend,
             write_gate: Arc::new(Mutex::new(())),
+            schema: shop::Schema::Canonical,
         })
+    }
+
+    /// This pool with its orders in `schema`'s tables (a shop's, through a schema profile).
+    pub fn with_schema(mut self, schema: shop::Schema) -> Db {
+        self.schema = schema;
+        self
+    }
+
+    /// Whose tables hold the orders.
+    pub fn schema(&self) -> &shop::Schema {
+        &self.schema
     }
 
     /// Applies the schema migrations of this backend (`migrations/<backend>/`), as

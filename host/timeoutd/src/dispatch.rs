@@ -390,7 +390,7 @@ impl Dispatcher {
         let now_ms = self.clock.now_ms(&self.db).await?;
         let loaded = {
             let mut conn = self.db.pool().acquire().await?;
-            orders::load(&mut conn, &trigger.order_id).await
+            orders::load(&mut conn, self.db.schema(), &trigger.order_id).await
         };
         match self.prepare(trigger, now_ms, loaded).await? {
             Step::Done(outcome) => Ok(outcome),

@@ -157,6 +157,7 @@ async fn database(config: &Config) -> Vec<Finding> {
     };
     let mut out = vec![ok("database", format!("{url} reachable"))];
     out.extend(pooling(config, &db).await);
+    out.extend(shop(config, &db).await);
     match crate::db::engine::inspect(&db).await {
         Ok(engine) => {
             out.push(server(db.backend(), &engine.version));
@@ -440,6 +441,55 @@ async fn pooling(config: &Config, db: &Db) -> Vec<Finding> {
         ),
     });
     out
+}
+
+/// `[database.shop]`: the schema profile against the live tables (every problem an error, the
+/// sweep's missing index a warning with its `CREATE INDEX`).
+async fn shop(config: &Config, db: &Db) -> Vec<Finding> {
+    const WHAT: &str = "database.shop";
+    let schema = match config.schema() {
+        Ok(schema) => schema,
+        Err(problems) => {
+            return problems
+                .into_iter()
+                .map(|p| bad(Level::Error, WHAT, p, "fix the profile (docs/adoption.md)"))
+                .collect();
+        }
+    };
+    let Some(mapped) = schema.mapped() else {
+        return Vec::new();
+    };
+    match crate::db::shop::check::check(db, mapped).await {
+        Err(e) => vec![bad(
+            Level::Error,
+            WHAT,
+            format!("information_schema could not be read: {e}"),
+            "grant the daemon's user SELECT on the shop's tables",
+        )],
+        Ok(report) if report.problems.is_empty() && report.advice.is_empty() => vec![ok(
+            WHAT,
+            format!("profile `{}` fits the shop's tables", mapped.name()),
+        )],
+        Ok(report) => {
+            let problems = report.problems.into_iter().map(|p| {
+                bad(
+                    Level::Error,
+                    WHAT,
+                    p,
+                    "make the profile name the shop's real tables and columns (docs/adoption.md)",
+                )
+            });
+            let advice = report.advice.into_iter().map(|a| {
+                bad(
+                    Level::Warn,
+                    WHAT,
+                    a,
+                    "create the index named above, once, in a quiet hour",
+                )
+            });
+            problems.chain(advice).collect()
+        }
+    }
 }
 
 fn server(backend: Backend, version: &str) -> Finding {

@@ -284,9 +284,14 @@ async fn payment_attempt(
     let attempt = async {
         let now_ms = effects.clock().now_ms(db).await?;
         let mut conn = db.pool().acquire().await?;
-        let attempt =
-            orders::take_payment_lease(&mut conn, &order_id, now_ms, now_ms + state.lease_ms)
-                .await?;
+        let attempt = orders::take_payment_lease(
+            &mut conn,
+            db.schema(),
+            &order_id,
+            now_ms,
+            now_ms + state.lease_ms,
+        )
+        .await?;
         conn.commit().await?;
         Ok::<_, crate::db::DbError>(attempt)
     };

@@ -1,9 +1,10 @@
 //! Every kind of `effect_ledger` row, and where each is carried out: the one table the close,
 //! the executor, the admin API and the config warnings read.
 //!
-//! A plugin's effect kinds come from [`EffectKind`] (the runtime's table); the host adds two
-//! of its own, the reminder of a `wait` ([`LedgerKind::Remind`]) and the refund of a payment
-//! that landed after its close ([`LedgerKind::Refund`]). [`home`] is an exhaustive match: a
+//! A plugin's effect kinds come from [`EffectKind`] (the runtime's table); the host adds three
+//! of its own, the reminder of a `wait` ([`LedgerKind::Remind`]), the refund of a payment
+//! that landed after its close ([`LedgerKind::Refund`]) and, on a shop's schema, the points a
+//! closed order spent ([`LedgerKind::ReturnPoints`]). [`home`] is an exhaustive match: a
 //! new kind does not compile until it is given a home, and its executor (or the close
 //! transaction) is then the one place that carries it out.
 
@@ -19,6 +20,11 @@ pub enum LedgerKind {
     /// The refund of a payment that succeeded after its order closed (`refund-payment`); its
     /// payload is `{"kind": "refund-payment", "payment_ref": "…"}`.
     Refund,
+    /// The points a closed order spent, given back to its buyer on a shop's schema with
+    /// `[points]` (`return-points`, what mall's own cancel does); its payload is
+    /// `{"kind": "return-points", "member": "…", "points": N}`. Bounded by the order: the
+    /// amount is read from the order row under the close's lock, never from a plugin.
+    ReturnPoints,
 }
 
 /// Where rows of a kind are carried out.
@@ -60,7 +66,9 @@ impl Section {
 pub fn home(kind: LedgerKind) -> Home {
     use EffectKind as E;
     match kind {
-        LedgerKind::Effect(E::RestoreStock | E::ReleaseCoupon) => Home::CloseTransaction,
+        LedgerKind::Effect(E::RestoreStock | E::ReleaseCoupon) | LedgerKind::ReturnPoints => {
+            Home::CloseTransaction
+        }
         LedgerKind::Effect(E::RestoreFlashStock | E::ReleaseFlashSlot) => {
             Home::Executor(Section::Redis)
         }
@@ -78,7 +86,11 @@ impl LedgerKind {
             .iter()
             .copied()
             .map(LedgerKind::Effect)
-            .chain([LedgerKind::Remind, LedgerKind::Refund])
+            .chain([
+                LedgerKind::Remind,
+                LedgerKind::Refund,
+                LedgerKind::ReturnPoints,
+            ])
     }
 
     /// The name stored in `effect_ledger.kind`.
@@ -87,6 +99,7 @@ impl LedgerKind {
             LedgerKind::Effect(kind) => kind.as_str(),
             LedgerKind::Remind => "remind",
             LedgerKind::Refund => "refund-payment",
+            LedgerKind::ReturnPoints => "return-points",
         }
     }
 

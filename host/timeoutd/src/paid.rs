@@ -70,7 +70,7 @@ pub async fn apply(
         "PAID" => Ok(Applied::AlreadyPaid),
         "PENDING" => {
             let mut tx = db.begin().await?;
-            let paid = orders::pay(&mut tx, order_id, now_ms).await?;
+            let paid = orders::pay(&mut tx, db.schema(), order_id, now_ms).await?;
             tx.commit().await?;
             if paid {
                 tracing::info!(order = order_id, source, "paid notice: aligned to PAID");

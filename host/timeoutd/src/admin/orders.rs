@@ -41,7 +41,7 @@ pub async fn timeline(State(s): State<AdminState>, Path(id): Path<String>) -> Ap
                 .acquire()
                 .await
                 .map_err(|e| ApiError::query(e.into()))?;
-        orders::load(&mut conn, &id).await?
+        orders::load(&mut conn, s.db.schema(), &id).await?
     }
     .ok_or_else(|| {
         ApiError(
@@ -66,12 +66,14 @@ pub async fn close(State(s): State<AdminState>, Path(id): Path<String>) -> ApiRe
                 .acquire()
                 .await
                 .map_err(|e| ApiError::query(e.into()))?;
-        orders::load(&mut conn, &id).await.map_err(|e| match e {
-            crate::db::DbError::BadRow { detail, .. } => {
-                ApiError(StatusCode::UNPROCESSABLE_ENTITY, detail)
-            }
-            other => other.into(),
-        })?
+        orders::load(&mut conn, s.db.schema(), &id)
+            .await
+            .map_err(|e| match e {
+                crate::db::DbError::BadRow { detail, .. } => {
+                    ApiError(StatusCode::UNPROCESSABLE_ENTITY, detail)
+                }
+                other => other.into(),
+            })?
     }
     .ok_or_else(|| {
         ApiError(

@@ -61,6 +61,41 @@ pub const BUILTIN_PLUGINS: &[&str] = &["single-phase", "two-phase"];
 /// supported backend and (for a server) a database.
 fn database(c: &Config, p: &mut ConfigProblems) {
     let d = &c.database;
+    if d.shop.is_some() {
+        if !d.shards.is_empty() {
+            p.push(
+                "database.shop",
+                "a schema profile works on one database in this version, not with database.shards",
+            );
+        } else {
+            match c.schema() {
+                Err(problems) => {
+                    for problem in problems {
+                        p.push("database.shop", problem);
+                    }
+                }
+                Ok(schema) => {
+                    let fixed = schema
+                        .mapped()
+                        .and_then(|m| match &m.profile().orders.merchant {
+                            crate::db::shop::profile::MerchantSpec::Fixed(name) => {
+                                Some(name.clone())
+                            }
+                            crate::db::shop::profile::MerchantSpec::Column(_) => None,
+                        });
+                    if let Some(name) = fixed.filter(|n| !c.merchants.contains_key(n)) {
+                        p.push(
+                            "database.shop",
+                            format!(
+                                "the profile gives every order to merchant `{name}`, which has no \
+                                 [merchants.{name}] table"
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+    }
     match (d.url.is_empty(), d.shards.is_empty()) {
         (true, true) => p.push(
             "database.url",

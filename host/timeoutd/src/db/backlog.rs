@@ -32,17 +32,10 @@ pub struct Backlog {
 /// [`DbError::Sql`] when a query fails or a column cannot be read (the first failure ends it).
 pub async fn read(db: &Db, now_ms: i64, overdue_before_ms: i64) -> Result<Backlog, DbError> {
     let b = db.backend();
-    let overdue_open = b
-        .query(
-            "SELECT merchant_id, COUNT(*) FROM orders WHERE status = 'PENDING' AND deadline_ms <= ? \
-             GROUP BY merchant_id ORDER BY merchant_id",
-        )
-        .bind(overdue_before_ms)
-        .fetch_all(db.pool())
-        .await?
-        .iter()
-        .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<i64, _>(1)?)))
-        .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    let overdue_open = match db.schema().mapped() {
+        Some(m) => m.overdue_by_merchant(db, overdue_before_ms).await?,
+        None => canonical_overdue(db, overdue_before_ms).await?,
+    };
     let one = |sql: &'static str| async move {
         let row = b.query(sql).bind(now_ms).fetch_one(db.pool()).await?;
         Ok::<_, DbError>((row.try_get::<i64, _>(0)?, row.try_get::<Option<i64>, _>(1)?))
@@ -68,4 +61,20 @@ pub async fn read(db: &Db, now_ms: i64, overdue_before_ms: i64) -> Result<Backlo
         outbox_earliest_due_ms,
         dead_letters_open,
     })
+}
+
+/// Overdue PENDING orders per merchant in timeoutd's own `orders`.
+async fn canonical_overdue(db: &Db, before_ms: i64) -> Result<Vec<(String, i64)>, DbError> {
+    Ok(db
+        .backend()
+        .query(
+            "SELECT merchant_id, COUNT(*) FROM orders WHERE status = 'PENDING' AND deadline_ms <= ? \
+             GROUP BY merchant_id ORDER BY merchant_id",
+        )
+        .bind(before_ms)
+        .fetch_all(db.pool())
+        .await?
+        .iter()
+        .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<i64, _>(1)?)))
+        .collect::<Result<Vec<_>, sqlx::Error>>()?)
 }

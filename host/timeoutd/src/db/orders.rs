@@ -5,13 +5,21 @@
 use sqlx::{AnyConnection, Row};
 use timeoutd_runtime::model::{Order, OrderItem, OrderStatus};
 
+use super::shop::Schema;
 use super::{Backend, DbError};
 
 /// Loads an order and its lines; `None` when there is no such order.
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure; [`DbError::BadRow`] when the row holds an unknown status.
-pub async fn load(conn: &mut AnyConnection, id: &str) -> Result<Option<Order>, DbError> {
+pub async fn load(
+    conn: &mut AnyConnection,
+    schema: &Schema,
+    id: &str,
+) -> Result<Option<Order>, DbError> {
+    if let Some(m) = schema.mapped() {
+        return Ok(m.load_many(conn, &[id]).await?.into_values().next());
+    }
     let Some(row) = Backend::of(conn)
         .query_owned(format!("SELECT {ORDER_COLUMNS} FROM orders WHERE id = ?"))
         .bind(id.to_string())
@@ -80,8 +88,12 @@ const ORDER_COLUMNS: &str = "id, merchant_id, user_id, status, created_at_ms, de
 /// [`DbError::Sql`] on query failure.
 pub async fn load_many(
     conn: &mut AnyConnection,
+    schema: &Schema,
     ids: &[&str],
 ) -> Result<std::collections::HashMap<String, Order>, DbError> {
+    if let Some(m) = schema.mapped() {
+        return m.load_many(conn, ids).await;
+    }
     let backend = Backend::of(conn);
     let mut found = std::collections::HashMap::new();
     if ids.is_empty() {
@@ -143,6 +155,15 @@ pub async fn status_and_user(
 ) -> Result<std::collections::HashMap<String, (String, String)>, DbError> {
     if ids.is_empty() {
         return Ok(Default::default());
+    }
+    if let Some(m) = db.schema().mapped() {
+        let mut conn = db.pool().acquire().await?;
+        return Ok(m
+            .load_many(&mut conn, ids)
+            .await?
+            .into_iter()
+            .map(|(id, o)| (id, (o.status.as_str().to_string(), o.user)))
+            .collect());
     }
     let mut q = db.backend().query_owned(format!(
         "SELECT id, status, user_id FROM orders WHERE id IN ({})",
@@ -224,9 +245,13 @@ pub async fn compare_and_close(
 /// [`DbError::Sql`] on query failure.
 pub async fn lock_pending(
     conn: &mut AnyConnection,
+    schema: &Schema,
     ids: &[&str],
     deadline_by: Option<i64>,
 ) -> Result<Vec<String>, DbError> {
+    if let Some(m) = schema.mapped() {
+        return m.lock_pending(conn, ids, deadline_by).await;
+    }
     let backend = Backend::of(conn);
     let lock = match backend {
         Backend::Sqlite => "",
@@ -261,11 +286,17 @@ pub async fn lock_pending(
 /// [`DbError::Sql`] on query failure.
 pub async fn close_many(
     conn: &mut AnyConnection,
+    schema: &Schema,
     closes: &[(&str, CloseStamp<'_>)],
     now_ms: i64,
 ) -> Result<u64, DbError> {
     if closes.is_empty() {
         return Ok(0);
+    }
+    if let Some(m) = schema.mapped() {
+        // A shop's table has no columns for timeoutd's stamps: the decision log keeps them.
+        let ids: Vec<&str> = closes.iter().map(|(id, _)| *id).collect();
+        return m.close_many(conn, &ids, now_ms).await;
     }
     let q = close_many_query(Backend::of(conn), "", closes, now_ms);
     Ok(q.execute(&mut *conn).await?.rows_affected())
@@ -344,19 +375,24 @@ pub(crate) fn close_many_query<'q>(
     }
 }
 
-/// Releases the coupons of `pairs` (coupon, order) that are LOCKED by that very order, in two
-/// statements for the whole group, and returns the coupons released. A coupon locked by another
-/// order, or no longer locked, is left alone (and not returned).
+/// Releases the coupons of `pairs` (coupon, order, buyer) that are LOCKED by that very order, in
+/// two statements for the whole group, and returns the coupons released. A coupon locked by
+/// another order, or no longer locked, is left alone (and not returned). On a shop's schema the
+/// buyer's first row of the coupon still locked is freed (`[coupon]` of the profile).
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
 pub async fn release_coupons(
     conn: &mut AnyConnection,
-    pairs: &[(&str, &str)],
+    schema: &Schema,
+    pairs: &[(&str, &str, &str)],
 ) -> Result<std::collections::HashSet<String>, DbError> {
     let mut released = std::collections::HashSet::new();
     if pairs.is_empty() {
         return Ok(released);
+    }
+    if let Some(m) = schema.mapped() {
+        return m.release_coupons(conn, pairs).await;
     }
     let backend = Backend::of(conn);
     let lock = match backend {
@@ -367,7 +403,7 @@ pub async fn release_coupons(
         "SELECT id, order_id FROM coupons WHERE id IN ({}) AND status = 'LOCKED' ORDER BY id{lock}",
         marks(pairs.len())
     ));
-    for (coupon, _) in pairs {
+    for (coupon, _, _) in pairs {
         q = q.bind(coupon.to_string());
     }
     for r in q.fetch_all(&mut *conn).await? {
@@ -375,7 +411,7 @@ pub async fn release_coupons(
         let holder: Option<String> = r.try_get(1)?;
         if pairs
             .iter()
-            .any(|(c, o)| *c == coupon && holder.as_deref() == Some(*o))
+            .any(|(c, o, _)| *c == coupon && holder.as_deref() == Some(*o))
         {
             released.insert(coupon);
         }
@@ -416,19 +452,24 @@ pub async fn restore_stock(
     sku: &str,
     quantity: u32,
 ) -> Result<bool, DbError> {
-    restore_units(conn, sku, i64::from(quantity)).await
+    restore_units(conn, &Schema::Canonical, sku, i64::from(quantity)).await
 }
 
 /// Gives `units` of `sku` back in one statement (a group's total for that SKU). Returns false
-/// when the SKU has no stock row.
+/// when the SKU has no stock row (or, on a shop's schema that releases a lock, the lock holds
+/// fewer units).
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
 pub async fn restore_units(
     conn: &mut AnyConnection,
+    schema: &Schema,
     sku: &str,
     units: i64,
 ) -> Result<bool, DbError> {
+    if let Some(m) = schema.mapped() {
+        return m.restore_units(conn, sku, units).await;
+    }
     let done = Backend::of(conn)
         .query("UPDATE sku_stock SET available = available + ? WHERE sku = ?")
         .bind(units)
@@ -458,6 +499,22 @@ pub async fn release_coupon(
         .execute(&mut *conn)
         .await?;
     Ok(done.rows_affected() == 1)
+}
+
+/// Gives the points each of `ids` (closed in this transaction) spent back to its buyer, on a
+/// shop's schema with `[points]`; nothing on the canonical tables, which hold no points.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn return_points(
+    conn: &mut AnyConnection,
+    schema: &Schema,
+    ids: &[&str],
+) -> Result<Vec<super::shop::mapped::PointsBack>, DbError> {
+    match schema.mapped() {
+        Some(m) => m.return_points(conn, ids).await,
+        None => Ok(Vec::new()),
+    }
 }
 
 /// The reference order service's create: in one transaction, insert the order and its lines,
@@ -521,8 +578,23 @@ pub async fn create(conn: &mut AnyConnection, o: &Order) -> Result<(), DbError> 
 /// coupon marked USED. Returns false when the order was no longer PENDING (closed first).
 ///
 /// # Errors
-/// [`DbError::Sql`] on query failure.
-pub async fn pay(conn: &mut AnyConnection, id: &str, now_ms: i64) -> Result<bool, DbError> {
+/// [`DbError::Sql`] on query failure; [`DbError::Config`] on a shop's schema, whose payments
+/// are the shop's.
+pub async fn pay(
+    conn: &mut AnyConnection,
+    schema: &Schema,
+    id: &str,
+    now_ms: i64,
+) -> Result<bool, DbError> {
+    if let Some(m) = schema.mapped() {
+        // The shop's own payment service moves its orders to paid, with what goes with it
+        // (mall's paySuccess also takes the locked units off its stock): timeoutd never does.
+        return Err(DbError::Config(format!(
+            "order `{id}` is in the shop's own tables (schema profile `{}`): its payment is \
+             recorded by the shop's payment service, not by timeoutd",
+            m.name()
+        )));
+    }
     let done = Backend::of(conn)
         .query(
             "UPDATE orders SET status = 'PAID', paid_at_ms = ? WHERE id = ? AND status = 'PENDING'",
@@ -549,10 +621,12 @@ pub async fn pay(conn: &mut AnyConnection, id: &str, now_ms: i64) -> Result<bool
 /// [`DbError::Sql`] on query failure.
 pub async fn live_leases(
     conn: &mut AnyConnection,
+    schema: &Schema,
     ids: &[&str],
     now_ms: i64,
 ) -> Result<std::collections::HashMap<String, i64>, DbError> {
-    if ids.is_empty() {
+    // A shop's table has no lease column: payment attempts are not held there.
+    if ids.is_empty() || schema.mapped().is_some() {
         return Ok(Default::default());
     }
     let backend = Backend::of(conn);
@@ -597,10 +671,17 @@ pub enum Attempt {
 /// [`DbError::Sql`] on query failure.
 pub async fn take_payment_lease(
     conn: &mut AnyConnection,
+    schema: &Schema,
     id: &str,
     now_ms: i64,
     until_ms: i64,
 ) -> Result<Attempt, DbError> {
+    if let Some(m) = schema.mapped() {
+        return Err(DbError::Config(format!(
+            "payment leases need timeoutd's own order table; schema profile `{}` has no lease column",
+            m.name()
+        )));
+    }
     let backend = Backend::of(conn);
     let done = backend
         .query(

@@ -801,6 +801,14 @@ pub async fn find_orphans(
     grace_ms: i64,
     batch: u32,
 ) -> Result<Vec<Orphan>, DbError> {
+    if let Some(m) = db.schema().mapped() {
+        let sources = [
+            SOURCE_SWEEP,
+            SOURCE_MANUAL,
+            super::journal::SOURCE_QUARANTINED_ROW,
+        ];
+        return m.find_orphans(db, now_ms, grace_ms, batch, sources).await;
+    }
     let cutoff = now_ms - grace_ms;
     let rows = db.backend().query(
         "SELECT o.id, (SELECT MAX(m.phase) FROM order_timeout_msg m WHERE m.order_id = o.id) AS phase, \
@@ -895,6 +903,19 @@ pub async fn rearm_as(
                 .map(|o| o.order_id.as_str())
                 .collect();
             for chunk in ids.chunks(super::ledger::ROWS_PER_INSERT) {
+                // The order must still be pending: in `orders`, or in the shop's table.
+                let mapped = db
+                    .schema()
+                    .mapped()
+                    .map(|m| m.pending_exists("order_timeout_msg.order_id"));
+                let pending = match &mapped {
+                    Some(exists) => exists.sql.clone(),
+                    None => {
+                        "EXISTS (SELECT 1 FROM orders o WHERE o.id = order_timeout_msg.order_id \
+                             AND o.status = 'PENDING')"
+                            .to_string()
+                    }
+                };
                 let mut q = backend
                     .query_owned(format!(
                         "UPDATE order_timeout_msg SET status = 'PENDING', \
@@ -902,9 +923,7 @@ pub async fn rearm_as(
                          attempts = CASE WHEN ? = 'manual' THEN 0 ELSE attempts END, \
                          claim_token = NULL, claim_until_ms = NULL \
                          WHERE phase = ? AND order_id IN ({}) \
-                         AND (claim_until_ms IS NULL OR claim_until_ms < ?) \
-                         AND EXISTS (SELECT 1 FROM orders o WHERE o.id = order_timeout_msg.order_id \
-                         AND o.status = 'PENDING')",
+                         AND (claim_until_ms IS NULL OR claim_until_ms < ?) AND {pending}",
                         super::orders::marks(chunk.len())
                     ))
                     .bind(now_ms)
@@ -915,7 +934,11 @@ pub async fn rearm_as(
                 for id in chunk {
                     q = q.bind(id.to_string());
                 }
-                q.bind(now_ms).execute(&mut *tx).await?;
+                q = q.bind(now_ms);
+                if let Some(exists) = mapped {
+                    q = exists.bind_onto(q);
+                }
+                q.execute(&mut *tx).await?;
             }
         }
     }

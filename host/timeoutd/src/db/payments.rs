@@ -93,6 +93,16 @@ pub struct OrderPayment {
 /// # Errors
 /// [`DbError::Sql`] when the query fails or a column cannot be read.
 pub async fn order_payment(db: &Db, order_id: &str) -> Result<Option<OrderPayment>, DbError> {
+    if db.schema().mapped().is_some() {
+        let mut conn = db.pool().acquire().await?;
+        let order = super::orders::load(&mut conn, db.schema(), order_id).await?;
+        return Ok(order.map(|o| OrderPayment {
+            status: o.status.as_str().to_string(),
+            merchant_id: o.merchant,
+            payment_ref: o.payment_ref,
+            total_cents: o.total_cents,
+        }));
+    }
     let Some(row) = db
         .backend()
         .query("SELECT status, merchant_id, payment_ref, total_cents FROM orders WHERE id = ?")

@@ -70,18 +70,24 @@ pub async fn delete_batch(
     cutoff_ms: i64,
     batch: u32,
 ) -> Result<u64, DbError> {
-    let pending = if rule.of_order {
-        format!(" AND {NOT_OF_A_PENDING_ORDER}")
-    } else {
-        String::new()
+    // On a shop's schema the order is the shop's row: the profile says what pending means.
+    let mapped = db.schema().mapped().map(|m| m.pending_exists("t.order_id"));
+    let pending = match (rule.of_order, &mapped) {
+        (false, _) => String::new(),
+        (true, None) => format!(" AND {NOT_OF_A_PENDING_ORDER}"),
+        (true, Some(exists)) => format!(" AND NOT {}", exists.sql),
     };
-    let ids: Vec<i64> = db
+    let mut q = db
         .backend()
         .query_owned(format!(
             "SELECT t.id FROM {} t WHERE {}{pending} ORDER BY t.id LIMIT ?",
             rule.table, rule.condition
         ))
-        .bind(cutoff_ms)
+        .bind(cutoff_ms);
+    if let (true, Some(exists)) = (rule.of_order, mapped) {
+        q = exists.bind_onto(q);
+    }
+    let ids: Vec<i64> = q
         .bind(i64::from(batch))
         .fetch_all(db.pool())
         .await?

@@ -37,6 +37,9 @@ pub async fn overdue_orders(
     margin_ms: i64,
     limit: i64,
 ) -> Result<Vec<OverdueOrder>, DbError> {
+    if let Some(m) = db.schema().mapped() {
+        return m.overdue_orders(db, now_ms, margin_ms, limit).await;
+    }
     let rows = db
         .backend()
         .query(

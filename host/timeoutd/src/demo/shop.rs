@@ -111,7 +111,13 @@ impl Shop {
                 tokio::time::sleep(Duration::from_millis(wait)).await;
                 let paid_at = db.now_ms().await?;
                 let mut tx = db.begin().await?;
-                orders::pay(&mut tx, &order.id, paid_at).await?;
+                orders::pay(
+                    &mut tx,
+                    &crate::db::shop::Schema::Canonical,
+                    &order.id,
+                    paid_at,
+                )
+                .await?;
                 tx.commit().await?;
                 anyhow::Ok(())
             });

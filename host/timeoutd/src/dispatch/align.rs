@@ -136,8 +136,19 @@ impl Dispatcher {
         now_ms: i64,
     ) -> Result<Outcome, DbError> {
         let paid_at_ms = payment.paid_at_ms.unwrap_or(now_ms);
+        if self.db.schema().mapped().is_some() {
+            // The shop's own payment service records the payment on its tables; the order is
+            // not closed. The sweep asks again if it stays pending.
+            let reason = "the provider says paid: left to the shop's payment service".to_string();
+            if let Some(row) = trigger.row() {
+                let mut tx = self.db.begin().await?;
+                outbox::finish(&mut tx, row, now_ms, Some(&reason)).await?;
+                tx.commit().await?;
+            }
+            return Ok(Outcome::NoOp { reason });
+        }
         let mut tx = self.db.begin().await?;
-        if !orders::pay(&mut tx, &order.id, paid_at_ms).await? {
+        if !orders::pay(&mut tx, self.db.schema(), &order.id, paid_at_ms).await? {
             tx.rollback().await?;
             let reason = "order left PENDING before it could be aligned".to_string();
             if let Some(row) = trigger.row() {

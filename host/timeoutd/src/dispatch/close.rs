@@ -9,8 +9,10 @@ use std::collections::{BTreeMap, HashSet};
 use timeoutd_runtime::model::{Decision, Effect};
 
 use super::{Decided, Dispatcher, Outcome, Ready};
+use crate::db::shop::mapped::PointsBack;
 use crate::db::{DbError, WriteTx, journal, ledger, orders, outbox};
 use crate::events::{Event, emit};
+use crate::kinds::LedgerKind;
 
 /// What the close transaction does with one effect. Exhaustive over [`Effect`]: a new kind of
 /// effect does not compile until it is given its part here, and [`crate::kinds::home`] says the
@@ -115,6 +117,36 @@ impl<'a> Decided<'a> {
     }
 }
 
+impl<'a> Decided<'a> {
+    /// The ledger row of the points a close gave back (`return-points`, a host kind carried out
+    /// in the close transaction), after the plugin's effects (`index`).
+    pub(super) fn points_entry(&self, index: usize, back: &PointsBack) -> ledger::NewEntry<'a> {
+        let (status, note) = match back.applied {
+            true => (ledger::DONE, None),
+            false => (
+                ledger::FAILED,
+                Some(format!("no points row for buyer `{}`", back.member)),
+            ),
+        };
+        ledger::NewEntry {
+            order_id: &self.order.id,
+            merchant_id: &self.order.merchant,
+            phase: self.trigger.phase,
+            index: index as u32,
+            kind: LedgerKind::ReturnPoints.as_str(),
+            payload: serde_json::json!({
+                "kind": LedgerKind::ReturnPoints.as_str(),
+                "member": back.member,
+                "points": back.points,
+            })
+            .to_string(),
+            status,
+            note,
+            key: None,
+        }
+    }
+}
+
 /// Whether `effect` is carried out outside the database (by the ledger executor).
 pub(super) fn is_external(effect: &Effect) -> bool {
     in_close(effect) == InClose::External
@@ -175,8 +207,9 @@ impl Dispatcher {
             .collect();
         let ids: Vec<&str> = group.iter().map(|r| r.order.id.as_str()).collect();
         let backend = self.db.backend();
+        let schema = self.db.schema();
         let mut tx = self.db.begin().await?;
-        let locked: HashSet<String> = orders::lock_pending(&mut tx, &ids, Some(now_ms))
+        let locked: HashSet<String> = orders::lock_pending(&mut tx, schema, &ids, Some(now_ms))
             .await?
             .into_iter()
             .collect();
@@ -187,7 +220,7 @@ impl Dispatcher {
             .filter(|&k| !won[k])
             .map(|k| ids[k])
             .collect();
-        let leases = orders::live_leases(&mut tx, &lost, now_ms).await?;
+        let leases = orders::live_leases(&mut tx, schema, &lost, now_ms).await?;
         let held = |k: usize| leases.get(ids[k]).copied();
         let closing = || (0..group.len()).filter(|&k| won[k]);
         // Stock: one statement per SKU, in SKU order (two groups never deadlock on stock rows).
@@ -195,21 +228,23 @@ impl Dispatcher {
         // sale's groups all touch the same few) is stamped after the wait: the orders it won
         // are already locked by `lock_pending`.
         let mut per_sku: BTreeMap<&str, i64> = BTreeMap::new();
-        let mut coupons: Vec<(&str, &str)> = Vec::new();
+        let mut coupons: Vec<(&str, &str, &str)> = Vec::new();
         for k in closing() {
             for effect in cancels[k].1 {
                 match in_close(effect) {
                     InClose::Stock { sku, quantity } => {
                         *per_sku.entry(sku).or_default() += i64::from(quantity)
                     }
-                    InClose::Coupon { coupon } => coupons.push((coupon, ids[k])),
+                    InClose::Coupon { coupon } => {
+                        coupons.push((coupon, ids[k], group[k].order.user.as_str()))
+                    }
                     InClose::External => {}
                 }
             }
         }
         let mut missing_skus: HashSet<&str> = HashSet::new();
         for (sku, units) in &per_sku {
-            if !orders::restore_units(&mut tx, sku, *units).await? {
+            if !orders::restore_units(&mut tx, schema, sku, *units).await? {
                 missing_skus.insert(sku);
             }
         }
@@ -220,7 +255,7 @@ impl Dispatcher {
         let stamps: Vec<(&str, orders::CloseStamp<'_>)> = closing()
             .map(|k| (ids[k], decided[k].close_stamp(cancels[k].0)))
             .collect();
-        let changed = orders::close_many(&mut tx, &stamps, written_ms).await?;
+        let changed = orders::close_many(&mut tx, schema, &stamps, written_ms).await?;
         if changed != stamps.len() as u64 {
             return Err(DbError::BadRow {
                 table: "orders",
@@ -230,14 +265,21 @@ impl Dispatcher {
                 ),
             });
         }
-        let released = orders::release_coupons(&mut tx, &coupons).await?;
+        let released = orders::release_coupons(&mut tx, schema, &coupons).await?;
+        let closed_ids: Vec<&str> = closing().map(|k| ids[k]).collect();
+        let points = orders::return_points(&mut tx, schema, &closed_ids).await?;
         let applied = |_: usize, e: &Effect| match in_close(e) {
             InClose::Stock { sku, .. } => !missing_skus.contains(sku),
             InClose::Coupon { coupon } => released.contains(coupon),
             InClose::External => false,
         };
         let entries: Vec<_> = closing()
-            .flat_map(|k| decided[k].ledger_entries(cancels[k].1, applied))
+            .flat_map(|k| {
+                let back = points.iter().find(|p| p.order == ids[k]);
+                let mut rows = decided[k].ledger_entries(cancels[k].1, applied);
+                rows.extend(back.map(|p| decided[k].points_entry(cancels[k].1.len(), p)));
+                rows
+            })
             .collect();
         ledger::record_many(&mut tx, backend, &entries, written_ms).await?;
         let records: Vec<journal::DecisionRecord<'_>> = (0..group.len())
@@ -304,7 +346,6 @@ mod tests {
     use timeoutd_runtime::model::{EffectKind, Notice};
 
     use super::*;
-    use crate::kinds::LedgerKind;
 
     /// An effect of `kind` (exhaustive: a new kind is added here too).
     fn sample(kind: EffectKind) -> Effect {

@@ -76,7 +76,7 @@ impl Dispatcher {
     ) -> Result<HashMap<String, Order>, DbError> {
         let ids: Vec<&str> = triggers.iter().map(|t| t.order_id.as_str()).collect();
         let mut conn = self.db.pool().acquire().await?;
-        orders::load_many(&mut conn, &ids).await
+        orders::load_many(&mut conn, self.db.schema(), &ids).await
     }
 
     /// [`Dispatcher::handle_group`] on orders loaded already (`found`, from

@@ -102,7 +102,7 @@ impl Dispatcher {
         let ids: Vec<&str> = group.iter().map(|r| r.order.id.as_str()).collect();
         let backend = self.db.backend();
         let mut tx = self.db.begin().await?;
-        let pending: HashSet<String> = orders::lock_pending(&mut tx, &ids, None)
+        let pending: HashSet<String> = orders::lock_pending(&mut tx, self.db.schema(), &ids, None)
             .await?
             .into_iter()
             .collect();

@@ -187,7 +187,7 @@ async fn input_of(
             .map_err(|e| format!("unreadable recorded input: {e}")));
     }
     let mut conn = db.pool().acquire().await?;
-    let Some(mut order) = orders::load(&mut conn, &row.order_id).await? else {
+    let Some(mut order) = orders::load(&mut conn, db.schema(), &row.order_id).await? else {
         return Ok(Err("the order no longer exists".into()));
     };
     order.status = OrderStatus::Pending;

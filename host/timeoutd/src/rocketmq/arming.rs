@@ -87,7 +87,7 @@ impl ArmListener {
     pub async fn local_transaction(&self, order_id: &str) -> Armed {
         let result: Result<Armed, DbError> = async {
             let mut tx = self.db.begin().await?;
-            let Some(order) = orders::load(&mut tx, order_id).await? else {
+            let Some(order) = orders::load(&mut tx, self.db.schema(), order_id).await? else {
                 tx.rollback().await?;
                 return Ok(Armed::RolledBack);
             };
@@ -119,7 +119,7 @@ impl ArmListener {
         let verdict = async {
             let now_ms = self.clock.now_ms(&self.db).await?;
             let mut conn = self.db.pool().acquire().await?;
-            let Some(order) = orders::load(&mut conn, order_id).await? else {
+            let Some(order) = orders::load(&mut conn, self.db.schema(), order_id).await? else {
                 return Ok::<_, DbError>(CheckVerdict::Rollback);
             };
             drop(conn);

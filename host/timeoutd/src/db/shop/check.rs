@@ -1,0 +1,282 @@
+//! A compiled profile checked against the live schema (`information_schema`): every table and
+//! column it names exists with a type its form can read, and the index the sweep needs is
+//! there. Start-up refuses a profile with problems (each named); `timeoutd doctor` reports them
+//! and the index advice.
+
+use std::collections::HashMap;
+
+use sqlx::Row;
+
+use super::mapped::Mapped;
+use super::profile::{Deadline, IdType, MerchantSpec, MoneyKind, StatusValue, TimeKind};
+use crate::db::{Db, DbError};
+
+/// What the live schema says about a profile.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// What makes the profile unusable here (a missing table or column, a type its form
+    /// cannot read), each naming the profile key, table and column.
+    pub problems: Vec<String>,
+    /// What works but costs (the sweep's index), with the statement that fixes it.
+    pub advice: Vec<String>,
+}
+
+/// The kinds of column type a profile key accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Want {
+    /// Anything.
+    Any,
+    /// An integer type.
+    Integer,
+    /// `DATETIME` or `TIMESTAMP`.
+    DateTime,
+    /// `DECIMAL` / `NUMERIC`.
+    Decimal,
+    /// `CHAR`, `VARCHAR`, `TEXT`.
+    Text,
+}
+
+impl Want {
+    fn accepts(self, data_type: &str) -> bool {
+        let t = data_type.to_ascii_lowercase();
+        match self {
+            Want::Any => true,
+            Want::Integer => t.ends_with("int"),
+            Want::DateTime => t == "datetime" || t == "timestamp",
+            Want::Decimal => t == "decimal" || t == "numeric",
+            Want::Text => t.contains("char") || t.ends_with("text"),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Want::Any => "any type",
+            Want::Integer => "an integer type",
+            Want::DateTime => "DATETIME or TIMESTAMP",
+            Want::Decimal => "DECIMAL",
+            Want::Text => "a character type",
+        }
+    }
+}
+
+/// Checks `m` against the server `db` is connected to.
+///
+/// # Errors
+/// [`DbError::Sql`] when `information_schema` cannot be read.
+pub async fn check(db: &Db, m: &Mapped) -> Result<Report, DbError> {
+    let p = m.profile();
+    let o = &p.orders;
+    let time = match p.time.kind {
+        TimeKind::Datetime => Want::DateTime,
+        TimeKind::EpochS | TimeKind::EpochMs => Want::Integer,
+    };
+    let money = match p.money.kind {
+        MoneyKind::DecimalYuan => Want::Decimal,
+        MoneyKind::Cents => Want::Integer,
+    };
+    let id = match o.id_type {
+        IdType::Bigint => Want::Integer,
+        IdType::Text => Want::Text,
+    };
+    let status = match &o.closed {
+        StatusValue::Int(_) => Want::Integer,
+        StatusValue::Text(_) => Want::Text,
+    };
+    // (profile key, table, column, what it must be)
+    let mut wanted: Vec<(String, &str, &str, Want)> = vec![
+        ("orders.id".into(), &o.table, &o.id, id),
+        ("orders.user".into(), &o.table, &o.user, Want::Any),
+        ("orders.status".into(), &o.table, &o.status, status),
+        ("orders.created".into(), &o.table, &o.created, time),
+        ("orders.total".into(), &o.table, &o.total, money),
+        (
+            "items.order".into(),
+            &p.items.table,
+            &p.items.order,
+            Want::Any,
+        ),
+        ("items.sku".into(), &p.items.table, &p.items.sku, Want::Any),
+        (
+            "items.quantity".into(),
+            &p.items.table,
+            &p.items.quantity,
+            Want::Integer,
+        ),
+        (
+            "items.unit_price".into(),
+            &p.items.table,
+            &p.items.unit_price,
+            money,
+        ),
+        (
+            "items.line".into(),
+            &p.items.table,
+            &p.items.line,
+            Want::Any,
+        ),
+        ("stock.sku".into(), &p.stock.table, &p.stock.sku, Want::Any),
+        (
+            "stock.column".into(),
+            &p.stock.table,
+            &p.stock.column,
+            Want::Integer,
+        ),
+    ];
+    let optional = [
+        ("orders.coupon", &o.coupon, Want::Any),
+        ("orders.points", &o.points, Want::Integer),
+        ("orders.payment_ref", &o.payment_ref, Want::Any),
+        ("orders.modified", &o.modified, time),
+    ];
+    for (key, column, want) in optional {
+        if let Some(c) = column {
+            wanted.push((key.into(), &o.table, c, want));
+        }
+    }
+    if let MerchantSpec::Column(c) = &o.merchant {
+        wanted.push(("orders.merchant.column".into(), &o.table, c, Want::Any));
+    }
+    if let Some(d) = &o.soft_delete {
+        wanted.push((
+            "orders.soft_delete.column".into(),
+            &o.table,
+            &d.column,
+            Want::Any,
+        ));
+    }
+    match m.deadline() {
+        Deadline::Column(c) => wanted.push(("deadline.column".into(), &o.table, c, time)),
+        Deadline::Settings(s) => {
+            wanted.push((
+                "deadline.settings.column".into(),
+                &s.table,
+                &s.column,
+                Want::Integer,
+            ));
+            wanted.push(("deadline.settings.key".into(), &s.table, &s.key, Want::Any));
+        }
+        Deadline::Window(_) => {}
+    }
+    if let Some(c) = &p.coupon {
+        for (k, col, want) in [
+            ("row", &c.row, Want::Integer),
+            ("coupon", &c.coupon, Want::Any),
+            ("holder", &c.holder, Want::Any),
+            ("status", &c.status, Want::Any),
+        ] {
+            wanted.push((format!("coupon.{k}"), &c.table, col, want));
+        }
+    }
+    if let Some(pt) = &p.points {
+        wanted.push(("points.member".into(), &pt.table, &pt.member, Want::Any));
+        wanted.push(("points.column".into(), &pt.table, &pt.column, Want::Integer));
+    }
+
+    let schema_of = "COALESCE(?, DATABASE())";
+    let database = m.database().map(str::to_string);
+    let rows = db
+        .backend()
+        .query_owned(format!(
+            "SELECT TABLE_NAME, COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS \
+             WHERE TABLE_SCHEMA = {schema_of}"
+        ))
+        .bind(database.clone())
+        .fetch_all(db.pool())
+        .await?;
+    let mut columns: HashMap<(String, String), String> = HashMap::new();
+    for r in &rows {
+        let table: String = r.try_get(0)?;
+        let column: String = r.try_get(1)?;
+        let data_type: String = r.try_get(2)?;
+        columns.insert(
+            (table.to_ascii_lowercase(), column.to_ascii_lowercase()),
+            data_type,
+        );
+    }
+    let where_ = match &database {
+        Some(d) => format!("database `{d}`"),
+        None => "the database database.url names".to_string(),
+    };
+    let mut report = Report::default();
+    let mut missing_tables: Vec<&str> = Vec::new();
+    for (key, table, column, want) in &wanted {
+        let has_table = columns.keys().any(|(t, _)| t.eq_ignore_ascii_case(table));
+        if !has_table {
+            if !missing_tables.contains(table) {
+                missing_tables.push(table);
+                report
+                    .problems
+                    .push(format!("table `{table}` (from `{key}`) is not in {where_}"));
+            }
+            continue;
+        }
+        match columns.get(&(table.to_ascii_lowercase(), column.to_ascii_lowercase())) {
+            None => report
+                .problems
+                .push(format!("`{key}`: table `{table}` has no column `{column}`")),
+            Some(t) if !want.accepts(t) => report.problems.push(format!(
+                "`{key}`: `{table}`.`{column}` is {t}, the profile needs {}",
+                want.name()
+            )),
+            Some(_) => {}
+        }
+    }
+    if !report.problems.is_empty() {
+        return Ok(report);
+    }
+    // The sweep's index: the status, then the time it orders and bounds by.
+    let time_column = match m.deadline() {
+        Deadline::Column(c) => c.as_str(),
+        Deadline::Window(_) | Deadline::Settings(_) => o.created.as_str(),
+    };
+    let index = db
+        .backend()
+        .query_owned(format!(
+            "SELECT INDEX_NAME, SEQ_IN_INDEX, COLUMN_NAME FROM information_schema.STATISTICS \
+             WHERE TABLE_SCHEMA = {schema_of} AND TABLE_NAME = ?"
+        ))
+        .bind(database.clone())
+        .bind(o.table.clone())
+        .fetch_all(db.pool())
+        .await?;
+    let mut by_index: HashMap<String, Vec<(i64, String)>> = HashMap::new();
+    for r in &index {
+        let name: String = r.try_get(0)?;
+        let seq: i64 = r.try_get(1)?;
+        let column: String = r.try_get(2)?;
+        by_index.entry(name).or_default().push((seq, column));
+    }
+    let has = by_index.values_mut().any(|cols| {
+        cols.sort();
+        let names: Vec<&str> = cols.iter().map(|(_, c)| c.as_str()).collect();
+        names.len() >= 2
+            && names[0].eq_ignore_ascii_case(&o.status)
+            && names[1].eq_ignore_ascii_case(time_column)
+    });
+    if !has {
+        let rows: Option<i64> = db
+            .backend()
+            .query_owned(format!(
+                "SELECT CAST(TABLE_ROWS AS SIGNED) FROM information_schema.TABLES \
+                 WHERE TABLE_SCHEMA = {schema_of} AND TABLE_NAME = ?"
+            ))
+            .bind(database)
+            .bind(o.table.clone())
+            .fetch_optional(db.pool())
+            .await?
+            .map(|r| r.try_get(0))
+            .transpose()?
+            .flatten();
+        report.advice.push(format!(
+            "`{table}` has no index on ({status}, {time_column}): each sweep round, overdue \
+             gauge and overdue list reads every one of its rows (about {rows} now) to find the \
+             few pending ones. Create it once, online: CREATE INDEX idx_timeoutd_sweep ON {qualified} \
+             ({status}, {time_column}) (docs/adoption.md)",
+            table = o.table,
+            status = o.status,
+            rows = rows.unwrap_or(0),
+            qualified = m.orders_table(),
+        ));
+    }
+    Ok(report)
+}

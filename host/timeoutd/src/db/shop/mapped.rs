@@ -1,0 +1,927 @@
+//! A [`Profile`] compiled for one database: its names quoted and qualified once, and every
+//! statement a close, a load, the sweep and the gauges need on the shop's tables. Values are
+//! always bound (`?`), never written into the text.
+//!
+//! MariaDB/MySQL only in this version (the shops the seeds describe, mall among them, run on
+//! it): ids and keys are bound as text or integers and the server converts them to the column's
+//! type, keeping its indexes usable. A profile on another backend is refused at start-up.
+
+use std::collections::{HashMap, HashSet};
+
+use sqlx::{AnyConnection, Row};
+use timeoutd_runtime::model::{Order, OrderItem, OrderStatus};
+
+use super::convert::{MoneyForm, Stored, TimeForm, cents_of_decimal};
+use super::profile::{
+    Deadline, IdType, MerchantSpec, Profile, StatusValue, StockRelease, is_identifier,
+};
+use crate::db::outbox::Orphan;
+use crate::db::views::OverdueOrder;
+use crate::db::{Backend, Db, DbError};
+
+/// A value bound to a `?`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bind {
+    /// An integer.
+    Int(i64),
+    /// Text.
+    Text(String),
+}
+
+impl From<&StatusValue> for Bind {
+    fn from(v: &StatusValue) -> Bind {
+        match v {
+            StatusValue::Int(n) => Bind::Int(*n),
+            StatusValue::Text(s) => Bind::Text(s.clone()),
+        }
+    }
+}
+
+impl From<Stored> for Bind {
+    fn from(v: Stored) -> Bind {
+        match v {
+            Stored::Int(n) => Bind::Int(n),
+            Stored::Text(s) => Bind::Text(s),
+        }
+    }
+}
+
+/// A statement being written: its text with `?` markers and the values they bind, in order.
+#[derive(Debug, Clone, Default)]
+pub struct Stmt {
+    /// The SQL.
+    pub sql: String,
+    /// The values of its markers.
+    pub binds: Vec<Bind>,
+}
+
+impl Stmt {
+    fn new(sql: impl Into<String>) -> Stmt {
+        Stmt {
+            sql: sql.into(),
+            binds: Vec::new(),
+        }
+    }
+
+    /// Appends SQL text (timeoutd's own fragments and quoted names only).
+    pub fn push(&mut self, sql: &str) -> &mut Stmt {
+        self.sql.push_str(sql);
+        self
+    }
+
+    /// Appends one `?` bound to `value`.
+    pub fn bind(&mut self, value: impl Into<Bind>) -> &mut Stmt {
+        self.sql.push('?');
+        self.binds.push(value.into());
+        self
+    }
+
+    /// Appends `(?, ?, …)` bound to `values` (`(NULL)` when empty, which matches nothing).
+    fn bind_list(&mut self, values: impl IntoIterator<Item = Bind>) -> &mut Stmt {
+        let values: Vec<Bind> = values.into_iter().collect();
+        if values.is_empty() {
+            return self.push("(NULL)");
+        }
+        self.push("(");
+        for (k, v) in values.into_iter().enumerate() {
+            if k > 0 {
+                self.push(", ");
+            }
+            self.bind(v);
+        }
+        self.push(")")
+    }
+
+    /// Binds this fragment's values onto `q`, whose text holds this fragment's markers next.
+    pub fn bind_onto<'q>(
+        self,
+        mut q: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
+    ) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
+        for b in self.binds {
+            q = match b {
+                Bind::Int(n) => q.bind(n),
+                Bind::Text(s) => q.bind(s),
+            };
+        }
+        q
+    }
+
+    /// The statement with its values bound, ready to run.
+    pub fn query<'q>(self) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
+        let q = Backend::MySql.query_owned(self.sql.clone());
+        self.bind_onto(q)
+    }
+}
+
+impl From<i64> for Bind {
+    fn from(n: i64) -> Bind {
+        Bind::Int(n)
+    }
+}
+
+impl From<&str> for Bind {
+    fn from(s: &str) -> Bind {
+        Bind::Text(s.to_string())
+    }
+}
+
+/// `name` quoted for MySQL (profiles allow only plain identifiers, so no escaping is needed).
+fn quote(name: &str) -> String {
+    debug_assert!(is_identifier(name), "{name}");
+    format!("`{name}`")
+}
+
+/// A compiled profile.
+#[derive(Debug, Clone)]
+pub struct Mapped {
+    profile: Profile,
+    /// The database holding the shop's tables, when not the one the URL names.
+    database: Option<String>,
+    time: TimeForm,
+    money: MoneyForm,
+    deadline: Deadline,
+    /// `` `db`.`oms_order` `` and the other tables, qualified when the shop's tables live in
+    /// another database than timeoutd's.
+    orders: String,
+    items: String,
+    stock: String,
+    coupon: Option<String>,
+    points: Option<String>,
+    settings: Option<String>,
+}
+
+/// A column of alias `a` (the order table's alias in every statement here).
+fn col(name: &str) -> String {
+    format!("a.{}", quote(name))
+}
+
+impl Mapped {
+    /// Compiles `profile` for a database of `backend`, its tables in `database` (another
+    /// database of the same server) or, when `None`, in the one the URL names.
+    ///
+    /// # Errors
+    /// Every problem of the profile, or that `backend` is not MySQL/MariaDB.
+    pub fn compile(
+        profile: Profile,
+        database: Option<&str>,
+        backend: Backend,
+    ) -> Result<Mapped, Vec<String>> {
+        let mut problems = profile.problems();
+        if backend != Backend::MySql {
+            problems.push(format!(
+                "schema profile `{}`: shop schemas run on MariaDB/MySQL in this version; \
+                 database.url is {backend:?}",
+                profile.name
+            ));
+        }
+        if let Some(db) = database
+            && !is_identifier(db)
+        {
+            problems.push(format!(
+                "`database.shop.database` = `{db}` is not a plain database name"
+            ));
+        }
+        let (Ok(time), Ok(deadline)) = (profile.time_form(), profile.deadline()) else {
+            return Err(problems);
+        };
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        let table = |t: &str| match database {
+            Some(db) => format!("{}.{}", quote(db), quote(t)),
+            None => quote(t),
+        };
+        Ok(Mapped {
+            orders: table(&profile.orders.table),
+            items: table(&profile.items.table),
+            stock: table(&profile.stock.table),
+            coupon: profile.coupon.as_ref().map(|c| table(&c.table)),
+            points: profile.points.as_ref().map(|p| table(&p.table)),
+            settings: profile.deadline.settings.as_ref().map(|s| table(&s.table)),
+            database: database.map(str::to_string),
+            money: profile.money_form(),
+            time,
+            deadline,
+            profile,
+        })
+    }
+
+    /// The profile's name.
+    pub fn name(&self) -> &str {
+        &self.profile.name
+    }
+
+    /// The profile.
+    pub fn profile(&self) -> &Profile {
+        &self.profile
+    }
+
+    /// The database holding the shop's tables, when not the one the URL names.
+    pub fn database(&self) -> Option<&str> {
+        self.database.as_deref()
+    }
+
+    /// How the deadline is found.
+    pub fn deadline(&self) -> &Deadline {
+        &self.deadline
+    }
+
+    /// The qualified order table, as statements name it.
+    pub fn orders_table(&self) -> &str {
+        &self.orders
+    }
+
+    /// An order id as bound: an integer for `BIGINT` ids; `None` when `id` is not one (no such
+    /// order can exist).
+    fn id_bind(&self, id: &str) -> Option<Bind> {
+        match self.profile.orders.id_type {
+            IdType::Bigint => id.trim().parse::<i64>().ok().map(Bind::Int),
+            IdType::Text => Some(Bind::Text(id.to_string())),
+        }
+    }
+
+    /// `expr` read as text.
+    fn text(expr: &str) -> String {
+        format!("CAST({expr} AS CHAR)")
+    }
+
+    /// `expr` read as a 64-bit integer.
+    fn int(expr: &str) -> String {
+        format!("CAST({expr} AS SIGNED)")
+    }
+
+    /// The order's id as text (what triggers, the outbox and the ledger hold).
+    fn id_text(&self) -> String {
+        Self::text(&col(&self.profile.orders.id))
+    }
+
+    /// A time column read for [`Mapped::read_time`].
+    fn time_read(&self, expr: &str) -> String {
+        if self.time.is_text() {
+            Self::text(expr)
+        } else {
+            Self::int(expr)
+        }
+    }
+
+    /// A money column read for [`Mapped::read_money`].
+    fn money_read(&self, expr: &str) -> String {
+        match self.money {
+            MoneyForm::DecimalYuan => Self::text(expr),
+            MoneyForm::Cents => Self::int(expr),
+        }
+    }
+
+    fn read_time(&self, row: &sqlx::any::AnyRow, name: &str) -> Result<Option<i64>, DbError> {
+        let bad = |detail: String| DbError::BadRow {
+            table: "orders (schema profile)",
+            detail,
+        };
+        if self.time.is_text() {
+            let text: Option<String> = row.try_get(name)?;
+            text.map(|t| self.time.read_text(&t).map_err(bad))
+                .transpose()
+        } else {
+            let n: Option<i64> = row.try_get(name)?;
+            Ok(n.map(|n| self.time.read_int(n)))
+        }
+    }
+
+    fn read_money(&self, row: &sqlx::any::AnyRow, name: &str) -> Result<i64, DbError> {
+        Ok(match self.money {
+            MoneyForm::DecimalYuan => {
+                let text: Option<String> = row.try_get(name)?;
+                match text {
+                    Some(t) => cents_of_decimal(&t).map_err(|detail| DbError::BadRow {
+                        table: "orders (schema profile)",
+                        detail,
+                    })?,
+                    None => 0,
+                }
+            }
+            MoneyForm::Cents => row.try_get::<Option<i64>, _>(name)?.unwrap_or(0),
+        })
+    }
+
+    /// A comparison of `expr` (a time column) with `ms` in the column's form.
+    fn time_at_most(&self, s: &mut Stmt, expr: &str, ms: i64) {
+        s.push(expr).push(" <= ");
+        match self.time.store(ms) {
+            Stored::Text(t) => {
+                s.push("CAST(").bind(Bind::Text(t)).push(" AS DATETIME)");
+            }
+            Stored::Int(n) => {
+                s.bind(n);
+            }
+        }
+    }
+
+    /// The payment window in ms (`None` when the deadline is a column): fixed, or read from the
+    /// settings row now.
+    ///
+    /// # Errors
+    /// [`DbError::BadRow`] when the settings row or its value is missing or not positive.
+    pub async fn window_ms(&self, conn: &mut AnyConnection) -> Result<Option<i64>, DbError> {
+        match &self.deadline {
+            Deadline::Column(_) => Ok(None),
+            Deadline::Window(ms) => Ok(Some(*ms)),
+            Deadline::Settings(w) => {
+                let mut s = Stmt::new(format!(
+                    "SELECT {} FROM {} WHERE {} = ",
+                    Self::int(&quote(&w.column)),
+                    self.settings.as_deref().unwrap_or_default(),
+                    quote(&w.key)
+                ));
+                s.bind(&w.key_value);
+                let value: Option<i64> = match s.query().fetch_optional(&mut *conn).await? {
+                    Some(row) => row.try_get(0)?,
+                    None => None,
+                };
+                match value {
+                    Some(n) if n > 0 => Ok(Some(n * w.unit.ms())),
+                    other => Err(DbError::BadRow {
+                        table: "deadline.settings",
+                        detail: format!(
+                            "{}.{} where {} = {} is {other:?}: the payment window must be a positive number",
+                            w.table,
+                            w.column,
+                            w.key,
+                            w.key_value.as_text()
+                        ),
+                    }),
+                }
+            }
+        }
+    }
+
+    /// ` AND <status> IN (pending…) [AND <live>]`.
+    fn pending(&self, s: &mut Stmt) {
+        let o = &self.profile.orders;
+        s.push(" AND ").push(&col(&o.status)).push(" IN ");
+        s.bind_list(o.pending.iter().map(Bind::from));
+        self.live(s);
+    }
+
+    /// ` AND <soft-delete column> = live` (nothing without a soft delete).
+    fn live(&self, s: &mut Stmt) {
+        if let Some(d) = &self.profile.orders.soft_delete {
+            s.push(" AND ")
+                .push(&col(&d.column))
+                .push(" = ")
+                .bind(&d.live);
+        }
+    }
+
+    /// ` AND <due at ms>`: the deadline column, or the created time plus `window`.
+    fn due(&self, s: &mut Stmt, ms: i64, window: Option<i64>) {
+        s.push(" AND ");
+        match (&self.deadline, window) {
+            (Deadline::Column(c), _) => self.time_at_most(s, &col(c), ms),
+            (_, Some(w)) => self.time_at_most(s, &col(&self.profile.orders.created), ms - w),
+            (_, None) => unreachable!("a window deadline is read before it is compared"),
+        }
+    }
+
+    /// ` AND <id> IN (…)` for `ids` (those that cannot be ids match nothing).
+    fn id_in(&self, s: &mut Stmt, ids: &[&str]) {
+        s.push(" AND ")
+            .push(&col(&self.profile.orders.id))
+            .push(" IN ");
+        s.bind_list(ids.iter().filter_map(|id| self.id_bind(id)));
+    }
+
+    /// The SELECT list of an order: `id, user_id, merchant_id, status, created, deadline, total,
+    /// coupon_id, payment_ref, points`.
+    fn order_columns(&self) -> String {
+        let o = &self.profile.orders;
+        let opt_text = |c: &Option<String>| match c {
+            Some(c) => Self::text(&col(c)),
+            None => "NULL".to_string(),
+        };
+        let merchant = match &o.merchant {
+            MerchantSpec::Column(c) => Self::text(&col(c)),
+            MerchantSpec::Fixed(_) => "NULL".to_string(),
+        };
+        let deadline = match &self.deadline {
+            Deadline::Column(c) => self.time_read(&col(c)),
+            Deadline::Window(_) | Deadline::Settings(_) => "NULL".to_string(),
+        };
+        let points = match &o.points {
+            Some(c) => Self::int(&col(c)),
+            None => "NULL".to_string(),
+        };
+        format!(
+            "{} AS id, {} AS user_id, {merchant} AS merchant_id, {} AS status, {} AS created, \
+             {deadline} AS deadline, {} AS total, {} AS coupon_id, {} AS payment_ref, \
+             {points} AS points",
+            self.id_text(),
+            Self::text(&col(&o.user)),
+            Self::text(&col(&o.status)),
+            self.time_read(&col(&o.created)),
+            self.money_read(&col(&o.total)),
+            opt_text(&o.coupon),
+            opt_text(&o.payment_ref),
+        )
+    }
+
+    /// The status a stored value reads as: pending, paid, or (anything else) closed.
+    fn status_of(&self, text: &str) -> OrderStatus {
+        let o = &self.profile.orders;
+        if o.pending.iter().any(|v| v.as_text() == text) {
+            OrderStatus::Pending
+        } else if o.paid.iter().any(|v| v.as_text() == text) {
+            OrderStatus::Paid
+        } else {
+            OrderStatus::Closed
+        }
+    }
+
+    /// An order of a row of [`Mapped::order_columns`], without its lines.
+    fn order_of(&self, row: &sqlx::any::AnyRow, window: Option<i64>) -> Result<Order, DbError> {
+        let id: String = row.try_get("id")?;
+        let created = self
+            .read_time(row, "created")?
+            .ok_or_else(|| DbError::BadRow {
+                table: "orders (schema profile)",
+                detail: format!("order `{id}` has no {}", self.profile.orders.created),
+            })?;
+        let deadline = match window {
+            Some(w) => created + w,
+            None => self
+                .read_time(row, "deadline")?
+                .ok_or_else(|| DbError::BadRow {
+                    table: "orders (schema profile)",
+                    detail: format!("order `{id}` has no deadline"),
+                })?,
+        };
+        let status: Option<String> = row.try_get("status")?;
+        let merchant = match &self.profile.orders.merchant {
+            MerchantSpec::Fixed(m) => m.clone(),
+            MerchantSpec::Column(_) => row
+                .try_get::<Option<String>, _>("merchant_id")?
+                .unwrap_or_default(),
+        };
+        Ok(Order {
+            status: self.status_of(status.as_deref().unwrap_or_default()),
+            merchant,
+            user: row
+                .try_get::<Option<String>, _>("user_id")?
+                .unwrap_or_default(),
+            created_at_ms: created,
+            deadline_ms: deadline,
+            total_cents: self.read_money(row, "total")?,
+            items: Vec::new(),
+            coupon: row.try_get("coupon_id")?,
+            flash_activity: None,
+            payment_ref: row.try_get("payment_ref")?,
+            id,
+        })
+    }
+
+    /// The orders among `ids` with their lines (by id); ids that are no order (or a
+    /// soft-deleted one) are left out.
+    ///
+    /// # Errors
+    /// [`DbError::Sql`] on query failure; [`DbError::BadRow`] for a row the profile cannot read
+    /// (a time that is not one, an amount with fractions of a cent, a line of no units).
+    pub async fn load_many(
+        &self,
+        conn: &mut AnyConnection,
+        ids: &[&str],
+    ) -> Result<HashMap<String, Order>, DbError> {
+        let mut found = HashMap::new();
+        if ids.iter().all(|id| self.id_bind(id).is_none()) {
+            return Ok(found);
+        }
+        let window = self.window_ms(conn).await?;
+        let mut s = Stmt::new(format!(
+            "SELECT {} FROM {} a WHERE 1 = 1",
+            self.order_columns(),
+            self.orders
+        ));
+        self.id_in(&mut s, ids);
+        self.live(&mut s);
+        for row in s.query().fetch_all(&mut *conn).await? {
+            let order = self.order_of(&row, window)?;
+            found.insert(order.id.clone(), order);
+        }
+        if found.is_empty() {
+            return Ok(found);
+        }
+        let i = &self.profile.items;
+        let order_col = format!("a.{}", quote(&i.order));
+        let mut s = Stmt::new(format!(
+            "SELECT {} AS order_id, {} AS sku, {} AS quantity, {} AS price FROM {} a WHERE {order_col} IN ",
+            Self::text(&order_col),
+            Self::text(&col(&i.sku)),
+            Self::int(&col(&i.quantity)),
+            self.money_read(&col(&i.unit_price)),
+            self.items,
+        ));
+        s.bind_list(found.keys().filter_map(|id| self.id_bind(id)));
+        s.push(&format!(" ORDER BY {order_col}, {}", col(&i.line)));
+        for r in s.query().fetch_all(&mut *conn).await? {
+            let order_id: String = r.try_get("order_id")?;
+            let quantity: Option<i64> = r.try_get("quantity")?;
+            let Some(order) = found.get_mut(&order_id) else {
+                continue;
+            };
+            let quantity = quantity
+                .and_then(|q| u32::try_from(q).ok())
+                .filter(|q| *q > 0)
+                .ok_or_else(|| DbError::BadRow {
+                    table: "items (schema profile)",
+                    detail: format!("order `{order_id}` has a line with quantity {quantity:?}"),
+                })?;
+            order.items.push(OrderItem {
+                sku: r.try_get::<Option<String>, _>("sku")?.unwrap_or_default(),
+                quantity,
+                unit_price_cents: self.read_money(&r, "price")?,
+            });
+        }
+        Ok(found)
+    }
+
+    /// The pending orders among `ids` (due by `deadline_by` when given), locked `FOR UPDATE` in
+    /// id order: exactly those the close then moves.
+    ///
+    /// # Errors
+    /// [`DbError::Sql`] on query failure.
+    pub async fn lock_pending(
+        &self,
+        conn: &mut AnyConnection,
+        ids: &[&str],
+        deadline_by: Option<i64>,
+    ) -> Result<Vec<String>, DbError> {
+        let mut s = Stmt::new(format!(
+            "SELECT {} FROM {} a WHERE 1 = 1",
+            self.id_text(),
+            self.orders
+        ));
+        self.id_in(&mut s, ids);
+        self.pending(&mut s);
+        if let Some(by) = deadline_by {
+            let window = self.window_ms(conn).await?;
+            self.due(&mut s, by, window);
+        }
+        s.push(&format!(
+            " ORDER BY {} FOR UPDATE",
+            col(&self.profile.orders.id)
+        ));
+        let rows = s.query().fetch_all(&mut *conn).await?;
+        rows.iter()
+            .map(|r| Ok(r.try_get::<String, _>(0)?))
+            .collect()
+    }
+
+    /// The compare-and-set of a group: `status` pending → closed (and the `modified` stamp)
+    /// where still pending, live and due at `now_ms`. Returns the rows matched.
+    ///
+    /// # Errors
+    /// [`DbError::Sql`] on query failure.
+    pub async fn close_many(
+        &self,
+        conn: &mut AnyConnection,
+        ids: &[&str],
+        now_ms: i64,
+    ) -> Result<u64, DbError> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let window = self.window_ms(conn).await?;
+        let o = &self.profile.orders;
+        let mut s = Stmt::new(format!(
+            "UPDATE {} a SET {} = ",
+            self.orders,
+            col(&o.status)
+        ));
+        s.bind(&o.closed);
+        if let Some(m) = &o.modified {
+            s.push(&format!(", {} = ", col(m)));
+            match self.time.store(now_ms) {
+                Stored::Text(t) => s.push("CAST(").bind(Bind::Text(t)).push(" AS DATETIME)"),
+                Stored::Int(n) => s.bind(n),
+            };
+        }
+        s.push(" WHERE 1 = 1");
+        self.id_in(&mut s, ids);
+        self.pending(&mut s);
+        self.due(&mut s, now_ms, window);
+        Ok(s.query().execute(&mut *conn).await?.rows_affected())
+    }
+
+    /// Gives `units` of `sku` back as `[stock]` says: `column - units` never below zero
+    /// (`unlock`), or `column + units` (`add`). Returns false when no row changed (no such SKU,
+    /// or the lock holds fewer units).
+    ///
+    /// # Errors
+    /// [`DbError::Sql`] on query failure.
+    pub async fn restore_units(
+        &self,
+        conn: &mut AnyConnection,
+        sku: &str,
+        units: i64,
+    ) -> Result<bool, DbError> {
+        let st = &self.profile.stock;
+        let c = col(&st.column);
+        let s = match st.release {
+            StockRelease::Unlock => {
+                let mut s = Stmt::new(format!(
+                    "UPDATE {} a SET {c} = COALESCE({c}, 0) - ",
+                    self.stock
+                ));
+                s.bind(units)
+                    .push(&format!(" WHERE {} = ", col(&st.sku)))
+                    .bind(sku)
+                    .push(&format!(" AND COALESCE({c}, 0) >= "))
+                    .bind(units);
+                s
+            }
+            StockRelease::Add => {
+                let mut s = Stmt::new(format!(
+                    "UPDATE {} a SET {c} = COALESCE({c}, 0) + ",
+                    self.stock
+                ));
+                s.bind(units)
+                    .push(&format!(" WHERE {} = ", col(&st.sku)))
+                    .bind(sku);
+                s
+            }
+        };
+        Ok(s.query().execute(&mut *conn).await?.rows_affected() >= 1)
+    }
+
+    /// Frees each `(coupon, order, holder)`: the holder's first row of the coupon still
+    /// `locked` becomes `available`. Returns the coupons freed; one with no such row is left
+    /// alone.
+    ///
+    /// # Errors
+    /// [`DbError::Sql`] on query failure.
+    pub async fn release_coupons(
+        &self,
+        conn: &mut AnyConnection,
+        releases: &[(&str, &str, &str)],
+    ) -> Result<HashSet<String>, DbError> {
+        let mut freed = HashSet::new();
+        let (Some(c), Some(table)) = (&self.profile.coupon, &self.coupon) else {
+            return Ok(freed);
+        };
+        for (coupon, _order, holder) in releases {
+            let mut s = Stmt::new(format!(
+                "SELECT {} FROM {table} a WHERE {} = ",
+                Self::int(&col(&c.row)),
+                col(&c.coupon)
+            ));
+            s.bind(*coupon)
+                .push(&format!(" AND {} = ", col(&c.holder)))
+                .bind(*holder)
+                .push(&format!(" AND {} = ", col(&c.status)))
+                .bind(&c.locked)
+                .push(&format!(" ORDER BY {} LIMIT 1 FOR UPDATE", col(&c.row)));
+            let Some(row) = s.query().fetch_optional(&mut *conn).await? else {
+                continue;
+            };
+            let id: i64 = row.try_get(0)?;
+            let mut s = Stmt::new(format!("UPDATE {table} a SET {} = ", col(&c.status)));
+            s.bind(&c.available)
+                .push(&format!(" WHERE {} = ", col(&c.row)))
+                .bind(id);
+            s.query().execute(&mut *conn).await?;
+            freed.insert(coupon.to_string());
+        }
+        Ok(freed)
+    }
+
+    /// Returns the points each of `ids` spent to its buyer (`[points]`), reading the amounts
+    /// under this transaction's locks. One [`PointsBack`] per order that spent any.
+    ///
+    /// # Errors
+    /// [`DbError::Sql`] on query failure.
+    pub async fn return_points(
+        &self,
+        conn: &mut AnyConnection,
+        ids: &[&str],
+    ) -> Result<Vec<PointsBack>, DbError> {
+        let (Some(spent), Some(p), Some(table)) = (
+            &self.profile.orders.points,
+            &self.profile.points,
+            &self.points,
+        ) else {
+            return Ok(Vec::new());
+        };
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut s = Stmt::new(format!(
+            "SELECT {} AS id, {} AS member, {} AS points FROM {} a WHERE 1 = 1",
+            self.id_text(),
+            Self::text(&col(&self.profile.orders.user)),
+            Self::int(&col(spent)),
+            self.orders
+        ));
+        self.id_in(&mut s, ids);
+        let mut back = Vec::new();
+        for row in s.query().fetch_all(&mut *conn).await? {
+            let points: Option<i64> = row.try_get("points")?;
+            let Some(points) = points.filter(|p| *p > 0) else {
+                continue;
+            };
+            let order: String = row.try_get("id")?;
+            let member: String = row
+                .try_get::<Option<String>, _>("member")?
+                .unwrap_or_default();
+            let c = col(&p.column);
+            let mut s = Stmt::new(format!("UPDATE {table} a SET {c} = COALESCE({c}, 0) + "));
+            s.bind(points)
+                .push(&format!(" WHERE {} = ", col(&p.member)))
+                .bind(member.as_str());
+            let applied = s.query().execute(&mut *conn).await?.rows_affected() >= 1;
+            back.push(PointsBack {
+                order,
+                member,
+                points,
+                applied,
+            });
+        }
+        Ok(back)
+    }
+
+    /// Pending, live orders due by `now - grace` with no live trigger in timeoutd's outbox
+    /// and no open dead letter (the sweep's rule, `db::outbox::find_orphans`, on the shop's
+    /// table), oldest first. A row the order service wrote due late counts as live here: shops
+    /// on a profile write no outbox rows of their own.
+    ///
+    /// # Errors
+    /// [`DbError::Sql`] on query failure.
+    pub async fn find_orphans(
+        &self,
+        db: &Db,
+        now_ms: i64,
+        grace_ms: i64,
+        batch: u32,
+        sources: [&str; 3],
+    ) -> Result<Vec<Orphan>, DbError> {
+        let mut conn = db.pool().acquire().await?;
+        let window = self.window_ms(&mut conn).await?;
+        let cutoff = now_ms - grace_ms;
+        let id = self.id_text();
+        let mut s = Stmt::new(format!(
+            "SELECT {id} AS id, (SELECT MAX(m.phase) FROM order_timeout_msg m WHERE m.order_id = {id}) AS phase, \
+             {} AS created, {} AS deadline FROM {} a WHERE 1 = 1",
+            self.time_read(&col(&self.profile.orders.created)),
+            match &self.deadline {
+                Deadline::Column(c) => self.time_read(&col(c)),
+                _ => "NULL".into(),
+            },
+            self.orders
+        ));
+        self.pending(&mut s);
+        self.due(&mut s, cutoff, window);
+        s.push(&format!(
+            " AND NOT EXISTS (SELECT 1 FROM order_timeout_msg m WHERE m.order_id = {id} \
+             AND m.status IN ('PENDING', 'SENT') AND (m.due_ms > "
+        ));
+        s.bind(cutoff)
+            .push(" OR m.claim_until_ms >= ")
+            .bind(now_ms)
+            .push(" OR m.source IN (")
+            .bind(sources[0])
+            .push(", ")
+            .bind(sources[1])
+            .push(")))");
+        s.push(&format!(
+            " AND NOT EXISTS (SELECT 1 FROM dead_letter d WHERE d.order_id = {id} \
+             AND d.status = 'OPEN' AND d.source <> "
+        ));
+        s.bind(sources[2]).push(")");
+        let order_by = match &self.deadline {
+            Deadline::Column(c) => col(c),
+            _ => col(&self.profile.orders.created),
+        };
+        s.push(&format!(" ORDER BY {order_by} LIMIT "))
+            .bind(i64::from(batch));
+        let rows = s.query().fetch_all(&mut *conn).await?;
+        rows.iter()
+            .map(|r| {
+                let created = self.read_time(r, "created")?.unwrap_or_default();
+                let deadline_ms = match window {
+                    Some(w) => created + w,
+                    None => self.read_time(r, "deadline")?.unwrap_or_default(),
+                };
+                Ok(Orphan {
+                    order_id: r.try_get("id")?,
+                    phase: r
+                        .try_get::<Option<i64>, _>("phase")?
+                        .unwrap_or(0)
+                        .clamp(0, u32::MAX as i64) as u32,
+                    deadline_ms,
+                })
+            })
+            .collect()
+    }
+
+    /// Pending, live orders due by `before_ms`, counted per merchant.
+    ///
+    /// # Errors
+    /// [`DbError::Sql`] on query failure.
+    pub async fn overdue_by_merchant(
+        &self,
+        db: &Db,
+        before_ms: i64,
+    ) -> Result<Vec<(String, i64)>, DbError> {
+        let mut conn = db.pool().acquire().await?;
+        let window = self.window_ms(&mut conn).await?;
+        let merchant = match &self.profile.orders.merchant {
+            MerchantSpec::Column(c) => Self::text(&col(c)),
+            MerchantSpec::Fixed(_) => "''".to_string(),
+        };
+        let mut s = Stmt::new(format!(
+            "SELECT {merchant} AS merchant, COUNT(*) AS n FROM {} a WHERE 1 = 1",
+            self.orders
+        ));
+        self.pending(&mut s);
+        self.due(&mut s, before_ms, window);
+        s.push(" GROUP BY 1 ORDER BY 1");
+        let rows = s.query().fetch_all(&mut *conn).await?;
+        rows.iter()
+            .map(|r| {
+                let merchant = match &self.profile.orders.merchant {
+                    MerchantSpec::Fixed(m) => m.clone(),
+                    MerchantSpec::Column(_) => {
+                        r.try_get::<Option<String>, _>(0)?.unwrap_or_default()
+                    }
+                };
+                Ok((merchant, r.try_get::<i64, _>(1)?))
+            })
+            .collect()
+    }
+
+    /// Pending, live orders due by `now - margin`, most overdue first, at most `limit`.
+    ///
+    /// # Errors
+    /// [`DbError::Sql`] on query failure.
+    pub async fn overdue_orders(
+        &self,
+        db: &Db,
+        now_ms: i64,
+        margin_ms: i64,
+        limit: i64,
+    ) -> Result<Vec<OverdueOrder>, DbError> {
+        let mut conn = db.pool().acquire().await?;
+        let window = self.window_ms(&mut conn).await?;
+        let id = self.id_text();
+        let mut s = Stmt::new(format!(
+            "SELECT {}, (SELECT MAX(d.reason) FROM dead_letter d WHERE d.order_id = {id} \
+             AND d.status = 'OPEN') AS dead_letter FROM {} a WHERE 1 = 1",
+            self.order_columns(),
+            self.orders
+        ));
+        self.pending(&mut s);
+        self.due(&mut s, now_ms - margin_ms, window);
+        let order_by = match &self.deadline {
+            Deadline::Column(c) => col(c),
+            _ => col(&self.profile.orders.created),
+        };
+        s.push(&format!(" ORDER BY {order_by} LIMIT ")).bind(limit);
+        let rows = s.query().fetch_all(&mut *conn).await?;
+        rows.iter()
+            .map(|r| {
+                let o = self.order_of(r, window)?;
+                Ok(OverdueOrder {
+                    overdue_ms: now_ms - o.deadline_ms,
+                    deadline_ms: o.deadline_ms,
+                    dead_letter: r.try_get("dead_letter")?,
+                    id: o.id,
+                    merchant: o.merchant,
+                    user: o.user,
+                })
+            })
+            .collect()
+    }
+
+    /// `EXISTS (…)`: the order whose id (as text) is `outer` is pending and live (what the
+    /// sweep's re-arm and retention ask of an order).
+    pub fn pending_exists(&self, outer: &str) -> Stmt {
+        let mut s = Stmt::new(format!(
+            "EXISTS (SELECT 1 FROM {} a WHERE {} = {outer}",
+            self.orders,
+            col(&self.profile.orders.id)
+        ));
+        self.pending(&mut s);
+        s.push(")");
+        s
+    }
+}
+
+/// Points an order spent, given back to its buyer by a close.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PointsBack {
+    /// The order.
+    pub order: String,
+    /// The buyer (`points.member`).
+    pub member: String,
+    /// Points.
+    pub points: i64,
+    /// Whether the buyer's row was there to take them.
+    pub applied: bool,
+}

@@ -1,0 +1,145 @@
+-- The tables of macrozheng/mall that an order's close reads and writes, with the column
+-- definitions of mall's document/sql/mall.sql (utf8, DATETIME in the shop's local time,
+-- DECIMAL yuan, no index on (status, create_time)). Written for timeoutd's tests; one
+-- statement per line group, separated by ';'.
+CREATE TABLE oms_order (
+  id bigint(20) NOT NULL AUTO_INCREMENT,
+  member_id bigint(20) NOT NULL,
+  coupon_id bigint(20) NULL DEFAULT NULL,
+  order_sn varchar(64) NULL DEFAULT NULL,
+  create_time datetime NULL DEFAULT NULL,
+  member_username varchar(64) NULL DEFAULT NULL,
+  total_amount decimal(10, 2) NULL DEFAULT NULL,
+  pay_amount decimal(10, 2) NULL DEFAULT NULL,
+  freight_amount decimal(10, 2) NULL DEFAULT NULL,
+  promotion_amount decimal(10, 2) NULL DEFAULT NULL,
+  integration_amount decimal(10, 2) NULL DEFAULT NULL,
+  coupon_amount decimal(10, 2) NULL DEFAULT NULL,
+  discount_amount decimal(10, 2) NULL DEFAULT NULL,
+  pay_type int(1) NULL DEFAULT NULL,
+  source_type int(1) NULL DEFAULT NULL,
+  status int(1) NULL DEFAULT NULL,
+  order_type int(1) NULL DEFAULT NULL,
+  delivery_company varchar(64) NULL DEFAULT NULL,
+  delivery_sn varchar(64) NULL DEFAULT NULL,
+  auto_confirm_day int(11) NULL DEFAULT NULL,
+  integration int(11) NULL DEFAULT NULL,
+  growth int(11) NULL DEFAULT NULL,
+  promotion_info varchar(100) NULL DEFAULT NULL,
+  bill_type int(1) NULL DEFAULT NULL,
+  bill_header varchar(200) NULL DEFAULT NULL,
+  bill_content varchar(200) NULL DEFAULT NULL,
+  bill_receiver_phone varchar(32) NULL DEFAULT NULL,
+  bill_receiver_email varchar(64) NULL DEFAULT NULL,
+  receiver_name varchar(100) NOT NULL,
+  receiver_phone varchar(32) NOT NULL,
+  receiver_post_code varchar(32) NULL DEFAULT NULL,
+  receiver_province varchar(32) NULL DEFAULT NULL,
+  receiver_city varchar(32) NULL DEFAULT NULL,
+  receiver_region varchar(32) NULL DEFAULT NULL,
+  receiver_detail_address varchar(200) NULL DEFAULT NULL,
+  note varchar(500) NULL DEFAULT NULL,
+  confirm_status int(1) NULL DEFAULT NULL,
+  delete_status int(1) NOT NULL DEFAULT 0,
+  use_integration int(11) NULL DEFAULT NULL,
+  payment_time datetime NULL DEFAULT NULL,
+  delivery_time datetime NULL DEFAULT NULL,
+  receive_time datetime NULL DEFAULT NULL,
+  comment_time datetime NULL DEFAULT NULL,
+  modify_time datetime NULL DEFAULT NULL,
+  PRIMARY KEY (id) USING BTREE
+) ENGINE = InnoDB CHARACTER SET = utf8 COLLATE = utf8_general_ci ROW_FORMAT = DYNAMIC;
+
+CREATE TABLE oms_order_item (
+  id bigint(20) NOT NULL AUTO_INCREMENT,
+  order_id bigint(20) NULL DEFAULT NULL,
+  order_sn varchar(64) NULL DEFAULT NULL,
+  product_id bigint(20) NULL DEFAULT NULL,
+  product_pic varchar(500) NULL DEFAULT NULL,
+  product_name varchar(200) NULL DEFAULT NULL,
+  product_brand varchar(200) NULL DEFAULT NULL,
+  product_sn varchar(64) NULL DEFAULT NULL,
+  product_price decimal(10, 2) NULL DEFAULT NULL,
+  product_quantity int(11) NULL DEFAULT NULL,
+  product_sku_id bigint(20) NULL DEFAULT NULL,
+  product_sku_code varchar(50) NULL DEFAULT NULL,
+  product_category_id bigint(20) NULL DEFAULT NULL,
+  promotion_name varchar(200) NULL DEFAULT NULL,
+  promotion_amount decimal(10, 2) NULL DEFAULT NULL,
+  coupon_amount decimal(10, 2) NULL DEFAULT NULL,
+  integration_amount decimal(10, 2) NULL DEFAULT NULL,
+  real_amount decimal(10, 2) NULL DEFAULT NULL,
+  gift_integration int(11) NULL DEFAULT 0,
+  gift_growth int(11) NULL DEFAULT 0,
+  product_attr varchar(500) NULL DEFAULT NULL,
+  PRIMARY KEY (id) USING BTREE
+) ENGINE = InnoDB CHARACTER SET = utf8 COLLATE = utf8_general_ci ROW_FORMAT = DYNAMIC;
+
+CREATE TABLE oms_order_setting (
+  id bigint(20) NOT NULL AUTO_INCREMENT,
+  flash_order_overtime int(11) NULL DEFAULT NULL,
+  normal_order_overtime int(11) NULL DEFAULT NULL,
+  confirm_overtime int(11) NULL DEFAULT NULL,
+  finish_overtime int(11) NULL DEFAULT NULL,
+  comment_overtime int(11) NULL DEFAULT NULL,
+  PRIMARY KEY (id) USING BTREE
+) ENGINE = InnoDB CHARACTER SET = utf8 COLLATE = utf8_general_ci ROW_FORMAT = DYNAMIC;
+
+CREATE TABLE pms_sku_stock (
+  id bigint(20) NOT NULL AUTO_INCREMENT,
+  product_id bigint(20) NULL DEFAULT NULL,
+  sku_code varchar(64) NOT NULL,
+  price decimal(10, 2) NULL DEFAULT NULL,
+  stock int(11) NULL DEFAULT 0,
+  low_stock int(11) NULL DEFAULT NULL,
+  pic varchar(255) NULL DEFAULT NULL,
+  sale int(11) NULL DEFAULT NULL,
+  promotion_price decimal(10, 2) NULL DEFAULT NULL,
+  lock_stock int(11) NULL DEFAULT 0,
+  sp_data varchar(500) NULL DEFAULT NULL,
+  PRIMARY KEY (id) USING BTREE
+) ENGINE = InnoDB CHARACTER SET = utf8 COLLATE = utf8_general_ci ROW_FORMAT = DYNAMIC;
+
+CREATE TABLE sms_coupon_history (
+  id bigint(20) NOT NULL AUTO_INCREMENT,
+  coupon_id bigint(20) NULL DEFAULT NULL,
+  member_id bigint(20) NULL DEFAULT NULL,
+  coupon_code varchar(64) NULL DEFAULT NULL,
+  member_nickname varchar(64) NULL DEFAULT NULL,
+  get_type int(1) NULL DEFAULT NULL,
+  create_time datetime NULL DEFAULT NULL,
+  use_status int(1) NULL DEFAULT NULL,
+  use_time datetime NULL DEFAULT NULL,
+  order_id bigint(20) NULL DEFAULT NULL,
+  order_sn varchar(100) NULL DEFAULT NULL,
+  PRIMARY KEY (id) USING BTREE,
+  INDEX idx_member_id (member_id) USING BTREE,
+  INDEX idx_coupon_id (coupon_id) USING BTREE
+) ENGINE = InnoDB CHARACTER SET = utf8 COLLATE = utf8_general_ci ROW_FORMAT = DYNAMIC;
+
+CREATE TABLE ums_member (
+  id bigint(20) NOT NULL AUTO_INCREMENT,
+  member_level_id bigint(20) NULL DEFAULT NULL,
+  username varchar(64) NULL DEFAULT NULL,
+  password varchar(64) NULL DEFAULT NULL,
+  nickname varchar(64) NULL DEFAULT NULL,
+  phone varchar(64) NULL DEFAULT NULL,
+  status int(1) NULL DEFAULT NULL,
+  create_time datetime NULL DEFAULT NULL,
+  icon varchar(500) NULL DEFAULT NULL,
+  gender int(1) NULL DEFAULT NULL,
+  birthday date NULL DEFAULT NULL,
+  city varchar(64) NULL DEFAULT NULL,
+  job varchar(100) NULL DEFAULT NULL,
+  personalized_signature varchar(200) NULL DEFAULT NULL,
+  source_type int(1) NULL DEFAULT NULL,
+  integration int(11) NULL DEFAULT NULL,
+  growth int(11) NULL DEFAULT NULL,
+  luckey_count int(11) NULL DEFAULT NULL,
+  history_integration int(11) NULL DEFAULT NULL,
+  PRIMARY KEY (id) USING BTREE,
+  UNIQUE INDEX idx_username (username) USING BTREE,
+  UNIQUE INDEX idx_phone (phone) USING BTREE
+) ENGINE = InnoDB CHARACTER SET = utf8 COLLATE = utf8_general_ci ROW_FORMAT = DYNAMIC;
+
+INSERT INTO oms_order_setting (id, flash_order_overtime, normal_order_overtime, confirm_overtime, finish_overtime, comment_overtime) VALUES (1, 60, 15, 15, 7, 7);

@@ -1,0 +1,880 @@
+//! A shop's own order tables through a schema profile: macrozheng/mall's, on MariaDB, created
+//! as mall creates them (`tests/data/mall/schema.sql`) and written as mall's `generateOrder`
+//! writes them. Each close must leave exactly what mall's own `cancelOrder` leaves — status 4,
+//! each line's `lock_stock` released, the coupon history row unused again, the points back —
+//! once, under a duplicate trigger, a payment racing the close, and two daemons.
+
+use std::sync::Arc;
+
+use sqlx::Row;
+use timeoutd::clock::Clock;
+use timeoutd::config::Config;
+use timeoutd::db::shop::Profile;
+use timeoutd::db::shop::convert::{Stored, TimeForm};
+use timeoutd::db::{Backend, Db};
+use timeoutd::dispatch::{Outcome, Trigger};
+use timeoutd::sources::sweep;
+use timeoutd_runtime::model::TriggerKind;
+
+use crate::support::{Env, repo_root};
+
+/// mall's payment window (`oms_order_setting.normal_order_overtime` of the fixture), ms.
+const WINDOW_MS: i64 = 15 * 60_000;
+
+/// A mall database beside a test's timeoutd database, on the same server.
+pub struct Mall {
+    /// timeoutd's own database.
+    pub env: Env,
+    /// The mall database's name.
+    pub name: String,
+    /// A pool on the mall database (the shop's own order service).
+    pub shop: Db,
+    /// How mall writes times (Asia/Shanghai wall time).
+    time: TimeForm,
+}
+
+/// One line of a mall order: SKU id, units, unit price in yuan.
+pub type Line = (i64, i64, &'static str);
+
+/// One order as mall's `generateOrder` leaves it.
+pub struct Placed<'a> {
+    /// `oms_order.id`.
+    pub id: i64,
+    /// `member_id`.
+    pub member: i64,
+    /// `coupon_id`, if one was used.
+    pub coupon: Option<i64>,
+    /// `use_integration`.
+    pub points: Option<i64>,
+    /// The lines.
+    pub lines: &'a [Line],
+    /// `create_time`, epoch ms (written as Shanghai wall time).
+    pub created_ms: i64,
+    /// `status` (0 pending).
+    pub status: i64,
+    /// `delete_status` (0 live).
+    pub deleted: i64,
+}
+
+/// A fresh mall database (mall's tables, its order setting of 15 minutes) on `env`'s server:
+/// its name and a pool on it.
+pub async fn shop_database(env: &Env) -> (String, Db) {
+    let name = format!("mall_t_{:016x}", fastrand::u64(..));
+    env.db
+        .backend()
+        .query_owned(format!("CREATE DATABASE {name} CHARACTER SET utf8"))
+        .execute(env.db.pool())
+        .await
+        .unwrap();
+    let base = env.url.rsplit_once('/').unwrap().0;
+    let shop = Db::connect(&format!("{base}/{name}"), 8).await.unwrap();
+    apply_schema(&shop).await;
+    (name, shop)
+}
+
+/// Drops a database of [`shop_database`].
+pub async fn drop_shop_database(env: &Env, name: &str, shop: Db) {
+    shop.close().await;
+    env.db
+        .backend()
+        .query_owned(format!("DROP DATABASE {name}"))
+        .execute(env.db.pool())
+        .await
+        .unwrap();
+}
+
+impl Mall {
+    /// A fresh timeoutd database and a fresh mall database beside it ([`shop_database`]).
+    pub async fn new() -> Mall {
+        let env = Env::new(Backend::MySql).await;
+        let (name, shop) = shop_database(&env).await;
+        let profile = Profile::load(&profile_path()).unwrap();
+        Mall {
+            env,
+            name,
+            shop,
+            time: profile.time_form().unwrap(),
+        }
+    }
+
+    /// A config over the test database closing mall's orders (`[database.shop]` with the
+    /// shipped profile), merchant `mall` on the single-phase policy, with `extra` TOML.
+    pub fn config(&self, extra: &str) -> Config {
+        let shop = format!(
+            "[database.shop]\nprofile = \"{}\"\ndatabase = \"{}\"\n{extra}",
+            profile_path().display(),
+            self.name
+        );
+        self.env.config(
+            &[(
+                "mall",
+                "builtin:single-phase",
+                &[("channel", "log"), ("closed_template", "order-closed")],
+            )],
+            &shop,
+        )
+    }
+
+    /// The timeoutd pool with the profile's schema (what a daemon's parts use).
+    pub fn mapped(&self, config: &Config) -> Db {
+        self.env.db.clone().with_schema(config.schema().unwrap())
+    }
+
+    /// `ms` as mall writes a time.
+    pub fn local(&self, ms: i64) -> String {
+        match self.time.store(ms) {
+            Stored::Text(t) => t,
+            Stored::Int(_) => unreachable!("mall writes DATETIMEs"),
+        }
+    }
+
+    /// SKUs `ids`, each with `stock` units and nothing locked.
+    pub async fn stock_up(&self, ids: &[i64], stock: i64) {
+        for id in ids {
+            self.exec(
+                "INSERT INTO pms_sku_stock (id, product_id, sku_code, price, stock, lock_stock) \
+                 VALUES (?, 1, CONCAT('sku-', ?), 10.00, ?, 0)",
+                &[*id, *id, stock],
+            )
+            .await;
+        }
+    }
+
+    /// Member `id` with `points`, and `coupons` unused coupon history rows (coupon ids).
+    pub async fn member(&self, id: i64, points: i64, coupons: &[i64]) {
+        self.exec(
+            "INSERT INTO ums_member (id, username, phone, integration) VALUES (?, CONCAT('m', ?), CONCAT('p', ?), ?)",
+            &[id, id, id, points],
+        )
+        .await;
+        for coupon in coupons {
+            self.exec(
+                "INSERT INTO sms_coupon_history (coupon_id, member_id, get_type, use_status) VALUES (?, ?, 1, 0)",
+                &[*coupon, id],
+            )
+            .await;
+        }
+    }
+
+    /// Places `o` as mall's `generateOrder` does, in one transaction: the order and its lines,
+    /// each line's `lock_stock` raised, the member's first unused row of the coupon marked used
+    /// (1), the points spent taken off the member.
+    pub async fn place(&self, o: &Placed<'_>) {
+        let mut tx = self.shop.pool().begin().await.unwrap();
+        let total: f64 = o
+            .lines
+            .iter()
+            .map(|(_, q, p)| *q as f64 * p.parse::<f64>().unwrap())
+            .sum();
+        sqlx::query(
+            "INSERT INTO oms_order (id, member_id, coupon_id, order_sn, create_time, member_username, \
+             total_amount, pay_amount, freight_amount, pay_type, source_type, status, order_type, \
+             receiver_name, receiver_phone, note, confirm_status, delete_status, use_integration) \
+             VALUES (?, ?, ?, CONCAT('2026120601', LPAD(?, 6, '0')), CAST(? AS DATETIME), 'buyer', \
+             ?, ?, 0, 0, 1, ?, 0, '张三', '18000000000', '请尽快发货', 0, ?, ?)",
+        )
+        .bind(o.id)
+        .bind(o.member)
+        .bind(o.coupon)
+        .bind(o.id)
+        .bind(self.local(o.created_ms))
+        .bind(format!("{total:.2}"))
+        .bind(format!("{total:.2}"))
+        .bind(o.status)
+        .bind(o.deleted)
+        .bind(o.points)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        for (sku, quantity, price) in o.lines {
+            sqlx::query(
+                "INSERT INTO oms_order_item (order_id, product_id, product_price, product_quantity, \
+                 product_sku_id, product_name) VALUES (?, 1, CAST(? AS DECIMAL(10,2)), ?, ?, '茶')",
+            )
+            .bind(o.id)
+            .bind(price.to_string())
+            .bind(quantity)
+            .bind(sku)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+            sqlx::query("UPDATE pms_sku_stock SET lock_stock = lock_stock + ? WHERE id = ?")
+                .bind(quantity)
+                .bind(sku)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+        }
+        if let Some(coupon) = o.coupon {
+            sqlx::query(
+                "UPDATE sms_coupon_history SET use_status = 1, use_time = NOW() WHERE id = \
+                 (SELECT id FROM (SELECT MIN(id) AS id FROM sms_coupon_history \
+                  WHERE member_id = ? AND coupon_id = ? AND use_status = 0) first)",
+            )
+            .bind(o.member)
+            .bind(coupon)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        }
+        if let Some(points) = o.points {
+            sqlx::query("UPDATE ums_member SET integration = integration - ? WHERE id = ?")
+                .bind(points)
+                .bind(o.member)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+
+    /// mall's payment landing: status 0 → 1 where still 0. Whether it took.
+    pub async fn pay(&self, id: i64) -> bool {
+        sqlx::query(
+            "UPDATE oms_order SET status = 1, payment_time = NOW() WHERE id = ? AND status = 0",
+        )
+        .bind(id)
+        .execute(self.shop.pool())
+        .await
+        .unwrap()
+        .rows_affected()
+            == 1
+    }
+
+    async fn exec(&self, sql: &'static str, values: &[i64]) {
+        let mut q = sqlx::query(sql);
+        for v in values {
+            q = q.bind(*v);
+        }
+        q.execute(self.shop.pool()).await.unwrap();
+    }
+
+    /// One integer of the mall database (`?` bound to `id`).
+    pub async fn int(&self, sql: &'static str, id: i64) -> i64 {
+        sqlx::query(sql)
+            .bind(id)
+            .fetch_one(self.shop.pool())
+            .await
+            .unwrap()
+            .try_get::<Option<i64>, _>(0)
+            .unwrap()
+            .unwrap_or(0)
+    }
+
+    /// `oms_order.status` of `id`.
+    pub async fn status(&self, id: i64) -> i64 {
+        self.int(
+            "SELECT CAST(status AS SIGNED) FROM oms_order WHERE id = ?",
+            id,
+        )
+        .await
+    }
+
+    /// `pms_sku_stock.lock_stock` of `sku`.
+    pub async fn locked(&self, sku: i64) -> i64 {
+        self.int(
+            "SELECT CAST(lock_stock AS SIGNED) FROM pms_sku_stock WHERE id = ?",
+            sku,
+        )
+        .await
+    }
+
+    /// `ums_member.integration` of `member`.
+    pub async fn points(&self, member: i64) -> i64 {
+        self.int(
+            "SELECT CAST(integration AS SIGNED) FROM ums_member WHERE id = ?",
+            member,
+        )
+        .await
+    }
+
+    /// Drops both databases.
+    pub async fn cleanup(self) {
+        drop_shop_database(&self.env, &self.name, self.shop).await;
+        self.env.cleanup().await;
+    }
+}
+
+/// The shipped mall profile.
+pub fn profile_path() -> std::path::PathBuf {
+    repo_root().join("config/profiles/mall.toml")
+}
+
+/// Creates mall's tables (the fixture DDL) on `shop`.
+pub async fn apply_schema(shop: &Db) {
+    let ddl = std::fs::read_to_string(repo_root().join("tests/data/mall/schema.sql")).unwrap();
+    let body: String = ddl
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    for statement in body.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+        sqlx::query(sqlx::AssertSqlSafe(statement.to_string()))
+            .execute(shop.pool())
+            .await
+            .unwrap_or_else(|e| panic!("{e}: {statement}"));
+    }
+}
+
+/// Claims every outbox row due at `now_ms` and handles it with `d`.
+async fn process(env: &Env, d: &timeoutd::dispatch::Dispatcher, now_ms: i64) -> Vec<Outcome> {
+    env.process(d, now_ms).await
+}
+
+/// A trigger of `kind` for order `id`, as a duplicate message would carry it.
+fn trigger(id: i64, kind: TriggerKind) -> Trigger {
+    Trigger {
+        order_id: id.to_string(),
+        kind,
+        phase: 0,
+        attempt: 0,
+        due_ms: None,
+        row_id: None,
+        claim: None,
+        state: Vec::new(),
+        poll: false,
+    }
+}
+
+/// mall's `cancelOrder`, done by timeoutd: a due order (two lines of one SKU and one of another,
+/// a coupon, 40 points) is found by the sweep (mall writes no outbox rows) and closed once;
+/// an order not yet due, a paid one and a soft-deleted one are left as they are. A duplicate
+/// trigger (F9) and a second sweep change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mall_order_closes_once_as_malls_own_cancel_would() {
+    let mall = Mall::new().await;
+    let now = mall.env.db.now_ms().await.unwrap();
+    mall.stock_up(&[101, 102], 100).await;
+    mall.member(7, 100, &[3, 3]).await;
+    mall.member(8, 100, &[]).await;
+    let due = now - WINDOW_MS - 60_000;
+    let lines: &[Line] = &[(101, 1, "12.50"), (101, 1, "12.50"), (102, 1, "9.90")];
+    let orders = [
+        (1001, 7, Some(3), Some(40), lines, due, 0, 0),
+        (
+            1002,
+            8,
+            None,
+            None,
+            &[(101, 1, "12.50")][..],
+            now - 5 * 60_000,
+            0,
+            0,
+        ),
+        (1003, 8, None, None, &[(102, 1, "9.90")][..], due, 1, 0),
+        (1004, 8, None, None, &[(102, 1, "9.90")][..], due, 0, 1),
+    ];
+    for (id, member, coupon, points, lines, created_ms, status, deleted) in orders {
+        mall.place(&Placed {
+            id,
+            member,
+            coupon,
+            points,
+            lines,
+            created_ms,
+            status,
+            deleted,
+        })
+        .await;
+    }
+    assert_eq!((mall.locked(101).await, mall.locked(102).await), (3, 3));
+    assert_eq!(mall.points(7).await, 60);
+
+    let config = mall.config("[sweep]\ngrace = \"10s\"\n");
+    let db = mall.mapped(&config);
+    let (clock, _) = Clock::manual(now);
+    let swept = sweep::sweep_once(&db, &clock, &config.sweep).await.unwrap();
+    assert_eq!(swept.rearmed, 1, "only 1001 is pending, live and due");
+    let d = mall.env.dispatcher(&config, clock.clone()).await;
+    let outcomes = process(&mall.env, &d, now).await;
+    assert!(
+        matches!(&outcomes[..], [Outcome::Closed { .. }]),
+        "{outcomes:?}"
+    );
+
+    assert_eq!(mall.status(1001).await, 4);
+    assert_eq!(
+        (mall.locked(101).await, mall.locked(102).await),
+        (1, 2),
+        "1001's 2 + 1 units released; 1002's, 1003's and 1004's locks held"
+    );
+    assert_eq!(mall.points(7).await, 100, "the 40 points are back");
+    assert_eq!(
+        mall.int(
+            "SELECT CAST(SUM(use_status) AS SIGNED) FROM sms_coupon_history WHERE member_id = ?",
+            7
+        )
+        .await,
+        0,
+        "the coupon history row is unused again"
+    );
+    let stamped: String =
+        sqlx::query("SELECT CAST(modify_time AS CHAR), note FROM oms_order WHERE id = 1001")
+            .fetch_one(mall.shop.pool())
+            .await
+            .unwrap()
+            .try_get(0)
+            .unwrap();
+    assert_eq!(
+        stamped,
+        mall.local(now),
+        "modify_time is the close's, in Shanghai time"
+    );
+    assert_eq!(
+        sqlx::query("SELECT note FROM oms_order WHERE id = 1001")
+            .fetch_one(mall.shop.pool())
+            .await
+            .unwrap()
+            .try_get::<String, _>(0)
+            .unwrap(),
+        "请尽快发货",
+        "the buyer's note is not touched"
+    );
+    for (id, status) in [(1002, 0), (1003, 1), (1004, 0)] {
+        assert_eq!(mall.status(id).await, status, "order {id}");
+    }
+    let ledger: Vec<(String, String)> = sqlx::query(
+        "SELECT kind, status FROM effect_ledger WHERE order_id = '1001' ORDER BY effect_index",
+    )
+    .fetch_all(mall.env.db.pool())
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect();
+    let kinds: Vec<&str> = ledger.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "restore-stock",
+            "restore-stock",
+            "restore-stock",
+            "release-coupon",
+            "close-payment",
+            "notify",
+            "return-points"
+        ]
+    );
+    for (kind, status) in &ledger {
+        if matches!(
+            kind.as_str(),
+            "restore-stock" | "release-coupon" | "return-points"
+        ) {
+            assert_eq!(status, "DONE", "{kind}");
+        }
+    }
+
+    // F9: the same trigger again, by each path, and the sweep again: nothing moves twice.
+    for kind in [
+        TriggerKind::DelayMessage,
+        TriggerKind::Sweep,
+        TriggerKind::Manual,
+    ] {
+        let outcome = d.handle(&trigger(1001, kind)).await;
+        assert!(
+            matches!(outcome, Outcome::Ignored | Outcome::NoOp { .. }),
+            "{kind:?}: {outcome:?}"
+        );
+    }
+    assert_eq!(
+        sweep::sweep_once(&db, &clock, &config.sweep)
+            .await
+            .unwrap()
+            .rearmed,
+        0
+    );
+    assert_eq!((mall.locked(101).await, mall.locked(102).await), (1, 2));
+    assert_eq!(mall.points(7).await, 100);
+    assert_eq!(
+        mall.env
+            .int(
+                "SELECT COUNT(*) FROM effect_ledger WHERE order_id = ?",
+                "1001"
+            )
+            .await,
+        7
+    );
+    mall.cleanup().await;
+}
+
+/// F12 on mall's tables: payments (status 0 → 1) race the closes of 60 due orders. Each order
+/// ends paid with its lock, coupon and points kept, or closed with all three given back: never
+/// both, never half.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_payment_racing_the_close_keeps_or_releases_everything_of_its_order() {
+    const N: i64 = 60;
+    let mall = Mall::new().await;
+    let now = mall.env.db.now_ms().await.unwrap();
+    mall.stock_up(&[201], 1_000).await;
+    for k in 0..N {
+        mall.member(1_000 + k, 50, &[9]).await;
+        mall.place(&Placed {
+            id: 5_000 + k,
+            member: 1_000 + k,
+            coupon: Some(9),
+            points: Some(10),
+            lines: &[(201, 2, "5.00")],
+            created_ms: now - WINDOW_MS - 1_000,
+            status: 0,
+            deleted: 0,
+        })
+        .await;
+    }
+    let config = mall.config("");
+    let db = mall.mapped(&config);
+    let (clock, _) = Clock::manual(now);
+    assert_eq!(
+        sweep::sweep_once(&db, &clock, &config.sweep)
+            .await
+            .unwrap()
+            .rearmed,
+        N as usize
+    );
+    let d = mall.env.dispatcher(&config, clock).await;
+    let shop = Arc::new(mall.shop.clone());
+    let payer = tokio::spawn(async move {
+        let mut paid = Vec::new();
+        for k in (0..N).rev() {
+            let took = sqlx::query(
+                "UPDATE oms_order SET status = 1, payment_time = NOW() WHERE id = ? AND status = 0",
+            )
+            .bind(5_000 + k)
+            .execute(shop.pool())
+            .await
+            .unwrap()
+            .rows_affected()
+                == 1;
+            if took {
+                paid.push(5_000 + k);
+            }
+        }
+        paid
+    });
+    let outcomes = process(&mall.env, &d, now).await;
+    let paid = payer.await.unwrap();
+    let closed = outcomes
+        .iter()
+        .filter(|o| matches!(o, Outcome::Closed { .. }))
+        .count() as i64;
+    assert_eq!(closed + paid.len() as i64, N, "{outcomes:?}");
+    for k in 0..N {
+        let id = 5_000 + k;
+        let member = 1_000 + k;
+        let status = mall.status(id).await;
+        let coupon_used = mall
+            .int(
+                "SELECT CAST(SUM(use_status) AS SIGNED) FROM sms_coupon_history WHERE member_id = ?",
+                member,
+            )
+            .await;
+        match status {
+            1 => assert_eq!(
+                (mall.points(member).await, coupon_used),
+                (40, 1),
+                "{id} paid"
+            ),
+            4 => assert_eq!(
+                (mall.points(member).await, coupon_used),
+                (50, 0),
+                "{id} closed"
+            ),
+            other => panic!("{id} has status {other}"),
+        }
+    }
+    assert_eq!(
+        mall.locked(201).await,
+        2 * paid.len() as i64,
+        "only the paid orders' units stay locked"
+    );
+    mall.cleanup().await;
+}
+
+/// F9 with two daemons on mall's tables: both sweep and both close 120 due orders at once; each
+/// order is closed once (one ledger row per effect), the locks all released, every point back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_daemons_close_each_mall_order_once() {
+    const N: i64 = 120;
+    let mall = Mall::new().await;
+    let now = mall.env.db.now_ms().await.unwrap();
+    mall.stock_up(&[301, 302], 10_000).await;
+    mall.member(77, 0, &[]).await;
+    for k in 0..N {
+        mall.place(&Placed {
+            id: 9_000 + k,
+            member: 77,
+            coupon: None,
+            points: Some(3),
+            lines: &[(301, 1, "1.00"), (302, 2, "2.00")],
+            created_ms: now - WINDOW_MS - 1_000,
+            status: 0,
+            deleted: 0,
+        })
+        .await;
+    }
+    mall.exec("UPDATE ums_member SET integration = 0 WHERE id = ?", &[77])
+        .await;
+    let config = mall.config("");
+    let (clock, _) = Clock::manual(now);
+    let mut daemons = Vec::new();
+    for _ in 0..2 {
+        let d = mall.env.dispatcher(&config, clock.clone()).await;
+        let db = mall.mapped(&config);
+        let env = &mall.env;
+        let (clock, config) = (clock.clone(), config.clone());
+        daemons.push(async move {
+            let mut closed = 0;
+            for _ in 0..3 {
+                sweep::sweep_once(&db, &clock, &config.sweep).await.unwrap();
+                closed += env
+                    .process(&d, now)
+                    .await
+                    .iter()
+                    .filter(|o| matches!(o, Outcome::Closed { .. }))
+                    .count();
+            }
+            closed
+        });
+    }
+    let closed: usize = futures_util::future::join_all(daemons)
+        .await
+        .into_iter()
+        .sum();
+    assert_eq!(
+        closed, N as usize,
+        "each order closed by exactly one daemon"
+    );
+    assert_eq!((mall.locked(301).await, mall.locked(302).await), (0, 0));
+    assert_eq!(
+        mall.points(77).await,
+        3 * N,
+        "every order's 3 points back once"
+    );
+    assert_eq!(
+        mall.env
+            .int(
+                "SELECT COUNT(*) FROM effect_ledger WHERE kind IN ('restore-stock', 'return-points') AND order_id LIKE ?",
+                "9%"
+            )
+            .await,
+        3 * N,
+        "two lines and the points per order, once"
+    );
+    mall.cleanup().await;
+}
+
+/// mall's own `cancelOrder` made a compare-and-set (docs/adoption.md, "While the shop's own
+/// cancel job still runs"): its first write takes the order 0 → 4 only where still 0, and it
+/// releases the lock, the coupon and the points only when that took.
+async fn malls_cancel(shop: &Db, id: i64) -> bool {
+    let mut tx = shop.pool().begin().await.unwrap();
+    let took = sqlx::query(
+        "UPDATE oms_order SET status = 4, modify_time = NOW() WHERE id = ? AND status = 0 AND delete_status = 0",
+    )
+    .bind(id)
+    .execute(&mut *tx)
+    .await
+    .unwrap()
+    .rows_affected()
+        == 1;
+    if took {
+        let order = sqlx::query(
+            "SELECT member_id, CAST(coupon_id AS SIGNED), CAST(use_integration AS SIGNED) FROM oms_order WHERE id = ?",
+        )
+        .bind(id)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+        let (member, coupon, points): (i64, Option<i64>, Option<i64>) =
+            (order.get(0), order.get(1), order.get(2));
+        let lines = sqlx::query(
+            "SELECT product_sku_id, CAST(product_quantity AS SIGNED) FROM oms_order_item WHERE order_id = ?",
+        )
+        .bind(id)
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+        for line in lines {
+            sqlx::query(
+                "UPDATE pms_sku_stock SET lock_stock = lock_stock - ? WHERE id = ? AND lock_stock - ? >= 0",
+            )
+            .bind(line.get::<i64, _>(1))
+            .bind(line.get::<i64, _>(0))
+            .bind(line.get::<i64, _>(1))
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        }
+        if let Some(coupon) = coupon {
+            sqlx::query(
+                "UPDATE sms_coupon_history SET use_status = 0 WHERE id = (SELECT id FROM (SELECT MIN(id) AS id \
+                 FROM sms_coupon_history WHERE member_id = ? AND coupon_id = ? AND use_status = 1) first)",
+            )
+            .bind(member)
+            .bind(coupon)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        }
+        sqlx::query("UPDATE ums_member SET integration = integration + ? WHERE id = ?")
+            .bind(points.unwrap_or(0))
+            .bind(member)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    took
+}
+
+/// The switch-over: mall's own cancel job (made a compare-and-set) runs over 60 due orders while
+/// timeoutd closes them. Each order is closed by exactly one of the two, and everything it held
+/// comes back once: no member has more points than before the order, every coupon row is unused
+/// once, every lock is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn malls_own_cancel_made_a_compare_and_set_beside_timeoutd_never_closes_twice() {
+    const N: i64 = 60;
+    let mall = Mall::new().await;
+    let now = mall.env.db.now_ms().await.unwrap();
+    mall.stock_up(&[401], 1_000).await;
+    for k in 0..N {
+        mall.member(2_000 + k, 50, &[5]).await;
+        mall.place(&Placed {
+            id: 7_000 + k,
+            member: 2_000 + k,
+            coupon: Some(5),
+            points: Some(20),
+            lines: &[(401, 3, "8.80")],
+            created_ms: now - WINDOW_MS - 1_000,
+            status: 0,
+            deleted: 0,
+        })
+        .await;
+    }
+    let config = mall.config("");
+    let db = mall.mapped(&config);
+    let (clock, _) = Clock::manual(now);
+    assert_eq!(
+        sweep::sweep_once(&db, &clock, &config.sweep)
+            .await
+            .unwrap()
+            .rearmed,
+        N as usize
+    );
+    let d = mall.env.dispatcher(&config, clock).await;
+    let shop = mall.shop.clone();
+    let job = tokio::spawn(async move {
+        let mut closed = 0;
+        for k in 0..N {
+            // mall's job walks the orders in the other direction, so the two meet midway.
+            if malls_cancel(&shop, 7_000 + N - 1 - k).await {
+                closed += 1;
+            }
+        }
+        closed
+    });
+    let ours = process(&mall.env, &d, now)
+        .await
+        .iter()
+        .filter(|o| matches!(o, Outcome::Closed { .. }))
+        .count() as i64;
+    let theirs = job.await.unwrap();
+    assert_eq!(
+        ours + theirs,
+        N,
+        "timeoutd closed {ours}, mall's job {theirs}"
+    );
+    assert_eq!(mall.locked(401).await, 0);
+    for k in 0..N {
+        let member = 2_000 + k;
+        assert_eq!(mall.status(7_000 + k).await, 4);
+        assert_eq!(
+            mall.points(member).await,
+            50,
+            "member {member}'s points back once"
+        );
+        assert_eq!(
+            mall.int(
+                "SELECT CAST(SUM(use_status) AS SIGNED) FROM sms_coupon_history WHERE member_id = ?",
+                member
+            )
+            .await,
+            0
+        );
+    }
+    mall.cleanup().await;
+}
+
+/// A profile that does not fit the live tables stops `timeoutd run` with exit 64 and every
+/// problem named (table, column, profile key); `doctor` names the same as errors. A fitting
+/// profile starts, and `doctor` warns that mall has no index for the sweep, naming the
+/// `CREATE INDEX`, until it is created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_profile_is_checked_against_the_live_tables() {
+    let mall = Mall::new().await;
+    let dir = mall.env.dir.path();
+    let shipped = std::fs::read_to_string(profile_path()).unwrap();
+    let broken = shipped
+        .replace("total = \"pay_amount\"", "total = \"pay_amount_yuan\"")
+        .replace("table = \"ums_member\"", "table = \"ums_members\"")
+        .replace("created = \"create_time\"", "created = \"order_sn\"");
+    assert_ne!(broken, shipped);
+    std::fs::write(dir.join("broken.toml"), &broken).unwrap();
+    std::fs::write(dir.join("mall.toml"), &shipped).unwrap();
+    let config_text = |profile: &str| {
+        format!(
+            "[database]\nurl = \"{}\"\n[database.shop]\nprofile = \"{profile}\"\ndatabase = \"{}\"\n\
+             [merchants.mall]\nplugin = \"builtin:single-phase\"\n",
+            mall.env.url, mall.name
+        )
+    };
+    let bad_config = dir.join("bad.toml");
+    std::fs::write(&bad_config, config_text("broken.toml")).unwrap();
+    let out = std::process::Command::new(crate::support::timeoutd_bin())
+        .args(["run", "--config"])
+        .arg(&bad_config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    for want in [
+        "`orders.total`: table `oms_order` has no column `pay_amount_yuan`",
+        "table `ums_members` (from `points.member`)",
+        "`orders.created`: `oms_order`.`order_sn` is varchar, the profile needs DATETIME or TIMESTAMP",
+    ] {
+        assert!(stderr.contains(want), "{want} missing from:\n{stderr}");
+    }
+    let config = Config::from_toml(&config_text("broken.toml"), dir, &|_| None).unwrap();
+    let findings = timeoutd::doctor::examine(&config).await;
+    let errors: Vec<String> = findings
+        .iter()
+        .filter(|f| f.what == "database.shop" && f.level == timeoutd::doctor::Level::Error)
+        .map(|f| f.found.clone())
+        .collect();
+    assert_eq!(errors.len(), 3, "{errors:#?}");
+
+    let config = Config::from_toml(&config_text("mall.toml"), dir, &|_| None).unwrap();
+    let shop_findings =
+        |findings: Vec<timeoutd::doctor::Finding>| -> Vec<(timeoutd::doctor::Level, String)> {
+            findings
+                .into_iter()
+                .filter(|f| f.what == "database.shop")
+                .map(|f| (f.level, f.found))
+                .collect()
+        };
+    let before = shop_findings(timeoutd::doctor::examine(&config).await);
+    assert!(
+        matches!(&before[..], [(timeoutd::doctor::Level::Warn, advice)]
+            if advice.contains(&format!("CREATE INDEX idx_timeoutd_sweep ON `{}`.`oms_order` (status, create_time)", mall.name))),
+        "{before:#?}"
+    );
+    sqlx::query("CREATE INDEX idx_timeoutd_sweep ON oms_order (status, create_time)")
+        .execute(mall.shop.pool())
+        .await
+        .unwrap();
+    let after = shop_findings(timeoutd::doctor::examine(&config).await);
+    assert!(
+        matches!(&after[..], [(timeoutd::doctor::Level::Ok, _)]),
+        "{after:#?}"
+    );
+    mall.cleanup().await;
+}
