@@ -228,19 +228,6 @@ impl Mall {
         tx.commit().await.unwrap();
     }
 
-    /// mall's payment landing: status 0 → 1 where still 0. Whether it took.
-    pub async fn pay(&self, id: i64) -> bool {
-        sqlx::query(
-            "UPDATE oms_order SET status = 1, payment_time = NOW() WHERE id = ? AND status = 0",
-        )
-        .bind(id)
-        .execute(self.shop.pool())
-        .await
-        .unwrap()
-        .rows_affected()
-            == 1
-    }
-
     async fn exec(&self, sql: &'static str, values: &[i64]) {
         let mut q = sqlx::query(sql);
         for v in values {
@@ -514,7 +501,7 @@ async fn a_payment_racing_the_close_keeps_or_releases_everything_of_its_order() 
             coupon: Some(9),
             points: Some(10),
             lines: &[(201, 2, "5.00")],
-            created_ms: now - WINDOW_MS - 1_000,
+            created_ms: now - WINDOW_MS - 120_000,
             status: 0,
             deleted: 0,
         })
@@ -605,7 +592,7 @@ async fn two_daemons_close_each_mall_order_once() {
             coupon: None,
             points: Some(3),
             lines: &[(301, 1, "1.00"), (302, 2, "2.00")],
-            created_ms: now - WINDOW_MS - 1_000,
+            created_ms: now - WINDOW_MS - 120_000,
             status: 0,
             deleted: 0,
         })
@@ -744,7 +731,7 @@ async fn malls_own_cancel_made_a_compare_and_set_beside_timeoutd_never_closes_tw
             coupon: Some(5),
             points: Some(20),
             lines: &[(401, 3, "8.80")],
-            created_ms: now - WINDOW_MS - 1_000,
+            created_ms: now - WINDOW_MS - 120_000,
             status: 0,
             deleted: 0,
         })
@@ -876,5 +863,117 @@ async fn a_profile_is_checked_against_the_live_tables() {
         matches!(&after[..], [(timeoutd::doctor::Level::Ok, _)]),
         "{after:#?}"
     );
+    mall.cleanup().await;
+}
+
+/// F10 on mall's tables with the shipped `config/mall.toml` as a daemon: 800 due orders, the
+/// daemon SIGKILLed mid-burst, a second one started. Every order closed exactly once (one
+/// `closed` decision each, three ledger rows of its own each), every lock released, every point
+/// back, every coupon unused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_mall_config_survives_a_kill_mid_burst() {
+    const N: i64 = 800;
+    let mall = Mall::new().await;
+    let now = mall.env.db.now_ms().await.unwrap();
+    mall.stock_up(&[501, 502], 100_000).await;
+    for k in 0..N {
+        mall.member(10_000 + k, 10, &[6]).await;
+    }
+    for k in 0..N {
+        mall.place(&Placed {
+            id: 20_000 + k,
+            member: 10_000 + k,
+            coupon: Some(6),
+            points: Some(10),
+            lines: &[(501, 1, "3.30"), (502, 2, "1.10")],
+            created_ms: now - WINDOW_MS - 120_000,
+            status: 0,
+            deleted: 0,
+        })
+        .await;
+    }
+    let closed = || async {
+        sqlx::query("SELECT COUNT(*) FROM oms_order WHERE status = 4")
+            .fetch_one(mall.shop.pool())
+            .await
+            .unwrap()
+            .get::<i64, _>(0)
+    };
+    let start = |log: &str| {
+        std::process::Command::new(crate::support::timeoutd_bin())
+            .args(["run", "--config"])
+            .arg(repo_root().join("config/mall.toml"))
+            .env("TIMEOUTD_MYSQL_URL", &mall.env.url)
+            .env("TIMEOUTD_SHOP_DATABASE", &mall.name)
+            .env("TIMEOUTD_SWEEP_INTERVAL", "500ms")
+            .env("TIMEOUTD_SWEEP_GRACE", "1s")
+            .env_remove("RUST_LOG")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(mall.env.dir.path().join(log)).unwrap())
+            .spawn()
+            .unwrap()
+    };
+    let mut first = start("first.log");
+    let started = std::time::Instant::now();
+    while closed().await == 0 {
+        let log = std::fs::read_to_string(mall.env.dir.path().join("first.log")).unwrap();
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(120),
+            "no close at all:\n{log}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let by_first = closed().await;
+    let mut second = start("second.log");
+    let started = std::time::Instant::now();
+    while closed().await < N {
+        let log = std::fs::read_to_string(mall.env.dir.path().join("second.log")).unwrap();
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(180),
+            "the second daemon did not finish:\n{log}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    second.kill().unwrap();
+    second.wait().unwrap();
+    assert_eq!(
+        mall.env
+            .int("SELECT COUNT(DISTINCT order_id) FROM decision_log WHERE outcome = ?", "closed")
+            .await,
+        N
+    );
+    assert_eq!(
+        mall.env
+            .int("SELECT COUNT(*) FROM decision_log WHERE outcome = ?", "closed")
+            .await,
+        N,
+        "one close per order"
+    );
+    assert_eq!(
+        mall.env
+            .int(
+                "SELECT COUNT(*) FROM effect_ledger WHERE kind IN ('restore-stock', 'release-coupon', 'return-points') AND status = ?",
+                "DONE"
+            )
+            .await,
+        4 * N,
+        "two lines, the coupon and the points of each order, once"
+    );
+    assert_eq!((mall.locked(501).await, mall.locked(502).await), (0, 0));
+    let points: i64 = sqlx::query("SELECT CAST(SUM(integration) AS SIGNED) FROM ums_member")
+        .fetch_one(mall.shop.pool())
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(points, 10 * N, "every member has their 10 points, once");
+    let used: i64 = sqlx::query("SELECT CAST(COALESCE(SUM(use_status), 0) AS SIGNED) FROM sms_coupon_history")
+        .fetch_one(mall.shop.pool())
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(used, 0);
+    eprintln!("SIGKILL after {by_first} of {N} closes");
     mall.cleanup().await;
 }

@@ -62,7 +62,7 @@ pub enum Work {
     Payment(PaymentWork),
     /// For the notice executor.
     Notify(NotifyWork),
-    /// Applied inside the close transaction (stock, coupons): never an executor's.
+    /// Applied inside the close transaction (stock, coupons, points): never an executor's.
     InTransaction,
 }
 
@@ -90,6 +90,7 @@ pub fn read(kind: LedgerKind, payload: &str) -> Option<Work> {
             let effect: Effect = serde_json::from_str(payload).ok()?;
             (effect.kind() == expected).then(|| of_effect(effect))
         }
+        LedgerKind::ReturnPoints => Some(Work::InTransaction),
     }
 }
 
@@ -175,6 +176,9 @@ mod tests {
             LedgerKind::Remind => return serde_json::to_string(&notice).unwrap(),
             LedgerKind::Refund => {
                 return r#"{"kind":"refund-payment","payment_ref":"pay-1"}"#.to_string();
+            }
+            LedgerKind::ReturnPoints => {
+                return r#"{"kind":"return-points","member":"7","points":40}"#.to_string();
             }
             LedgerKind::Effect(E::RestoreStock) => Effect::RestoreStock {
                 sku: "s".into(),

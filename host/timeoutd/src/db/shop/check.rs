@@ -232,7 +232,7 @@ pub async fn check(db: &Db, m: &Mapped) -> Result<Report, DbError> {
     let index = db
         .backend()
         .query_owned(format!(
-            "SELECT INDEX_NAME, SEQ_IN_INDEX, COLUMN_NAME FROM information_schema.STATISTICS \
+            "SELECT INDEX_NAME, CAST(SEQ_IN_INDEX AS SIGNED), COLUMN_NAME FROM information_schema.STATISTICS \
              WHERE TABLE_SCHEMA = {schema_of} AND TABLE_NAME = ?"
         ))
         .bind(database.clone())
