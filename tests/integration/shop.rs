@@ -940,13 +940,19 @@ async fn the_shipped_mall_config_survives_a_kill_mid_burst() {
     second.wait().unwrap();
     assert_eq!(
         mall.env
-            .int("SELECT COUNT(DISTINCT order_id) FROM decision_log WHERE outcome = ?", "closed")
+            .int(
+                "SELECT COUNT(DISTINCT order_id) FROM decision_log WHERE outcome = ?",
+                "closed"
+            )
             .await,
         N
     );
     assert_eq!(
         mall.env
-            .int("SELECT COUNT(*) FROM decision_log WHERE outcome = ?", "closed")
+            .int(
+                "SELECT COUNT(*) FROM decision_log WHERE outcome = ?",
+                "closed"
+            )
             .await,
         N,
         "one close per order"
@@ -968,11 +974,12 @@ async fn the_shipped_mall_config_survives_a_kill_mid_burst() {
         .unwrap()
         .get(0);
     assert_eq!(points, 10 * N, "every member has their 10 points, once");
-    let used: i64 = sqlx::query("SELECT CAST(COALESCE(SUM(use_status), 0) AS SIGNED) FROM sms_coupon_history")
-        .fetch_one(mall.shop.pool())
-        .await
-        .unwrap()
-        .get(0);
+    let used: i64 =
+        sqlx::query("SELECT CAST(COALESCE(SUM(use_status), 0) AS SIGNED) FROM sms_coupon_history")
+            .fetch_one(mall.shop.pool())
+            .await
+            .unwrap()
+            .get(0);
     assert_eq!(used, 0);
     eprintln!("SIGKILL after {by_first} of {N} closes");
     mall.cleanup().await;
