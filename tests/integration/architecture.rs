@@ -644,13 +644,14 @@ fn every_ledger_kind_has_an_executor_or_is_applied_in_the_close_transaction() {
                 }
             }
             Home::CloseTransaction => {
-                // The close's writes: `dispatch/` (the single and the group close) hand the
-                // effect to `db::orders`, which applies it beside the compare-and-set.
+                // The close's writes: `dispatch/` (the close) hands the effect to `db::orders`,
+                // which applies it beside the compare-and-set; a host kind applied there (the
+                // points a shop's order spent) is named by its `LedgerKind`.
                 let in_close = files.iter().any(|(module, path)| {
                     module.first().map(String::as_str) == Some("dispatch")
                         && names_variant(
                             &code_of(&std::fs::read_to_string(path).unwrap()),
-                            &["Effect", "E", "EffectKind"],
+                            &["Effect", "E", "EffectKind", "LedgerKind"],
                             &name,
                         )
                 });

@@ -138,12 +138,12 @@ mod tests {
     }
 
     #[test]
-    fn only_stock_and_coupons_are_applied_in_the_close_transaction() {
+    fn only_stock_coupons_and_points_are_applied_in_the_close_transaction() {
         let inside: Vec<&str> = LedgerKind::all()
             .filter(|k| !k.is_external())
             .map(LedgerKind::as_str)
             .collect();
-        assert_eq!(inside, ["restore-stock", "release-coupon"]);
+        assert_eq!(inside, ["restore-stock", "release-coupon", "return-points"]);
         assert_eq!(LedgerKind::Refund.home(), Home::Executor(Section::Payment));
         assert_eq!(LedgerKind::Remind.home(), Home::Executor(Section::Notify));
     }

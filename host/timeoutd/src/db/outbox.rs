@@ -807,7 +807,15 @@ pub async fn find_orphans(
             SOURCE_MANUAL,
             super::journal::SOURCE_QUARANTINED_ROW,
         ];
-        return m.find_orphans(db, now_ms, grace_ms, batch, sources).await;
+        let due = m.find_orphans(db, now_ms, grace_ms, batch, sources).await?;
+        return Ok(due
+            .into_iter()
+            .map(|d| Orphan {
+                order_id: d.order_id,
+                phase: d.phase.unwrap_or(0).clamp(0, u32::MAX as i64) as u32,
+                deadline_ms: d.deadline_ms,
+            })
+            .collect());
     }
     let cutoff = now_ms - grace_ms;
     let rows = db.backend().query(

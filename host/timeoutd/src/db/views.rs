@@ -38,7 +38,18 @@ pub async fn overdue_orders(
     limit: i64,
 ) -> Result<Vec<OverdueOrder>, DbError> {
     if let Some(m) = db.schema().mapped() {
-        return m.overdue_orders(db, now_ms, margin_ms, limit).await;
+        let orders = m.overdue_orders(db, now_ms, margin_ms, limit).await?;
+        return Ok(orders
+            .into_iter()
+            .map(|(o, dead_letter)| OverdueOrder {
+                overdue_ms: now_ms - o.deadline_ms,
+                deadline_ms: o.deadline_ms,
+                dead_letter,
+                id: o.id,
+                merchant: o.merchant,
+                user: o.user,
+            })
+            .collect());
     }
     let rows = db
         .backend()

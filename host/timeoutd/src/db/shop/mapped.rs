@@ -15,8 +15,6 @@ use super::convert::{MoneyForm, Stored, TimeForm, cents_of_decimal};
 use super::profile::{
     Deadline, IdType, MerchantSpec, Profile, StatusValue, StockRelease, is_identifier,
 };
-use crate::db::outbox::Orphan;
-use crate::db::views::OverdueOrder;
 use crate::db::{Backend, Db, DbError};
 
 /// A value bound to a `?`.
@@ -760,7 +758,7 @@ impl Mapped {
         grace_ms: i64,
         batch: u32,
         sources: [&str; 3],
-    ) -> Result<Vec<Orphan>, DbError> {
+    ) -> Result<Vec<Due>, DbError> {
         let mut conn = db.pool().acquire().await?;
         let window = self.window_ms(&mut conn).await?;
         let cutoff = now_ms - grace_ms;
@@ -808,12 +806,9 @@ impl Mapped {
                     Some(w) => created + w,
                     None => self.read_time(r, "deadline")?.unwrap_or_default(),
                 };
-                Ok(Orphan {
+                Ok(Due {
                     order_id: r.try_get("id")?,
-                    phase: r
-                        .try_get::<Option<i64>, _>("phase")?
-                        .unwrap_or(0)
-                        .clamp(0, u32::MAX as i64) as u32,
+                    phase: r.try_get::<Option<i64>, _>("phase")?,
                     deadline_ms,
                 })
             })
@@ -856,7 +851,8 @@ impl Mapped {
             .collect()
     }
 
-    /// Pending, live orders due by `now - margin`, most overdue first, at most `limit`.
+    /// Pending, live orders due by `now - margin`, most overdue first, at most `limit` (without
+    /// their lines), each with the reason of its open dead letter, if any.
     ///
     /// # Errors
     /// [`DbError::Sql`] on query failure.
@@ -866,7 +862,7 @@ impl Mapped {
         now_ms: i64,
         margin_ms: i64,
         limit: i64,
-    ) -> Result<Vec<OverdueOrder>, DbError> {
+    ) -> Result<Vec<(Order, Option<String>)>, DbError> {
         let mut conn = db.pool().acquire().await?;
         let window = self.window_ms(&mut conn).await?;
         let id = self.id_text();
@@ -885,17 +881,7 @@ impl Mapped {
         s.push(&format!(" ORDER BY {order_by} LIMIT ")).bind(limit);
         let rows = s.query().fetch_all(&mut *conn).await?;
         rows.iter()
-            .map(|r| {
-                let o = self.order_of(r, window)?;
-                Ok(OverdueOrder {
-                    overdue_ms: now_ms - o.deadline_ms,
-                    deadline_ms: o.deadline_ms,
-                    dead_letter: r.try_get("dead_letter")?,
-                    id: o.id,
-                    merchant: o.merchant,
-                    user: o.user,
-                })
-            })
+            .map(|r| Ok((self.order_of(r, window)?, r.try_get("dead_letter")?)))
             .collect()
     }
 
@@ -911,6 +897,17 @@ impl Mapped {
         s.push(")");
         s
     }
+}
+
+/// A pending order the sweep found due with no live trigger ([`Mapped::find_orphans`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Due {
+    /// Order id, as text.
+    pub order_id: String,
+    /// Latest phase in timeoutd's outbox for it, if it has a row.
+    pub phase: Option<i64>,
+    /// Its deadline, epoch ms.
+    pub deadline_ms: i64,
 }
 
 /// Points an order spent, given back to its buyer by a close.
