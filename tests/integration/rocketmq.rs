@@ -2266,3 +2266,60 @@ async fn auto_mode_falls_back_to_delay_levels_when_the_broker_refuses_a_timer_me
     );
     env.cleanup().await;
 }
+
+/// Seed 000's and seed 001's timeout messages on mall's own tables (`[database.shop]`): the
+/// text body `3002` and the JSON bean `{"orderId": 3001, …}` (mall's `Long` id) each close
+/// their mall order once through the broker; the same message again changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn seed_messages_carrying_malls_long_ids_close_malls_own_orders() {
+    use crate::shop::{Mall, Placed};
+    let _broker = broker().await;
+    let mall = Mall::new().await;
+    let now = mall.env.db.now_ms().await.unwrap();
+    mall.stock_up(&[601], 100).await;
+    for (id, member) in [(3001, 31), (3002, 32)] {
+        mall.member(member, 5, &[]).await;
+        mall.place(&Placed {
+            id,
+            member,
+            coupon: None,
+            points: Some(5),
+            lines: &[(601, 2, "6.00")],
+            created_ms: now - 16 * 60_000,
+            status: 0,
+            deleted: 0,
+        })
+        .await;
+    }
+    let (topic, group) = names("mall");
+    let config = mall.config(&format!(
+        "[outbox]\nenabled = false\n[sweep]\nenabled = false\n{}",
+        section(&topic, &group, "")
+    ));
+    let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
+    let tx = sender(&config).await;
+    let json = format!(r#"{{"orderId":3001,"userId":31,"createTime":{}}}"#, now - 16 * 60_000);
+    for (key, body) in [("3001", json.as_bytes()), ("3002", b"3002".as_slice())] {
+        send(&tx, raw(&topic, key, body)).await;
+    }
+    eventually(Duration::from_secs(60), "both mall orders closed", || async {
+        mall.status(3001).await == 4 && mall.status(3002).await == 4
+    })
+    .await;
+    send(&tx, raw(&topic, "3001", json.as_bytes())).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(mall.locked(601).await, 0, "both orders' 2 units released once");
+    assert_eq!(
+        (mall.points(31).await, mall.points(32).await),
+        (5, 5),
+        "the 5 points each spent are back, once"
+    );
+    assert_eq!(
+        mall.env
+            .int("SELECT COUNT(*) FROM decision_log WHERE outcome = ?", "closed")
+            .await,
+        2
+    );
+    daemon.stop().await;
+    mall.cleanup().await;
+}

@@ -228,7 +228,8 @@ impl Mall {
         tx.commit().await.unwrap();
     }
 
-    async fn exec(&self, sql: &'static str, values: &[i64]) {
+    /// Runs `sql` on the mall database with `values` bound.
+    pub async fn exec(&self, sql: &'static str, values: &[i64]) {
         let mut q = sqlx::query(sql);
         for v in values {
             q = q.bind(*v);
