@@ -985,3 +985,181 @@ async fn the_shipped_mall_config_survives_a_kill_mid_burst() {
     eprintln!("SIGKILL after {by_first} of {N} closes");
     mall.cleanup().await;
 }
+
+/// Drains `n` due orders through `timeoutd run --config config/<file>` and returns closes per
+/// second from the first close to the last (start-up left out), polling `closed()`.
+async fn drain_rate<F, Fut>(file: &str, env: &Env, shop_db: &str, n: i64, closed: F) -> f64
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = i64>,
+{
+    let mut daemon = std::process::Command::new(crate::support::timeoutd_bin())
+        .args(["run", "--config"])
+        .arg(repo_root().join("config").join(file))
+        .env("TIMEOUTD_MYSQL_URL", &env.url)
+        .env("TIMEOUTD_SHOP_DATABASE", shop_db)
+        .env("TIMEOUTD_SWEEP_INTERVAL", "1h")
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = None;
+    let started = std::time::Instant::now();
+    loop {
+        let c = closed().await;
+        if c > 0 && first.is_none() {
+            first = Some((std::time::Instant::now(), c));
+        }
+        if c >= n {
+            break;
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(300), "{file}: {c} of {n}");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let end = std::time::Instant::now();
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    let (t0, c0) = first.unwrap();
+    (n - c0) as f64 / (end - t0).as_secs_f64().max(1e-3)
+}
+
+/// Bench, run by hand (`-- --ignored --nocapture shop::bench`): the same burst of due orders
+/// (two lines and a coupon each; mall's also spend points) drained by the daemon through the
+/// outbox on the canonical tables (`config/mariadb.toml`) and on mall's (`config/mall.toml`),
+/// alternately, twice each; prints closes/s and the ratio. `TIMEOUTD_SHOP_BENCH_ORDERS` sets
+/// the burst (default 4000).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a bench: prints figures, run by hand"]
+async fn bench_the_mall_profile_against_the_canonical_tables() {
+    let n: i64 = std::env::var("TIMEOUTD_SHOP_BENCH_ORDERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4_000);
+    let mut rates = Vec::new();
+    for round in 0..2 {
+        let env = Env::new(Backend::MySql).await;
+        env.stock_up(&[("sku-a", 10 * n), ("sku-b", 10 * n)]).await;
+        let now = env.db.now_ms().await.unwrap();
+        for k in 0..n {
+            env.create(&crate::support::order(&format!("c-{k:06}"), "acme", now - 1_000))
+                .await;
+        }
+        let canonical = drain_rate("mariadb.toml", &env, "", n, || async {
+            env.int("SELECT COUNT(*) FROM orders WHERE status = ?", "CLOSED")
+                .await
+        })
+        .await;
+        env.cleanup().await;
+
+        let mall = Mall::new().await;
+        let now = mall.env.db.now_ms().await.unwrap();
+        mall.stock_up(&[701, 702], 10 * n).await;
+        for k in 0..n {
+            mall.member(40_000 + k, 10, &[8]).await;
+            mall.place(&Placed {
+                id: 100_000 + k,
+                member: 40_000 + k,
+                coupon: Some(8),
+                points: Some(10),
+                lines: &[(701, 2, "12.50"), (702, 1, "9.90")],
+                created_ms: now - WINDOW_MS - 1_000,
+                status: 0,
+                deleted: 0,
+            })
+            .await;
+            // The order service (or `timeoutd arm`) arms each order in timeoutd's outbox.
+            sqlx::query(
+                "INSERT INTO order_timeout_msg (order_id, due_ms, phase, status) VALUES (?, ?, 0, 'PENDING')",
+            )
+            .bind((100_000 + k).to_string())
+            .bind(now - 1_000)
+            .execute(mall.env.db.pool())
+            .await
+            .unwrap();
+        }
+        let shop = mall.shop.clone();
+        let mapped = drain_rate("mall.toml", &mall.env, &mall.name, n, || async {
+            sqlx::query("SELECT COUNT(*) FROM oms_order WHERE status = 4")
+                .fetch_one(shop.pool())
+                .await
+                .unwrap()
+                .get::<i64, _>(0)
+        })
+        .await;
+        assert_eq!(mall.locked(701).await, 0);
+        mall.cleanup().await;
+        eprintln!(
+            "round {round}: {n} orders: canonical {canonical:.0} closes/s, mall profile {mapped:.0} closes/s, ratio {:.2}",
+            mapped / canonical
+        );
+        rates.push((canonical, mapped));
+    }
+}
+
+/// Bench, run by hand (`-- --ignored --nocapture shop::bench`): the sweep's query on mall's
+/// `oms_order` holding 10^6 closed orders and 100 due pending ones, without and then with the
+/// index `doctor` recommends; prints the time of one sweep round each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a bench: prints figures, run by hand"]
+async fn bench_the_sweep_over_a_million_closed_mall_orders() {
+    let mall = Mall::new().await;
+    let now = mall.env.db.now_ms().await.unwrap();
+    let old = mall.local(now - 30 * 86_400_000);
+    let t = std::time::Instant::now();
+    sqlx::query(
+        "INSERT INTO oms_order (id, member_id, create_time, pay_amount, status, receiver_name, receiver_phone, delete_status) \
+         SELECT seq, seq % 1000, CAST(? AS DATETIME) + INTERVAL (seq % 86400) SECOND, 9.90, 4, 'n', 'p', 0 FROM seq_1_to_1000000",
+    )
+    .bind(old)
+    .execute(mall.shop.pool())
+    .await
+    .unwrap();
+    eprintln!("10^6 closed orders inserted in {:.1} s", t.elapsed().as_secs_f64());
+    mall.stock_up(&[801], 1_000).await;
+    mall.member(1, 0, &[]).await;
+    for k in 0..100 {
+        mall.place(&Placed {
+            id: 2_000_000 + k,
+            member: 1,
+            coupon: None,
+            points: None,
+            lines: &[(801, 1, "1.00")],
+            created_ms: now - WINDOW_MS - 120_000,
+            status: 0,
+            deleted: 0,
+        })
+        .await;
+    }
+    sqlx::query("ANALYZE TABLE oms_order").execute(mall.shop.pool()).await.unwrap();
+    let config = mall.config("");
+    let db = mall.mapped(&config);
+    let round = || async {
+        let t = std::time::Instant::now();
+        let found = timeoutd::db::outbox::find_orphans(&db, now, 10_000, 500).await.unwrap();
+        assert_eq!(found.len(), 100);
+        t.elapsed().as_secs_f64() * 1000.0
+    };
+    let mut without = Vec::new();
+    for _ in 0..5 {
+        without.push(round().await);
+    }
+    sqlx::query("CREATE INDEX idx_timeoutd_sweep ON oms_order (status, create_time)")
+        .execute(mall.shop.pool())
+        .await
+        .unwrap();
+    let mut with = Vec::new();
+    for _ in 0..5 {
+        with.push(round().await);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    eprintln!(
+        "one sweep round over 10^6 closed + 100 due orders: {:.1} ms without the index, {:.2} ms with it (median of 5)",
+        median(&mut without),
+        median(&mut with)
+    );
+    mall.cleanup().await;
+}
