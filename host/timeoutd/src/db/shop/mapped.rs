@@ -650,8 +650,10 @@ impl Mapped {
     }
 
     /// Frees each `(coupon, order, holder)`: the holder's first row of the coupon still
-    /// `locked` becomes `available`. Returns the coupons freed; one with no such row is left
-    /// alone.
+    /// `locked` becomes `available` (an order's own row: two orders of one holder with the
+    /// same coupon free two rows). Returns the coupons freed; one with no such row left is left
+    /// alone. Two statements for the whole group: the candidate rows locked in id order, then
+    /// one update by id.
     ///
     /// # Errors
     /// [`DbError::Sql`] on query failure.
@@ -664,34 +666,61 @@ impl Mapped {
         let (Some(c), Some(table)) = (&self.profile.coupon, &self.coupon) else {
             return Ok(freed);
         };
-        for (coupon, _order, holder) in releases {
-            let mut s = Stmt::new(format!(
-                "SELECT {} FROM {table} a WHERE {} = ",
-                Self::int(&col(&c.row)),
-                col(&c.coupon)
-            ));
-            s.bind(*coupon)
-                .push(&format!(" AND {} = ", col(&c.holder)))
-                .bind(*holder)
-                .push(&format!(" AND {} = ", col(&c.status)))
-                .bind(&c.locked)
-                .push(&format!(" ORDER BY {} LIMIT 1 FOR UPDATE", col(&c.row)));
-            let Some(row) = s.query().fetch_optional(&mut *conn).await? else {
-                continue;
-            };
-            let id: i64 = row.try_get(0)?;
-            let mut s = Stmt::new(format!("UPDATE {table} a SET {} = ", col(&c.status)));
-            s.bind(&c.available)
-                .push(&format!(" WHERE {} = ", col(&c.row)))
-                .bind(id);
-            s.query().execute(&mut *conn).await?;
-            freed.insert(coupon.to_string());
+        if releases.is_empty() {
+            return Ok(freed);
         }
+        let distinct = |values: Vec<&str>| {
+            let mut v = values;
+            v.sort_unstable();
+            v.dedup();
+            v.into_iter().map(Bind::from).collect::<Vec<_>>()
+        };
+        let mut s = Stmt::new(format!(
+            "SELECT {} AS row_id, {} AS coupon, {} AS holder FROM {table} a WHERE {} IN ",
+            Self::int(&col(&c.row)),
+            Self::text(&col(&c.coupon)),
+            Self::text(&col(&c.holder)),
+            col(&c.holder),
+        ));
+        s.bind_list(distinct(releases.iter().map(|r| r.2).collect()));
+        s.push(&format!(" AND {} IN ", col(&c.coupon)));
+        s.bind_list(distinct(releases.iter().map(|r| r.0).collect()));
+        s.push(&format!(" AND {} = ", col(&c.status)))
+            .bind(&c.locked)
+            .push(&format!(" ORDER BY {} FOR UPDATE", col(&c.row)));
+        // Each (coupon, holder)'s rows in id order: the first goes to the first order asking.
+        let mut rows: HashMap<(String, String), Vec<i64>> = HashMap::new();
+        for r in s.query().fetch_all(&mut *conn).await? {
+            let key = (
+                r.try_get::<Option<String>, _>("coupon")?.unwrap_or_default(),
+                r.try_get::<Option<String>, _>("holder")?.unwrap_or_default(),
+            );
+            rows.entry(key).or_default().push(r.try_get("row_id")?);
+        }
+        let mut ids = Vec::new();
+        for (coupon, _order, holder) in releases {
+            if let Some(free) = rows.get_mut(&(coupon.to_string(), holder.to_string()))
+                && !free.is_empty()
+            {
+                ids.push(free.remove(0));
+                freed.insert(coupon.to_string());
+            }
+        }
+        if ids.is_empty() {
+            return Ok(freed);
+        }
+        let mut s = Stmt::new(format!("UPDATE {table} a SET {} = ", col(&c.status)));
+        s.bind(&c.available)
+            .push(&format!(" WHERE {} IN ", col(&c.row)))
+            .bind_list(ids.into_iter().map(Bind::Int));
+        s.query().execute(&mut *conn).await?;
         Ok(freed)
     }
 
     /// Returns the points each of `ids` spent to its buyer (`[points]`), reading the amounts
-    /// under this transaction's locks. One [`PointsBack`] per order that spent any.
+    /// under this transaction's locks. One [`PointsBack`] per order that spent any. Two
+    /// statements for the whole group: the amounts with whether each buyer's row exists, then
+    /// one update adding each buyer's sum.
     ///
     /// # Errors
     /// [`DbError::Sql`] on query failure.
@@ -700,47 +729,59 @@ impl Mapped {
         conn: &mut AnyConnection,
         ids: &[&str],
     ) -> Result<Vec<PointsBack>, DbError> {
-        let (Some(spent), Some(p), Some(table)) = (
-            &self.profile.orders.points,
-            &self.profile.points,
-            &self.points,
-        ) else {
+        let (Some(spent), Some(p), Some(table)) =
+            (&self.profile.orders.points, &self.profile.points, &self.points)
+        else {
             return Ok(Vec::new());
         };
         if ids.is_empty() {
             return Ok(Vec::new());
         }
+        let user = col(&self.profile.orders.user);
         let mut s = Stmt::new(format!(
-            "SELECT {} AS id, {} AS member, {} AS points FROM {} a WHERE 1 = 1",
+            "SELECT {} AS id, {} AS member, {} AS points, \
+             EXISTS (SELECT 1 FROM {table} m WHERE m.{} = {user}) AS known \
+             FROM {} a WHERE 1 = 1",
             self.id_text(),
-            Self::text(&col(&self.profile.orders.user)),
+            Self::text(&user),
             Self::int(&col(spent)),
+            quote(&p.member),
             self.orders
         ));
         self.id_in(&mut s, ids);
         let mut back = Vec::new();
+        let mut per_member: std::collections::BTreeMap<String, i64> = Default::default();
         for row in s.query().fetch_all(&mut *conn).await? {
             let points: Option<i64> = row.try_get("points")?;
             let Some(points) = points.filter(|p| *p > 0) else {
                 continue;
             };
-            let order: String = row.try_get("id")?;
-            let member: String = row
-                .try_get::<Option<String>, _>("member")?
-                .unwrap_or_default();
-            let c = col(&p.column);
-            let mut s = Stmt::new(format!("UPDATE {table} a SET {c} = COALESCE({c}, 0) + "));
-            s.bind(points)
-                .push(&format!(" WHERE {} = ", col(&p.member)))
-                .bind(member.as_str());
-            let applied = s.query().execute(&mut *conn).await?.rows_affected() >= 1;
+            let member: String = row.try_get::<Option<String>, _>("member")?.unwrap_or_default();
+            let applied = row.try_get::<i64, _>("known")? == 1;
+            if applied {
+                *per_member.entry(member.clone()).or_default() += points;
+            }
             back.push(PointsBack {
-                order,
+                order: row.try_get("id")?,
                 member,
                 points,
                 applied,
             });
         }
+        if per_member.is_empty() {
+            return Ok(back);
+        }
+        // One statement for the group: each buyer's sum, by a CASE over the buyers (in key
+        // order, so two groups lock buyer rows in the same order).
+        let c = col(&p.column);
+        let key = col(&p.member);
+        let mut s = Stmt::new(format!("UPDATE {table} a SET {c} = COALESCE({c}, 0) + CASE {key}"));
+        for (member, points) in &per_member {
+            s.push(" WHEN ").bind(member.as_str()).push(" THEN ").bind(*points);
+        }
+        s.push(&format!(" ELSE 0 END WHERE {key} IN "));
+        s.bind_list(per_member.keys().map(|m| Bind::from(m.as_str())));
+        s.query().execute(&mut *conn).await?;
         Ok(back)
     }
 
