@@ -794,8 +794,8 @@ async fn malls_own_cancel_made_a_compare_and_set_beside_timeoutd_never_closes_tw
 
 /// A profile that does not fit the live tables stops `timeoutd run` with exit 64 and every
 /// problem named (table, column, profile key); `doctor` names the same as errors. A fitting
-/// profile starts, and `doctor` warns that mall has no index for the sweep, naming the
-/// `CREATE INDEX`, until it is created.
+/// profile starts, and `doctor` warns that mall has no index for the sweep nor for an order's
+/// lines, naming each `CREATE INDEX`, until they are created.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_profile_is_checked_against_the_live_tables() {
     let mall = Mall::new().await;
@@ -851,14 +851,17 @@ async fn a_profile_is_checked_against_the_live_tables() {
         };
     let before = shop_findings(timeoutd::doctor::examine(&config).await);
     assert!(
-        matches!(&before[..], [(timeoutd::doctor::Level::Warn, advice)]
-            if advice.contains(&format!("CREATE INDEX idx_timeoutd_sweep ON `{}`.`oms_order` (status, create_time)", mall.name))),
+        matches!(&before[..], [(timeoutd::doctor::Level::Warn, sweep), (timeoutd::doctor::Level::Warn, lines)]
+            if sweep.contains(&format!("CREATE INDEX idx_timeoutd_sweep ON `{}`.`oms_order` (status, create_time)", mall.name))
+            && lines.contains(&format!("CREATE INDEX idx_timeoutd_lines ON `{}`.`oms_order_item` (order_id)", mall.name))),
         "{before:#?}"
     );
-    sqlx::query("CREATE INDEX idx_timeoutd_sweep ON oms_order (status, create_time)")
-        .execute(mall.shop.pool())
-        .await
-        .unwrap();
+    for index in [
+        "CREATE INDEX idx_timeoutd_sweep ON oms_order (status, create_time)",
+        "CREATE INDEX idx_timeoutd_lines ON oms_order_item (order_id)",
+    ] {
+        sqlx::query(index).execute(mall.shop.pool()).await.unwrap();
+    }
     let after = shop_findings(timeoutd::doctor::examine(&config).await);
     assert!(
         matches!(&after[..], [(timeoutd::doctor::Level::Ok, _)]),

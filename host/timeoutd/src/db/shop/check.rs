@@ -229,44 +229,12 @@ pub async fn check(db: &Db, m: &Mapped) -> Result<Report, DbError> {
         Deadline::Column(c) => c.as_str(),
         Deadline::Window(_) | Deadline::Settings(_) => o.created.as_str(),
     };
-    let index = db
-        .backend()
-        .query_owned(format!(
-            "SELECT INDEX_NAME, CAST(SEQ_IN_INDEX AS SIGNED), COLUMN_NAME FROM information_schema.STATISTICS \
-             WHERE TABLE_SCHEMA = {schema_of} AND TABLE_NAME = ?"
-        ))
-        .bind(database.clone())
-        .bind(o.table.clone())
-        .fetch_all(db.pool())
-        .await?;
-    let mut by_index: HashMap<String, Vec<(i64, String)>> = HashMap::new();
-    for r in &index {
-        let name: String = r.try_get(0)?;
-        let seq: i64 = r.try_get(1)?;
-        let column: String = r.try_get(2)?;
-        by_index.entry(name).or_default().push((seq, column));
-    }
-    let has = by_index.values_mut().any(|cols| {
-        cols.sort();
-        let names: Vec<&str> = cols.iter().map(|(_, c)| c.as_str()).collect();
-        names.len() >= 2
-            && names[0].eq_ignore_ascii_case(&o.status)
-            && names[1].eq_ignore_ascii_case(time_column)
-    });
-    if !has {
-        let rows: Option<i64> = db
-            .backend()
-            .query_owned(format!(
-                "SELECT CAST(TABLE_ROWS AS SIGNED) FROM information_schema.TABLES \
-                 WHERE TABLE_SCHEMA = {schema_of} AND TABLE_NAME = ?"
-            ))
-            .bind(database)
-            .bind(o.table.clone())
-            .fetch_optional(db.pool())
-            .await?
-            .map(|r| r.try_get(0))
-            .transpose()?
-            .flatten();
+    let catalog = Catalog {
+        db,
+        database: database.clone(),
+    };
+    if !catalog.has_index(&o.table, &[&o.status, time_column]).await? {
+        let rows = catalog.rows(&o.table).await?;
         report.advice.push(format!(
             "`{table}` has no index on ({status}, {time_column}): each sweep round, overdue \
              gauge and overdue list reads every one of its rows (about {rows} now) to find the \
@@ -274,9 +242,80 @@ pub async fn check(db: &Db, m: &Mapped) -> Result<Report, DbError> {
              ({status}, {time_column}) (docs/adoption.md)",
             table = o.table,
             status = o.status,
-            rows = rows.unwrap_or(0),
             qualified = m.orders_table(),
         ));
     }
+    // Loading a group's lines looks them up by order.
+    let items = &p.items;
+    if !catalog.has_index(&items.table, &[&items.order]).await? {
+        let rows = catalog.rows(&items.table).await?;
+        report.advice.push(format!(
+            "`{table}` has no index on ({order}): each close reads every one of its rows (about \
+             {rows} now) to find its orders' lines. Create it once, online: CREATE INDEX \
+             idx_timeoutd_lines ON {qualified} ({order}) (docs/adoption.md)",
+            table = items.table,
+            order = items.order,
+            qualified = m.items_table(),
+        ));
+    }
     Ok(report)
+}
+
+/// The catalog of the database holding the shop's tables.
+struct Catalog<'a> {
+    db: &'a Db,
+    /// The shop's database; `None` for the one `database.url` names.
+    database: Option<String>,
+}
+
+impl Catalog<'_> {
+    /// Whether `table` has an index whose leading columns are `columns`, in order.
+    async fn has_index(&self, table: &str, columns: &[&str]) -> Result<bool, DbError> {
+        let rows = self
+            .db
+            .backend()
+            .query(
+                "SELECT INDEX_NAME, CAST(SEQ_IN_INDEX AS SIGNED), COLUMN_NAME FROM \
+                 information_schema.STATISTICS WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) \
+                 AND TABLE_NAME = ?",
+            )
+            .bind(self.database.clone())
+            .bind(table.to_string())
+            .fetch_all(self.db.pool())
+            .await?;
+        let mut by_index: HashMap<String, Vec<(i64, String)>> = HashMap::new();
+        for r in &rows {
+            by_index
+                .entry(r.try_get(0)?)
+                .or_default()
+                .push((r.try_get(1)?, r.try_get(2)?));
+        }
+        Ok(by_index.values_mut().any(|cols| {
+            cols.sort();
+            cols.len() >= columns.len()
+                && cols
+                    .iter()
+                    .zip(columns)
+                    .all(|((_, have), want)| have.eq_ignore_ascii_case(want))
+        }))
+    }
+
+    /// The server's estimate of `table`'s rows (0 when it has none).
+    async fn rows(&self, table: &str) -> Result<i64, DbError> {
+        Ok(self
+            .db
+            .backend()
+            .query(
+                "SELECT CAST(TABLE_ROWS AS SIGNED) FROM information_schema.TABLES \
+                 WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?",
+            )
+            .bind(self.database.clone())
+            .bind(table.to_string())
+            .fetch_optional(self.db.pool())
+            .await?
+            .map(|r| r.try_get::<Option<i64>, _>(0))
+            .transpose()?
+            .flatten()
+            .unwrap_or(0))
+    }
 }

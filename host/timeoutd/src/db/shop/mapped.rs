@@ -224,6 +224,11 @@ impl Mapped {
         &self.deadline
     }
 
+    /// The qualified order-line table, as statements name it.
+    pub fn items_table(&self) -> &str {
+        &self.items
+    }
+
     /// The qualified order table, as statements name it.
     pub fn orders_table(&self) -> &str {
         &self.orders
