@@ -2298,17 +2298,26 @@ async fn seed_messages_carrying_malls_long_ids_close_malls_own_orders() {
     ));
     let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
     let tx = sender(&config).await;
-    let json = format!(r#"{{"orderId":3001,"userId":31,"createTime":{}}}"#, now - 16 * 60_000);
+    let json = format!(
+        r#"{{"orderId":3001,"userId":31,"createTime":{}}}"#,
+        now - 16 * 60_000
+    );
     for (key, body) in [("3001", json.as_bytes()), ("3002", b"3002".as_slice())] {
         send(&tx, raw(&topic, key, body)).await;
     }
-    eventually(Duration::from_secs(60), "both mall orders closed", || async {
-        mall.status(3001).await == 4 && mall.status(3002).await == 4
-    })
+    eventually(
+        Duration::from_secs(60),
+        "both mall orders closed",
+        || async { mall.status(3001).await == 4 && mall.status(3002).await == 4 },
+    )
     .await;
     send(&tx, raw(&topic, "3001", json.as_bytes())).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(mall.locked(601).await, 0, "both orders' 2 units released once");
+    assert_eq!(
+        mall.locked(601).await,
+        0,
+        "both orders' 2 units released once"
+    );
     assert_eq!(
         (mall.points(31).await, mall.points(32).await),
         (5, 5),
@@ -2316,7 +2325,10 @@ async fn seed_messages_carrying_malls_long_ids_close_malls_own_orders() {
     );
     assert_eq!(
         mall.env
-            .int("SELECT COUNT(*) FROM decision_log WHERE outcome = ?", "closed")
+            .int(
+                "SELECT COUNT(*) FROM decision_log WHERE outcome = ?",
+                "closed"
+            )
             .await,
         2
     );

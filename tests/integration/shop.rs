@@ -370,6 +370,20 @@ async fn a_mall_order_closes_once_as_malls_own_cancel_would() {
 
     let config = mall.config("[sweep]\ngrace = \"10s\"\n");
     let db = mall.mapped(&config);
+    // The overdue gauge (F3's alert) and the admin's overdue list read mall's table.
+    let overdue = timeoutd::db::backlog::read(&db, now, now).await.unwrap();
+    assert_eq!(overdue.overdue_open, [("mall".to_string(), 1)]);
+    let listed = timeoutd::db::views::overdue_orders(&db, now, 0, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        listed
+            .iter()
+            .map(|o| (o.id.as_str(), o.user.as_str()))
+            .collect::<Vec<_>>(),
+        [("1001", "7")]
+    );
+    assert_eq!(listed[0].deadline_ms, due / 1000 * 1000 + WINDOW_MS);
     let (clock, _) = Clock::manual(now);
     let swept = sweep::sweep_once(&db, &clock, &config.sweep).await.unwrap();
     assert_eq!(swept.rearmed, 1, "only 1001 is pending, live and due");
@@ -381,6 +395,12 @@ async fn a_mall_order_closes_once_as_malls_own_cancel_would() {
     );
 
     assert_eq!(mall.status(1001).await, 4);
+    let overdue = timeoutd::db::backlog::read(&db, now, now).await.unwrap();
+    assert!(
+        overdue.overdue_open.is_empty(),
+        "{:?}",
+        overdue.overdue_open
+    );
     assert_eq!(
         (mall.locked(101).await, mall.locked(102).await),
         (1, 2),
@@ -1017,7 +1037,10 @@ where
         if c >= n {
             break;
         }
-        assert!(started.elapsed() < std::time::Duration::from_secs(300), "{file}: {c} of {n}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(300),
+            "{file}: {c} of {n}"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     let end = std::time::Instant::now();
@@ -1045,8 +1068,12 @@ async fn bench_the_mall_profile_against_the_canonical_tables() {
         env.stock_up(&[("sku-a", 10 * n), ("sku-b", 10 * n)]).await;
         let now = env.db.now_ms().await.unwrap();
         for k in 0..n {
-            env.create(&crate::support::order(&format!("c-{k:06}"), "acme", now - 1_000))
-                .await;
+            env.create(&crate::support::order(
+                &format!("c-{k:06}"),
+                "acme",
+                now - 1_000,
+            ))
+            .await;
         }
         let canonical = drain_rate("mariadb.toml", &env, "", n, || async {
             env.int("SELECT COUNT(*) FROM orders WHERE status = ?", "CLOSED")
@@ -1118,7 +1145,10 @@ async fn bench_the_sweep_over_a_million_closed_mall_orders() {
     .execute(mall.shop.pool())
     .await
     .unwrap();
-    eprintln!("10^6 closed orders inserted in {:.1} s", t.elapsed().as_secs_f64());
+    eprintln!(
+        "10^6 closed orders inserted in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
     mall.stock_up(&[801], 1_000).await;
     mall.member(1, 0, &[]).await;
     for k in 0..100 {
@@ -1134,12 +1164,17 @@ async fn bench_the_sweep_over_a_million_closed_mall_orders() {
         })
         .await;
     }
-    sqlx::query("ANALYZE TABLE oms_order").execute(mall.shop.pool()).await.unwrap();
+    sqlx::query("ANALYZE TABLE oms_order")
+        .execute(mall.shop.pool())
+        .await
+        .unwrap();
     let config = mall.config("");
     let db = mall.mapped(&config);
     let round = || async {
         let t = std::time::Instant::now();
-        let found = timeoutd::db::outbox::find_orphans(&db, now, 10_000, 500).await.unwrap();
+        let found = timeoutd::db::outbox::find_orphans(&db, now, 10_000, 500)
+            .await
+            .unwrap();
         assert_eq!(found.len(), 100);
         t.elapsed().as_secs_f64() * 1000.0
     };

@@ -233,7 +233,10 @@ pub async fn check(db: &Db, m: &Mapped) -> Result<Report, DbError> {
         db,
         database: database.clone(),
     };
-    if !catalog.has_index(&o.table, &[&o.status, time_column]).await? {
+    if !catalog
+        .has_index(&o.table, &[&o.status, time_column])
+        .await?
+    {
         let rows = catalog.rows(&o.table).await?;
         report.advice.push(format!(
             "`{table}` has no index on ({status}, {time_column}): each sweep round, overdue \

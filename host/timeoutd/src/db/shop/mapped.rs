@@ -697,8 +697,10 @@ impl Mapped {
         let mut rows: HashMap<(String, String), Vec<i64>> = HashMap::new();
         for r in s.query().fetch_all(&mut *conn).await? {
             let key = (
-                r.try_get::<Option<String>, _>("coupon")?.unwrap_or_default(),
-                r.try_get::<Option<String>, _>("holder")?.unwrap_or_default(),
+                r.try_get::<Option<String>, _>("coupon")?
+                    .unwrap_or_default(),
+                r.try_get::<Option<String>, _>("holder")?
+                    .unwrap_or_default(),
             );
             rows.entry(key).or_default().push(r.try_get("row_id")?);
         }
@@ -734,9 +736,11 @@ impl Mapped {
         conn: &mut AnyConnection,
         ids: &[&str],
     ) -> Result<Vec<PointsBack>, DbError> {
-        let (Some(spent), Some(p), Some(table)) =
-            (&self.profile.orders.points, &self.profile.points, &self.points)
-        else {
+        let (Some(spent), Some(p), Some(table)) = (
+            &self.profile.orders.points,
+            &self.profile.points,
+            &self.points,
+        ) else {
             return Ok(Vec::new());
         };
         if ids.is_empty() {
@@ -761,7 +765,9 @@ impl Mapped {
             let Some(points) = points.filter(|p| *p > 0) else {
                 continue;
             };
-            let member: String = row.try_get::<Option<String>, _>("member")?.unwrap_or_default();
+            let member: String = row
+                .try_get::<Option<String>, _>("member")?
+                .unwrap_or_default();
             let applied = row.try_get::<i64, _>("known")? == 1;
             if applied {
                 *per_member.entry(member.clone()).or_default() += points;
@@ -780,9 +786,14 @@ impl Mapped {
         // order, so two groups lock buyer rows in the same order).
         let c = col(&p.column);
         let key = col(&p.member);
-        let mut s = Stmt::new(format!("UPDATE {table} a SET {c} = COALESCE({c}, 0) + CASE {key}"));
+        let mut s = Stmt::new(format!(
+            "UPDATE {table} a SET {c} = COALESCE({c}, 0) + CASE {key}"
+        ));
         for (member, points) in &per_member {
-            s.push(" WHEN ").bind(member.as_str()).push(" THEN ").bind(*points);
+            s.push(" WHEN ")
+                .bind(member.as_str())
+                .push(" THEN ")
+                .bind(*points);
         }
         s.push(&format!(" ELSE 0 END WHERE {key} IN "));
         s.bind_list(per_member.keys().map(|m| Bind::from(m.as_str())));
