@@ -4,6 +4,7 @@ mod admin;
 mod alipay;
 mod architecture;
 mod chaos;
+mod chaos_mall;
 mod config;
 mod docs;
 mod e2e;
