@@ -1201,3 +1201,101 @@ async fn bench_the_sweep_over_a_million_closed_mall_orders() {
     );
     mall.cleanup().await;
 }
+
+/// mall split over two shard databases (`[[database.shards]]` with `routing = "mod"`, each shard
+/// its own `shop_database`): one `timeoutd run` takes both shards and closes each shard's due
+/// orders once in that shard's mall tables, by the sweep; the orders not due are left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_mall_is_closed_shard_by_shard() {
+    let shards = [Mall::new().await, Mall::new().await];
+    let now = shards[0].env.db.now_ms().await.unwrap();
+    for (at, mall) in shards.iter().enumerate() {
+        mall.stock_up(&[901], 100).await;
+        for k in 0..20i64 {
+            // mall's ids routed by `id % 2`, as ShardingSphere's MOD would put them.
+            let id = 50_000 + 2 * k + at as i64;
+            mall.member(id, 10, &[]).await;
+            mall.place(&Placed {
+                id,
+                member: id,
+                coupon: None,
+                points: Some(10),
+                lines: &[(901, 1, "2.00")],
+                created_ms: if k < 15 {
+                    now - WINDOW_MS - 60_000
+                } else {
+                    now - 60_000
+                },
+                status: 0,
+                deleted: 0,
+            })
+            .await;
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[database]\nrouting = \"mod\"\nshard_lease = \"2s\"\nmax_connections = 4\n\
+         [database.shop]\nprofile = \"{}\"\n\
+         [[database.shards]]\nname = \"ds_0\"\nurl = \"{}\"\nshop_database = \"{}\"\n\
+         [[database.shards]]\nname = \"ds_1\"\nurl = \"{}\"\nshop_database = \"{}\"\n\
+         [sweep]\ninterval = \"500ms\"\ngrace = \"1s\"\n\
+         [merchants.mall]\nplugin = \"builtin:single-phase\"\n",
+        profile_path().display(),
+        shards[0].env.url,
+        shards[0].name,
+        shards[1].env.url,
+        shards[1].name
+    );
+    let file = dir.path().join("sharded-mall.toml");
+    std::fs::write(&file, config).unwrap();
+    let log = dir.path().join("daemon.log");
+    let mut daemon = std::process::Command::new(crate::support::timeoutd_bin())
+        .args(["run", "--config"])
+        .arg(&file)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let closed = |mall: &Mall| {
+        let shop = mall.shop.clone();
+        async move {
+            sqlx::query("SELECT COUNT(*) FROM oms_order WHERE status = 4")
+                .fetch_one(shop.pool())
+                .await
+                .unwrap()
+                .get::<i64, _>(0)
+        }
+    };
+    crate::support::eventually(
+        std::time::Duration::from_secs(60),
+        "15 orders closed in each shard",
+        || async { closed(&shards[0]).await == 15 && closed(&shards[1]).await == 15 },
+    )
+    .await;
+    // A moment more: nothing else closes (the 5 not yet due in each shard stay pending).
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    for mall in &shards {
+        assert_eq!(closed(mall).await, 15, "{text}");
+        assert_eq!(
+            mall.locked(901).await,
+            5,
+            "the 5 pending orders' units stay locked"
+        );
+        assert_eq!(
+            mall.env
+                .int(
+                    "SELECT COUNT(*) FROM decision_log WHERE outcome = ?",
+                    "closed"
+                )
+                .await,
+            15,
+            "each shard's own decision log holds its closes"
+        );
+    }
+    let [a, b] = shards;
+    a.cleanup().await;
+    b.cleanup().await;
+}

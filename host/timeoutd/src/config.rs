@@ -145,8 +145,8 @@ pub struct DatabaseConfig {
     pub slow_statement: Duration,
     /// `[database.shop]`: the orders live in a shop's own tables (its order service keeps
     /// writing them), read and closed through a schema profile (docs/adoption.md). Left out,
-    /// timeoutd's own tables (`orders`, `order_items`, `sku_stock`, `coupons`). MariaDB/MySQL,
-    /// one database (not with `shards`) in this version.
+    /// timeoutd's own tables (`orders`, `order_items`, `sku_stock`, `coupons`). MariaDB/MySQL;
+    /// with `shards`, each shard's part of the shop's tables is in its `shop_database`.
     #[serde(default)]
     pub shop: Option<ShopConfig>,
 }
@@ -201,6 +201,10 @@ pub struct ShardConfig {
     /// `database.pool_mode = "transaction"` and `database.migrate = true`).
     #[serde(default)]
     pub migrate_url: Option<String>,
+    /// With `[database.shop]`: the database (on the shard's server) holding this shard's part
+    /// of the shop's tables; left out, `database.shop.database`.
+    #[serde(default)]
+    pub shop_database: Option<String>,
 }
 
 /// `database.routing`: the rule that maps an order id to a shard index in `0..N` (N shards),
@@ -813,6 +817,21 @@ impl Config {
             crate::db::Backend::of_url(&self.database.url).map_err(|e| vec![e.to_string()])?;
         let mapped = Mapped::compile(profile, shop.database.as_deref(), backend)?;
         Ok(Schema::Mapped(std::sync::Arc::new(mapped)))
+    }
+
+    /// [`Config::schema`] for shard `s`: the profile compiled for its URL's backend, its tables
+    /// in its `shop_database` (else `database.shop.database`).
+    ///
+    /// # Errors
+    /// As [`Config::schema`].
+    pub fn shard_schema(&self, s: &ShardConfig) -> Result<crate::db::shop::Schema, Vec<String>> {
+        let mut one = self.clone();
+        one.database.url = s.url.clone();
+        one.database.shards = Vec::new();
+        if let (Some(shop), Some(database)) = (one.database.shop.as_mut(), &s.shop_database) {
+            shop.database = Some(database.clone());
+        }
+        one.schema()
     }
 
     /// Where a merchant's plugin comes from.

@@ -223,7 +223,7 @@ pub(crate) async fn open_database(config: &Config) -> Result<Db, StartError> {
 /// # Errors
 /// [`StartError::Shop`] listing the problems; [`StartError::Db`] when the catalog cannot be
 /// read.
-async fn check_shop(db: &Db) -> Result<(), StartError> {
+pub(crate) async fn check_shop(db: &Db) -> Result<(), StartError> {
     let Some(mapped) = db.schema().mapped() else {
         return Ok(());
     };

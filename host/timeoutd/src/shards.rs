@@ -137,13 +137,18 @@ impl Sharded {
         let mut front = Vec::new();
         for (index, s) in config.database.shards.iter().enumerate() {
             let named = |e: String| StartError::Shard(s.name.clone(), e);
+            // Its orders: timeoutd's own tables, or its part of the shop's (`shop_database`).
+            let schema = config
+                .shard_schema(s)
+                .map_err(|problems| named(problems.join("; ")))?;
             let db = Db::connect_lazy(
                 &s.url,
                 config.database.pool_size(&s.url),
                 config.database.pool_mode,
             )
             .await
-            .map_err(|e| named(e.to_string()))?;
+            .map_err(|e| named(e.to_string()))?
+            .with_schema(schema);
             let migrate = match tokio::time::timeout(
                 lease,
                 crate::daemon::prepare(
@@ -153,7 +158,14 @@ impl Sharded {
             )
             .await
             {
-                Ok(Ok(())) => false,
+                Ok(Ok(())) => match crate::daemon::check_shop(&db).await {
+                    Ok(()) => false,
+                    Err(e @ StartError::Shop(_)) => return Err(named(e.to_string())),
+                    Err(e) => {
+                        tracing::error!(shard = %s.name, error = %e, "shard's shop tables not readable at start; its worker retries");
+                        config.database.migrate
+                    }
+                },
                 Ok(Err(e @ StartError::Unsafe(_))) => return Err(named(e.to_string())),
                 // Still a pooler refusal (its own exit status), naming the shard.
                 Ok(Err(StartError::Pooler(line))) => {
@@ -178,6 +190,9 @@ impl Sharded {
             own.database.url = s.url.clone();
             own.database.migrate_url = s.migrate_url.clone();
             own.database.shards = Vec::new();
+            if let (Some(shop), Some(database)) = (own.database.shop.as_mut(), &s.shop_database) {
+                shop.database = Some(database.clone());
+            }
             // Checked and migrated by the worker; the listeners are the process's.
             own.database.migrate = false;
             own.http = None;
@@ -388,7 +403,8 @@ async fn work(
                         shard.config.database.pool_size(&shard.config.database.url),
                         shard.config.database.pool_mode,
                     )
-                    .await?;
+                    .await?
+                    .with_schema(shard.db.schema().clone());
                     Daemon::start_prepared(&shard.config, clock.clone(), policies.clone(), db).await
                 };
                 match tokio::time::timeout(until_fence, start).await {

@@ -62,39 +62,7 @@ pub const BUILTIN_PLUGINS: &[&str] = &["single-phase", "two-phase"];
 fn database(c: &Config, p: &mut ConfigProblems) {
     let d = &c.database;
     if d.shop.is_some() {
-        if !d.shards.is_empty() {
-            p.push(
-                "database.shop",
-                "a schema profile works on one database in this version, not with database.shards",
-            );
-        } else {
-            match c.schema() {
-                Err(problems) => {
-                    for problem in problems {
-                        p.push("database.shop", problem);
-                    }
-                }
-                Ok(schema) => {
-                    let fixed = schema
-                        .mapped()
-                        .and_then(|m| match &m.profile().orders.merchant {
-                            crate::db::shop::profile::MerchantSpec::Fixed(name) => {
-                                Some(name.clone())
-                            }
-                            crate::db::shop::profile::MerchantSpec::Column(_) => None,
-                        });
-                    if let Some(name) = fixed.filter(|n| !c.merchants.contains_key(n)) {
-                        p.push(
-                            "database.shop",
-                            format!(
-                                "the profile gives every order to merchant `{name}`, which has no \
-                                 [merchants.{name}] table"
-                            ),
-                        );
-                    }
-                }
-            }
-        }
+        shop(c, p);
     }
     match (d.url.is_empty(), d.shards.is_empty()) {
         (true, true) => p.push(
@@ -156,6 +124,47 @@ fn database(c: &Config, p: &mut ConfigProblems) {
                 }
             }
         }
+    }
+}
+
+/// `[database.shop]`: the profile compiled for the database (or for each shard, its problems
+/// keyed by the shard), and the merchant a fixed-merchant profile names configured.
+fn shop(c: &Config, p: &mut ConfigProblems) {
+    use crate::db::shop::profile::MerchantSpec;
+    let schemas: Vec<(String, Result<_, _>)> = match c.database.shards.is_empty() {
+        true => vec![("database.shop".to_string(), c.schema())],
+        false => c
+            .database
+            .shards
+            .iter()
+            .map(|s| (format!("database.shards.{}", s.name), c.shard_schema(s)))
+            .collect(),
+    };
+    let mut fixed = None;
+    for (at, schema) in schemas {
+        match schema {
+            Err(problems) => {
+                for problem in problems {
+                    p.push(at.clone(), problem);
+                }
+            }
+            Ok(schema) => {
+                if let Some(MerchantSpec::Fixed(name)) =
+                    schema.mapped().map(|m| m.profile().orders.merchant.clone())
+                {
+                    fixed = Some(name);
+                }
+            }
+        }
+    }
+    if let Some(name) = fixed.filter(|n| !c.merchants.contains_key(n)) {
+        p.push(
+            "database.shop",
+            format!(
+                "the profile gives every order to merchant `{name}`, which has no \
+                 [merchants.{name}] table"
+            ),
+        );
     }
 }
 
