@@ -179,6 +179,24 @@ impl Mapped {
                 "`database.shop.database` = `{db}` is not a plain database name"
             ));
         }
+        if database.is_none() {
+            // The shop's tables in timeoutd's own database: none may be one of timeoutd's.
+            let own = crate::db::engine::TABLES.iter().chain(&[
+                "admin_audit",
+                "timeoutd_schema",
+                "_sqlx_migrations",
+            ]);
+            for table in profile.tables() {
+                if own.clone().any(|t| t.eq_ignore_ascii_case(table)) {
+                    problems.push(format!(
+                        "schema profile `{}`: the shop's table `{table}` has the name of one of \
+                         timeoutd's own tables; give timeoutd a database of its own and name the \
+                         shop's in `database.shop.database`",
+                        profile.name
+                    ));
+                }
+            }
+        }
         let (Ok(time), Ok(deadline)) = (profile.time_form(), profile.deadline()) else {
             return Err(problems);
         };

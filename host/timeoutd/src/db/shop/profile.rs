@@ -449,6 +449,19 @@ impl Profile {
         }
     }
 
+    /// Every table the profile names.
+    pub fn tables(&self) -> Vec<&str> {
+        let mut tables = vec![
+            self.orders.table.as_str(),
+            self.items.table.as_str(),
+            self.stock.table.as_str(),
+        ];
+        tables.extend(self.coupon.as_ref().map(|c| c.table.as_str()));
+        tables.extend(self.points.as_ref().map(|p| p.table.as_str()));
+        tables.extend(self.deadline.settings.as_ref().map(|s| s.table.as_str()));
+        tables
+    }
+
     /// Every table and column name with its key.
     fn identifiers(&self) -> Vec<(String, &str)> {
         let o = &self.orders;
@@ -540,6 +553,22 @@ mod tests {
         assert_eq!(p.name, "mall");
         assert!(p.problems().is_empty(), "{:?}", p.problems());
         assert!(matches!(p.deadline(), Ok(Deadline::Settings(_))));
+    }
+
+    #[test]
+    fn a_shop_table_named_like_one_of_timeoutds_needs_a_database_of_its_own() {
+        use crate::db::Backend;
+        use crate::db::shop::Mapped;
+        let mut p = mall();
+        p.orders.table = "orders".into();
+        let refused = Mapped::compile(p.clone(), None, Backend::MySql).unwrap_err();
+        assert!(
+            refused[0].contains("the shop's table `orders` has the name of one of timeoutd's own"),
+            "{refused:?}"
+        );
+        assert!(Mapped::compile(p, Some("shop"), Backend::MySql).is_ok());
+        let pg = Mapped::compile(mall(), Some("shop"), Backend::Postgres).unwrap_err();
+        assert!(pg[0].contains("MariaDB/MySQL in this version"), "{pg:?}");
     }
 
     #[test]
