@@ -81,6 +81,8 @@ pub struct BenchArgs {
     pub path: BenchPath,
     /// Orders in the burst (the baseline closes as many again).
     pub orders: u32,
+    /// SKUs the orders' lines draw on (at least 1; 1 is a flash sale on one stock row).
+    pub skus: u32,
     /// How far ahead of the start the shared deadline is put, ms.
     pub lead_ms: i64,
     /// Merchant whose plugin decides (default: the first configured).
@@ -126,7 +128,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     let n = args.orders;
     progress(format_args!("seeding 2 × {n} orders on {backend:?}"));
     let with_rows = args.path != BenchPath::Sweep;
-    let shape = seed::seed(&db, &merchant, n, with_rows).await?;
+    let shape = seed::seed(&db, &merchant, n, args.skus, with_rows).await?;
     if args.history > 0 {
         progress(format_args!(
             "history: {} PAID/CLOSED orders with PROCESSED outbox rows",
@@ -143,7 +145,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         "baseline: {n} closes, one transaction each, {connections} connection(s)"
     ));
     let before = counters::Counters::read(&db).await;
-    let baseline = baseline::run(&db, &merchant, n, connections).await?;
+    let baseline = baseline::run(&db, &merchant, n, args.skus, connections).await?;
     let after = counters::Counters::read(&db).await;
     let baseline_counts = after.since(&before, n);
     db.close().await;
@@ -333,6 +335,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
             path: args.path,
             daemons: args.daemons.max(1),
             orders: n,
+            skus: args.skus,
             deadline_ms,
             spread_ms: args.spread_ms,
             history: args.history,

@@ -107,6 +107,10 @@ pub enum Command {
         /// Orders in the burst (the baseline closes as many again).
         #[arg(long, default_value_t = 10_000)]
         orders: u32,
+        /// SKUs the orders' lines draw on, round robin: their stock rows are what every group
+        /// close updates. `--skus 1` is a flash sale (every order on one stock row).
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+        skus: u32,
         /// How far ahead the shared deadline is put once the daemon runs (path `broker`: at
         /// least 15 s, and 4 ms per order, so the broker has every message in its timer wheel).
         #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
@@ -196,6 +200,7 @@ pub fn main() -> ExitCode {
                 config,
                 path,
                 orders,
+                skus,
                 lead,
                 merchant,
                 daemons,
@@ -209,6 +214,7 @@ pub fn main() -> ExitCode {
                         config,
                         path,
                         orders,
+                        skus,
                         lead_ms: lead.as_millis() as i64,
                         merchant,
                         daemons,

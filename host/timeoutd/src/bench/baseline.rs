@@ -34,6 +34,7 @@ pub(super) async fn run(
     db: &Db,
     merchant: &str,
     n: u32,
+    skus: u32,
     connections: u32,
 ) -> anyhow::Result<Baseline> {
     let rows: HashMap<String, i64> = crate::db::bench::baseline_outbox_rows(db).await?;
@@ -50,7 +51,7 @@ pub(super) async fn run(
                 if i >= n {
                     return anyhow::Ok(());
                 }
-                close_one(&db, &merchant, i, &rows).await?;
+                close_one(&db, &merchant, i, skus, &rows).await?;
             }
         });
     }
@@ -70,11 +71,12 @@ async fn close_one(
     db: &Db,
     merchant: &str,
     i: u32,
+    skus: u32,
     rows: &HashMap<String, i64>,
 ) -> anyhow::Result<()> {
     let id = format!("b-{i:07}");
     let backend = db.backend();
-    let lines = lines_of(i);
+    let lines = lines_of(i, skus);
     let coupon = coupon_of(&id, i);
     let mut effects: Vec<Effect> = lines
         .iter()

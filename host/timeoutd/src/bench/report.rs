@@ -19,6 +19,8 @@ pub struct Report {
     pub path: BenchPath,
     /// Orders in the burst.
     pub orders: u32,
+    /// SKUs their lines draw on (1: a flash sale on one stock row).
+    pub skus: u32,
     /// Daemons that drained it together.
     pub daemons: u32,
     /// Deadlines this far apart, ms (0: one shared instant).
@@ -175,8 +177,8 @@ impl Report {
             format!("due {} ms apart", self.spread_ms)
         };
         out.push_str(&format!(
-            "timeoutd bench · {} · path {:?} · {} orders {due} · {} daemon(s)\n",
-            self.backend, self.path, self.orders, self.daemons
+            "timeoutd bench · {} · path {:?} · {} orders {due} on {} SKU(s) · {} daemon(s)\n",
+            self.backend, self.path, self.orders, self.skus, self.daemons
         ));
         out.push_str(&format!(
             "  closes/s            {:>10.0}   baseline {:>8.0}   ratio {:.2}\n",
@@ -260,6 +262,7 @@ pub(super) struct Inputs {
     pub path: BenchPath,
     pub daemons: u32,
     pub orders: u32,
+    pub skus: u32,
     pub deadline_ms: i64,
     pub spread_ms: i64,
     pub history: u32,
@@ -330,6 +333,7 @@ pub(super) async fn collect(db: &Db, closes: &Closes, i: Inputs) -> anyhow::Resu
         path: i.path,
         daemons: i.daemons,
         orders: i.orders,
+        skus: i.skus,
         spread_ms: i.spread_ms,
         history: i.history,
         sweep_query_ms,

@@ -3,8 +3,6 @@
 
 use crate::db::{Backend, Db, fixtures};
 
-/// SKUs of the sale: few, so their stock rows are as hot as on a real flash-sale day.
-pub(super) const SKUS: u32 = 8;
 /// Units of each SKU before any order locks some.
 pub(super) const UNITS_PER_SKU: i64 = 10_000_000;
 /// Rows per multi-row INSERT while seeding.
@@ -70,12 +68,18 @@ fn with_database(url: &str, name: &str) -> String {
 
 /// Seeds the SKUs and 2 × `n` PENDING orders of `merchant` (the baseline's overdue, the
 /// daemon's due a day from now until [`set_deadline`]): ids `b-<i>` and `d-<i>`, one or two lines on the
-/// hot SKUs, a LOCKED coupon on every fifth, an activity on every other, a payment reference on
-/// each, and with `outbox` their phase-0 outbox row.
+/// `skus` hot SKUs, a LOCKED coupon on every fifth, an activity on every other, a payment
+/// reference on each, and with `outbox` their phase-0 outbox row.
 ///
 /// # Errors
 /// A statement fails.
-pub(super) async fn seed(db: &Db, merchant: &str, n: u32, outbox: bool) -> anyhow::Result<Shape> {
+pub(super) async fn seed(
+    db: &Db,
+    merchant: &str,
+    n: u32,
+    skus: u32,
+    outbox: bool,
+) -> anyhow::Result<Shape> {
     let now = db.now_ms().await?;
     let far = now + 86_400_000;
     // The baseline's orders are overdue already (it runs before the daemon starts); the
@@ -88,10 +92,10 @@ pub(super) async fn seed(db: &Db, merchant: &str, n: u32, outbox: bool) -> anyho
         }
     };
     let mut shape = Shape {
-        initial_units: i64::from(SKUS) * UNITS_PER_SKU,
+        initial_units: i64::from(skus) * UNITS_PER_SKU,
         ..Shape::default()
     };
-    let mut locked = vec![0i64; SKUS as usize];
+    let mut locked = vec![0i64; skus as usize];
     let ids: Vec<String> = (0..n)
         .map(|i| format!("b-{i:07}"))
         .chain((0..n).map(|i| format!("d-{i:07}")))
@@ -104,7 +108,7 @@ pub(super) async fn seed(db: &Db, merchant: &str, n: u32, outbox: bool) -> anyho
             let i: u32 = id[2..].parse().expect("seeded id");
             let coupon = coupon_of(id, i);
             let activity = i.is_multiple_of(2).then_some("flash-bench");
-            let order_lines = lines_of(i);
+            let order_lines = lines_of(i, skus);
             let total: i64 = order_lines.iter().map(|(_, q)| q * 1_990).sum();
             for (line_no, (sku, qty)) in order_lines.iter().enumerate() {
                 locked[*sku] += qty;
@@ -153,12 +157,13 @@ pub(super) async fn seed(db: &Db, merchant: &str, n: u32, outbox: bool) -> anyho
     Ok(shape)
 }
 
-/// The lines of order number `i`: (SKU index, quantity), one line, or two on every fourth.
-pub(super) fn lines_of(i: u32) -> Vec<(usize, i64)> {
-    let first = (i % SKUS) as usize;
+/// The lines of order number `i` over `skus` SKUs: (SKU index, quantity), one line, or two on
+/// every fourth (the next SKU, or the same one again when there is only one).
+pub(super) fn lines_of(i: u32, skus: u32) -> Vec<(usize, i64)> {
+    let first = (i % skus) as usize;
     let mut lines = vec![(first, 1 + i64::from(i % 3))];
     if i.is_multiple_of(4) {
-        lines.push(((first + 1) % SKUS as usize, 1));
+        lines.push(((first + 1) % skus as usize, 1));
     }
     lines
 }
