@@ -223,7 +223,10 @@ impl Dispatcher {
         let leases = orders::live_leases(&mut tx, schema, &lost, now_ms).await?;
         let held = |k: usize| leases.get(ids[k]).copied();
         let closing = || (0..group.len()).filter(|&k| won[k]);
-        // What the group gives back: stock summed per SKU, coupons.
+        // Stock: one statement per SKU, in SKU order (two groups never deadlock on stock rows).
+        // Before the orders' update, so that a group waiting for a hot SKU's row lock (a flash
+        // sale's groups all touch the same few) is stamped after the wait: the orders it won
+        // are already locked by `lock_pending`.
         let mut per_sku: BTreeMap<&str, i64> = BTreeMap::new();
         let mut coupons: Vec<(&str, &str, &str)> = Vec::new();
         for k in closing() {
@@ -239,38 +242,15 @@ impl Dispatcher {
                 }
             }
         }
-        // First what is the group's own (its orders are locked by `lock_pending`): coupons,
-        // points, the decision log.
-        let released = orders::release_coupons(&mut tx, schema, &coupons).await?;
-        let closed_ids: Vec<&str> = closing().map(|k| ids[k]).collect();
-        let points = orders::return_points(&mut tx, schema, &closed_ids).await?;
-        let records: Vec<journal::DecisionRecord<'_>> = (0..group.len())
-            .map(|k| match (won[k], held(k)) {
-                (true, _) => decided[k].record(
-                    "cancel",
-                    "closed",
-                    closed_detail(cancels[k].0, cancels[k].1),
-                ),
-                (false, Some(until_ms)) => {
-                    decided[k].record("cancel", "deferred", held_detail(until_ms))
-                }
-                (false, None) => decided[k].record("cancel", "noop", noop_detail()),
-            })
-            .collect();
-        journal::log_decisions(&mut tx, &records).await?;
-        // Then the hot rows, shared with every other group: one statement per SKU, in SKU
-        // order (two groups never deadlock on stock rows; each takes its orders' locks first).
-        // A flash sale's groups all update the same few stock rows, so from here on each holds
-        // their locks: only the stamped writes and the commit follow.
         let mut missing_skus: HashSet<&str> = HashSet::new();
         for (sku, units) in &per_sku {
             if !orders::restore_units(&mut tx, schema, sku, *units).await? {
                 missing_skus.insert(sku);
             }
         }
-        // The close's stamp: when it is written, after every wait (the writer on SQLite, a hot
-        // row's lock on the servers), not when the group was decided; a stamp read before a
-        // wait said an order closed up to a second before it did.
+        // The close's stamp: when it is written, not when the group was decided. Staged groups
+        // queue for the writer (SQLite) or for the hot rows; a stamp read before that said an
+        // order closed up to a second before it did.
         let written_ms = self.written_at(&mut tx, now_ms).await?;
         let stamps: Vec<(&str, orders::CloseStamp<'_>)> = closing()
             .map(|k| (ids[k], decided[k].close_stamp(cancels[k].0)))
@@ -285,6 +265,9 @@ impl Dispatcher {
                 ),
             });
         }
+        let released = orders::release_coupons(&mut tx, schema, &coupons).await?;
+        let closed_ids: Vec<&str> = closing().map(|k| ids[k]).collect();
+        let points = orders::return_points(&mut tx, schema, &closed_ids).await?;
         let applied = |_: usize, e: &Effect| match in_close(e) {
             InClose::Stock { sku, .. } => !missing_skus.contains(sku),
             InClose::Coupon { coupon } => released.contains(coupon),
@@ -299,6 +282,20 @@ impl Dispatcher {
             })
             .collect();
         ledger::record_many(&mut tx, backend, &entries, written_ms).await?;
+        let records: Vec<journal::DecisionRecord<'_>> = (0..group.len())
+            .map(|k| match (won[k], held(k)) {
+                (true, _) => decided[k].record(
+                    "cancel",
+                    "closed",
+                    closed_detail(cancels[k].0, cancels[k].1),
+                ),
+                (false, Some(until_ms)) => {
+                    decided[k].record("cancel", "deferred", held_detail(until_ms))
+                }
+                (false, None) => decided[k].record("cancel", "noop", noop_detail()),
+            })
+            .collect();
+        journal::log_decisions(&mut tx, &records).await?;
         let rows = |closed: bool| -> Vec<outbox::RowRef<'_>> {
             (0..group.len())
                 .filter(|&k| won[k] == closed && (closed || held(k).is_none()))
