@@ -228,6 +228,46 @@ impl Mall {
         tx.commit().await.unwrap();
     }
 
+    /// `n` orders due two minutes ago, ids from `first_id`, each by a member of its own (ids from
+    /// `first_member`, 50 points, one unused row of `coupon`) spending `points`, with one
+    /// `line`. Returns the database clock they were placed by.
+    pub async fn place_due(
+        &self,
+        n: i64,
+        (first_id, first_member): (i64, i64),
+        coupon: i64,
+        points: i64,
+        line: Line,
+    ) -> i64 {
+        let now = self.env.db.now_ms().await.unwrap();
+        for k in 0..n {
+            self.member(first_member + k, 50, &[coupon]).await;
+            self.place(&Placed {
+                id: first_id + k,
+                member: first_member + k,
+                coupon: Some(coupon),
+                points: Some(points),
+                lines: &[line],
+                created_ms: now - WINDOW_MS - 120_000,
+                status: 0,
+                deleted: 0,
+            })
+            .await;
+        }
+        now
+    }
+
+    /// A dispatcher on this mall's config at `now`, after a sweep that re-armed all `n` due
+    /// orders (mall writes no outbox rows).
+    pub async fn swept(&self, now: i64, n: i64) -> Arc<timeoutd::dispatch::Dispatcher> {
+        let config = self.config("");
+        let db = self.mapped(&config);
+        let (clock, _) = Clock::manual(now);
+        let swept = sweep::sweep_once(&db, &clock, &config.sweep).await.unwrap();
+        assert_eq!(swept.rearmed, n as usize);
+        self.env.dispatcher(&config, clock).await
+    }
+
     /// Runs `sql` on the mall database with `values` bound.
     pub async fn exec(&self, sql: &'static str, values: &[i64]) {
         let mut q = sqlx::query(sql);
@@ -512,33 +552,11 @@ async fn a_mall_order_closes_once_as_malls_own_cancel_would() {
 async fn a_payment_racing_the_close_keeps_or_releases_everything_of_its_order() {
     const N: i64 = 60;
     let mall = Mall::new().await;
-    let now = mall.env.db.now_ms().await.unwrap();
     mall.stock_up(&[201], 1_000).await;
-    for k in 0..N {
-        mall.member(1_000 + k, 50, &[9]).await;
-        mall.place(&Placed {
-            id: 5_000 + k,
-            member: 1_000 + k,
-            coupon: Some(9),
-            points: Some(10),
-            lines: &[(201, 2, "5.00")],
-            created_ms: now - WINDOW_MS - 120_000,
-            status: 0,
-            deleted: 0,
-        })
+    let now = mall
+        .place_due(N, (5_000, 1_000), 9, 10, (201, 2, "5.00"))
         .await;
-    }
-    let config = mall.config("");
-    let db = mall.mapped(&config);
-    let (clock, _) = Clock::manual(now);
-    assert_eq!(
-        sweep::sweep_once(&db, &clock, &config.sweep)
-            .await
-            .unwrap()
-            .rearmed,
-        N as usize
-    );
-    let d = mall.env.dispatcher(&config, clock).await;
+    let d = mall.swept(now, N).await;
     let shop = Arc::new(mall.shop.clone());
     let payer = tokio::spawn(async move {
         let mut paid = Vec::new();
@@ -742,33 +760,11 @@ async fn malls_cancel(shop: &Db, id: i64) -> bool {
 async fn malls_own_cancel_made_a_compare_and_set_beside_timeoutd_never_closes_twice() {
     const N: i64 = 60;
     let mall = Mall::new().await;
-    let now = mall.env.db.now_ms().await.unwrap();
     mall.stock_up(&[401], 1_000).await;
-    for k in 0..N {
-        mall.member(2_000 + k, 50, &[5]).await;
-        mall.place(&Placed {
-            id: 7_000 + k,
-            member: 2_000 + k,
-            coupon: Some(5),
-            points: Some(20),
-            lines: &[(401, 3, "8.80")],
-            created_ms: now - WINDOW_MS - 120_000,
-            status: 0,
-            deleted: 0,
-        })
+    let now = mall
+        .place_due(N, (7_000, 2_000), 5, 20, (401, 3, "8.80"))
         .await;
-    }
-    let config = mall.config("");
-    let db = mall.mapped(&config);
-    let (clock, _) = Clock::manual(now);
-    assert_eq!(
-        sweep::sweep_once(&db, &clock, &config.sweep)
-            .await
-            .unwrap()
-            .rearmed,
-        N as usize
-    );
-    let d = mall.env.dispatcher(&config, clock).await;
+    let d = mall.swept(now, N).await;
     let shop = mall.shop.clone();
     let job = tokio::spawn(async move {
         let mut closed = 0;
