@@ -159,8 +159,22 @@ impl Mall {
     /// Places `o` as mall's `generateOrder` does, in one transaction: the order and its lines,
     /// each line's `lock_stock` raised, the member's first unused row of the coupon marked used
     /// (1), the points spent taken off the member.
+    /// Like mall's own, the transaction locks its lines' stock rows in the cart's order, so it can
+    /// deadlock with a close of other orders (which locks them in SKU order); the order service
+    /// then places it again, as a buyer retrying would.
     pub async fn place(&self, o: &Placed<'_>) {
-        let mut tx = self.shop.pool().begin().await.unwrap();
+        for attempt in 1.. {
+            match self.try_place(o).await {
+                Ok(()) => return,
+                Err(sqlx::Error::Database(e))
+                    if e.code().as_deref() == Some("40001") && attempt < 20 => {}
+                Err(e) => panic!("placing order {}: {e}", o.id),
+            }
+        }
+    }
+
+    async fn try_place(&self, o: &Placed<'_>) -> Result<(), sqlx::Error> {
+        let mut tx = self.shop.pool().begin().await?;
         let total: f64 = o
             .lines
             .iter()
@@ -184,8 +198,7 @@ impl Mall {
         .bind(o.deleted)
         .bind(o.points)
         .execute(&mut *tx)
-        .await
-        .unwrap();
+        .await?;
         for (sku, quantity, price) in o.lines {
             sqlx::query(
                 "INSERT INTO oms_order_item (order_id, product_id, product_price, product_quantity, \
@@ -196,14 +209,12 @@ impl Mall {
             .bind(quantity)
             .bind(sku)
             .execute(&mut *tx)
-            .await
-            .unwrap();
+            .await?;
             sqlx::query("UPDATE pms_sku_stock SET lock_stock = lock_stock + ? WHERE id = ?")
                 .bind(quantity)
                 .bind(sku)
                 .execute(&mut *tx)
-                .await
-                .unwrap();
+                .await?;
         }
         if let Some(coupon) = o.coupon {
             sqlx::query(
@@ -214,18 +225,16 @@ impl Mall {
             .bind(o.member)
             .bind(coupon)
             .execute(&mut *tx)
-            .await
-            .unwrap();
+            .await?;
         }
         if let Some(points) = o.points {
             sqlx::query("UPDATE ums_member SET integration = integration - ? WHERE id = ?")
                 .bind(points)
                 .bind(o.member)
                 .execute(&mut *tx)
-                .await
-                .unwrap();
+                .await?;
         }
-        tx.commit().await.unwrap();
+        tx.commit().await
     }
 
     /// `n` orders due two minutes ago, ids from `first_id`, each by a member of its own (ids from
@@ -1294,4 +1303,91 @@ async fn a_sharded_mall_is_closed_shard_by_shard() {
     let [a, b] = shards;
     a.cleanup().await;
     b.cleanup().await;
+}
+
+/// `timeoutd validate` checks `[database.shop]` offline with everything else, each problem with
+/// its key, exit 64: a profile file that is missing; one that does not parse; one with a bad
+/// identifier and a bad zone (both named); a fixed merchant with no `[merchants.X]`; a
+/// PostgreSQL URL. The shipped `config/mall.toml` validates.
+#[test]
+fn validate_checks_the_shop_profile_offline() {
+    let dir = tempfile::tempdir().unwrap();
+    let shipped = std::fs::read_to_string(profile_path()).unwrap();
+    std::fs::write(dir.path().join("garbled.toml"), "name = \"x\"\n[orders\n").unwrap();
+    std::fs::write(
+        dir.path().join("bad.toml"),
+        shipped
+            .replace("table = \"oms_order\"", "table = \"oms_order`; --\"")
+            .replace("Asia/Shanghai", "Asia/Atlantis"),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("mall.toml"), &shipped).unwrap();
+    let run = |config: &str| {
+        let file = dir.path().join("config.toml");
+        std::fs::write(&file, config).unwrap();
+        let out = std::process::Command::new(crate::support::timeoutd_bin())
+            .args(["validate", "--config"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let mysql = "mysql://root@127.0.0.1:3306/test";
+    let cases = [
+        (mysql, "missing.toml", "mall", "missing.toml: No such file"),
+        (
+            mysql,
+            "garbled.toml",
+            "mall",
+            "garbled.toml: TOML parse error",
+        ),
+        (
+            mysql,
+            "bad.toml",
+            "mall",
+            "`orders.table` = `oms_order`; --` is not a plain table or column name",
+        ),
+        (
+            mysql,
+            "bad.toml",
+            "mall",
+            "`time.zone` = `Asia/Atlantis` is not an IANA time zone",
+        ),
+        (
+            mysql,
+            "mall.toml",
+            "acme",
+            "merchant `mall`, which has no [merchants.mall] table",
+        ),
+        (
+            "postgres://postgres@127.0.0.1:5432/test",
+            "mall.toml",
+            "mall",
+            "shop schemas run on MariaDB/MySQL",
+        ),
+    ];
+    for (url, profile, merchant, want) in cases {
+        let (code, stderr) = run(&format!(
+            "[database]\nurl = \"{url}\"\n[database.shop]\nprofile = \"{profile}\"\ndatabase = \"mall\"\n\
+             [merchants.{merchant}]\nplugin = \"builtin:single-phase\"\n"
+        ));
+        assert_eq!(code, Some(64), "{profile}: {stderr}");
+        assert!(
+            stderr.contains("database.shop") && stderr.contains(want),
+            "{want} missing from:\n{stderr}"
+        );
+    }
+    let out = std::process::Command::new(crate::support::timeoutd_bin())
+        .args(["validate", "--config"])
+        .arg(repo_root().join("config/mall.toml"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
