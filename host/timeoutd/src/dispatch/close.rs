@@ -115,9 +115,7 @@ impl<'a> Decided<'a> {
             })
             .collect()
     }
-}
 
-impl<'a> Decided<'a> {
     /// The ledger row of the points a close gave back (`return-points`, a host kind carried out
     /// in the close transaction), after the plugin's effects (`index`).
     pub(super) fn points_entry(&self, index: usize, back: &PointsBack) -> ledger::NewEntry<'a> {

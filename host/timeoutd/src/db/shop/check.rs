@@ -225,10 +225,7 @@ pub async fn check(db: &Db, m: &Mapped) -> Result<Report, DbError> {
         return Ok(report);
     }
     // The sweep's index: the status, then the time it orders and bounds by.
-    let time_column = match m.deadline() {
-        Deadline::Column(c) => c.as_str(),
-        Deadline::Window(_) | Deadline::Settings(_) => o.created.as_str(),
-    };
+    let time_column = m.due_column();
     let catalog = Catalog {
         db,
         database: database.clone(),

@@ -327,13 +327,23 @@ impl Mapped {
     /// A comparison of `expr` (a time column) with `ms` in the column's form.
     fn time_at_most(&self, s: &mut Stmt, expr: &str, ms: i64) {
         s.push(expr).push(" <= ");
+        self.bind_time(s, ms);
+    }
+
+    /// `ms` bound in the form of the profile's time columns.
+    fn bind_time(&self, s: &mut Stmt, ms: i64) {
         match self.time.store(ms) {
-            Stored::Text(t) => {
-                s.push("CAST(").bind(Bind::Text(t)).push(" AS DATETIME)");
-            }
-            Stored::Int(n) => {
-                s.bind(n);
-            }
+            Stored::Text(t) => s.push("CAST(").bind(Bind::Text(t)).push(" AS DATETIME)"),
+            Stored::Int(n) => s.bind(n),
+        };
+    }
+
+    /// The time column due orders are found and ordered by: the deadline column, or the
+    /// created time (the sweep's index leads with the status, then this).
+    pub fn due_column(&self) -> &str {
+        match &self.deadline {
+            Deadline::Column(c) => c,
+            Deadline::Window(_) | Deadline::Settings(_) => &self.profile.orders.created,
         }
     }
 
@@ -619,10 +629,7 @@ impl Mapped {
         s.bind(&o.closed);
         if let Some(m) = &o.modified {
             s.push(&format!(", {} = ", col(m)));
-            match self.time.store(now_ms) {
-                Stored::Text(t) => s.push("CAST(").bind(Bind::Text(t)).push(" AS DATETIME)"),
-                Stored::Int(n) => s.bind(n),
-            };
+            self.bind_time(&mut s, now_ms);
         }
         s.push(" WHERE 1 = 1");
         self.id_in(&mut s, ids);
@@ -867,10 +874,7 @@ impl Mapped {
              AND d.status = 'OPEN' AND d.source <> "
         ));
         s.bind(sources[2]).push(")");
-        let order_by = match &self.deadline {
-            Deadline::Column(c) => col(c),
-            _ => col(&self.profile.orders.created),
-        };
+        let order_by = col(self.due_column());
         s.push(&format!(" ORDER BY {order_by} LIMIT "))
             .bind(i64::from(batch));
         let rows = s.query().fetch_all(&mut *conn).await?;
@@ -949,10 +953,7 @@ impl Mapped {
         ));
         self.pending(&mut s);
         self.due(&mut s, now_ms - margin_ms, window);
-        let order_by = match &self.deadline {
-            Deadline::Column(c) => col(c),
-            _ => col(&self.profile.orders.created),
-        };
+        let order_by = col(self.due_column());
         s.push(&format!(" ORDER BY {order_by} LIMIT ")).bind(limit);
         let rows = s.query().fetch_all(&mut *conn).await?;
         rows.iter()
