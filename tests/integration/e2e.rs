@@ -1067,6 +1067,60 @@ async fn spans_reach_an_otlp_collector_in_the_callers_trace() {
     env.cleanup().await;
 }
 
+/// `--log-format json`: every line the daemon writes on stderr, from start-up through a close
+/// to its stop, is one JSON object with a timestamp, a level, a target and a message — a log
+/// shipper parses each line, and none is plain text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_json_log_format_writes_every_line_as_one_json_object() {
+    let env = Env::new(Backend::Sqlite).await;
+    env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+    env.create(&crate::support::order("logged", "acme", crate::support::T0))
+        .await;
+    let file = env.dir.path().join("json.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[database]\nurl = \"{}\"\n[merchants.acme]\nplugin = \"builtin:single-phase\"\n",
+            env.url
+        ),
+    )
+    .unwrap();
+    let log = env.dir.path().join("timeoutd.log");
+    let mut daemon =
+        crate::support::started_daemon_with(&["--log-format", "json"], &file, &[], &log).await;
+    crate::support::eventually(Duration::from_secs(30), "the due order closes", || async {
+        env.status("logged").await == "CLOSED"
+    })
+    .await;
+    let exit = crate::support::sigterm(&mut daemon, Duration::from_secs(10)).await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(exit.success(), "{exit:?}\n{text}");
+    let mut messages = Vec::new();
+    for (n, line) in text.lines().filter(|l| !l.trim().is_empty()).enumerate() {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("line {}: not JSON ({e}): {line}", n + 1));
+        for field in ["timestamp", "level", "target"] {
+            assert!(v[field].is_string(), "line {}: no `{field}`: {line}", n + 1);
+        }
+        let message = v["fields"]["message"].as_str();
+        assert!(
+            message.is_some(),
+            "line {}: no fields.message: {line}",
+            n + 1
+        );
+        messages.push(message.unwrap().to_string());
+    }
+    assert!(
+        messages.iter().any(|m| m.contains("timeoutd started")),
+        "{messages:#?}"
+    );
+    assert!(
+        messages.len() >= 2,
+        "start-up and stop at least: {messages:#?}"
+    );
+    env.cleanup().await;
+}
+
 /// A burst is no log flood (#48): with `database.slow_statement = "1ms"` nearly every
 /// statement of a 2,000-order burst counts as slow — sqlx wrote a WARN line for each, and the
 /// daemon an INFO line per close (2,024 lines) — yet the daemon's log stays a few lines: a

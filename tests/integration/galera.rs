@@ -13,7 +13,7 @@ use timeoutd::db::shop::Schema;
 use timeoutd::db::{Backend, Db, DbError, journal};
 use timeoutd::dispatch::Dispatcher;
 
-use crate::support::{Env, MerchantSpec, T0, order};
+use crate::support::{Env, MerchantSpec, T0, closed_record, order};
 
 /// The nodes' SQL addresses (`scripts/galera`).
 const NODES: [&str; 3] = ["127.0.0.1:3411", "127.0.0.1:3412", "127.0.0.1:3413"];
@@ -74,25 +74,6 @@ async fn derived_table_close(
         .execute(&mut *conn)
         .await?
         .rows_affected())
-}
-
-fn decision<'a>(order_id: &'a str, trigger_kind: &'a str) -> journal::DecisionRecord<'a> {
-    journal::DecisionRecord {
-        order_id,
-        merchant_id: "acme",
-        plugin: "single-phase",
-        plugin_digest: "-",
-        trigger_kind,
-        phase: 0,
-        attempt: 0,
-        decision: "cancel",
-        outcome: "closed",
-        detail: "{}".to_string(),
-        latency_us: 0,
-        decided_at_ms: T0,
-        input: None,
-        answer: None,
-    }
 }
 
 /// Whether `e` is Galera's answer to a transaction it aborted: `1213 Deadlock found`.
@@ -160,57 +141,83 @@ async fn a_group_close_aborted_by_another_nodes_close_fails_with_either_statemen
     env.cleanup().await;
 }
 
-/// Why every statement error must end a close (and does: each is `?`): once Galera has aborted
-/// a transaction, the session is outside any transaction, so a statement a client sends anyway
-/// commits by itself. A close record written that way says the order was closed by a
-/// transaction that closed nothing — the chaos run's symptom exactly: decided closed by the
-/// outbox, still PENDING, later closed by the sweep.
+/// The chaos run's symptom, and the fence that makes it impossible (`db/fence.rs`). Once
+/// Galera has aborted a transaction the session is outside any transaction: in a plain `BEGIN`
+/// transaction (autocommit on) a statement a client sends anyway commits by itself, so a close
+/// record says the order was closed by a transaction that closed nothing — decided closed by
+/// the outbox, still PENDING, later closed by the sweep. Through [`Db::begin`] the same stray
+/// statement opens a new transaction instead, and the commit finds its fence gone, rolls it
+/// back and fails: one close record, the sweep's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs a Galera cluster: scripts/galera start DIR"]
-async fn after_galera_aborts_a_close_a_statement_sent_anyway_commits_on_its_own() {
+async fn after_galera_aborts_a_close_a_statement_sent_anyway_commits_alone_unless_fenced() {
     let env = on_cluster().await;
     env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
     let node2 = node(&env, 1).await;
-    env.create(&order("trap", "acme", T0 - 1_000)).await;
-    let mut group = node2.begin().await.unwrap();
-    orders::lock_pending(&mut group, &Schema::Canonical, &["trap"], Some(T0))
-        .await
-        .unwrap();
-    let mut single = env.db.begin().await.unwrap();
-    assert!(
-        orders::compare_and_close(&mut single, "trap", &stamp("sweep"))
+    for fenced in [false, true] {
+        let id = if fenced { "fenced" } else { "plain" };
+        env.create(&order(id, "acme", T0 - 1_000)).await;
+        let mut plain = None;
+        let mut fence = None;
+        let group: &mut sqlx::AnyConnection = if fenced {
+            &mut **fence.insert(node2.begin().await.unwrap())
+        } else {
+            &mut **plain.insert(node2.pool().begin().await.unwrap())
+        };
+        orders::lock_pending(&mut *group, &Schema::Canonical, &[id], Some(T0))
             .await
-            .unwrap()
-    );
-    journal::log_decision(&mut single, &decision("trap", "sweep"))
-        .await
-        .unwrap();
-    single.commit().await.unwrap();
-    orders::status_of(&mut node2.pool().acquire().await.unwrap(), "trap")
-        .await
-        .unwrap();
-    let e = orders::close_many(
-        &mut group,
-        &Schema::Canonical,
-        &[("trap", stamp("outbox"))],
-        T0,
-    )
-    .await
-    .expect_err("aborted");
-    assert!(is_abort(&e), "{e}");
-    // What the daemon never does: carry on after the error, then roll back.
-    journal::log_decision(&mut group, &decision("trap", "outbox"))
-        .await
-        .expect("the session is outside any transaction now");
-    group.rollback().await.unwrap();
-    assert_eq!(
-        env.int(
-            "SELECT COUNT(*) FROM decision_log WHERE order_id = ? AND outcome = 'closed'",
-            "trap"
+            .unwrap();
+        let mut single = env.db.begin().await.unwrap();
+        assert!(
+            orders::compare_and_close(&mut single, id, &stamp("sweep"))
+                .await
+                .unwrap()
+        );
+        journal::log_decision(&mut single, &closed_record(id, "sweep"))
+            .await
+            .unwrap();
+        single.commit().await.unwrap();
+        orders::status_of(&mut node2.pool().acquire().await.unwrap(), id)
+            .await
+            .unwrap();
+        let e = orders::close_many(
+            &mut *group,
+            &Schema::Canonical,
+            &[(id, stamp("outbox"))],
+            T0,
         )
-        .await,
-        2,
-        "the rolled-back close's record committed by itself"
+        .await
+        .expect_err("aborted");
+        assert!(is_abort(&e), "{e}");
+        // What a daemon would do had the error never reached it: carry on, then commit.
+        journal::log_decision(group, &closed_record(id, "outbox"))
+            .await
+            .expect("the server takes a statement after the abort");
+        let records = if let Some(tx) = fence {
+            let e = tx
+                .commit()
+                .await
+                .expect_err("the fence is gone with the aborted transaction");
+            assert!(matches!(e, DbError::Aborted { .. }), "{e}");
+            1
+        } else {
+            plain.unwrap().commit().await.unwrap();
+            2
+        };
+        assert_eq!(
+            env.int(
+                "SELECT COUNT(*) FROM decision_log WHERE order_id = ? AND outcome = 'closed'",
+                id
+            )
+            .await,
+            records,
+            "{id}: close records"
+        );
+    }
+    assert_eq!(
+        env.int("SELECT COUNT(*) FROM write_fence WHERE token <> ?", "0")
+            .await,
+        0
     );
     node2.close().await;
     env.cleanup().await;

@@ -6,6 +6,7 @@ use sqlx::Row;
 use timeoutd::clock::Clock;
 use timeoutd::db::Backend;
 use timeoutd::db::relay::{self, RowClaim};
+use timeoutd::db::shop::Schema;
 use timeoutd::dispatch::{Outcome, Trigger};
 use timeoutd_runtime::model::TriggerKind;
 
@@ -336,9 +337,9 @@ each_backend! {
     }
 }
 
-/// Waits until a transaction of this test's database is blocked on a row lock (the group
+/// Waits until `n` transactions of this test's database are blocked on a row lock (the group
 /// waiting for the payment's lock): PostgreSQL `pg_stat_activity`, MariaDB's process list.
-async fn until_blocked_on_a_lock(env: &Env) {
+async fn until_blocked_on_a_lock(env: &Env, n: i64) {
     let database = env.url.rsplit('/').next().unwrap().to_string();
     let sql = match env.db.backend() {
         Backend::Postgres => {
@@ -352,7 +353,7 @@ async fn until_blocked_on_a_lock(env: &Env) {
         }
     };
     let started = std::time::Instant::now();
-    while env.int(sql, &database).await == 0 {
+    while env.int(sql, &database).await < n {
         assert!(
             started.elapsed() < std::time::Duration::from_secs(30),
             "the group never waited on the payment's lock"
@@ -387,7 +388,7 @@ async fn payments_committed_while_a_group_waits_on_their_lock_are_left_alone(env
         let (d, triggers) = (d.clone(), triggers.clone());
         tokio::spawn(async move { d.handle_group(&triggers).await })
     };
-    until_blocked_on_a_lock(env).await;
+    until_blocked_on_a_lock(env, 1).await;
     assert!(
         !group.is_finished(),
         "the group went past the payment's lock"
@@ -448,6 +449,93 @@ async fn payments_committed_while_a_group_waits_on_their_lock_are_left_alone(env
         (env.stock("sku-a").await, env.stock("sku-b").await),
         (100 - 10, 100 - 5)
     );
+}
+
+/// F12, the sweep and the message path racing on one order: both triggers are decided and
+/// reach the order's row lock at the same time (another transaction holds it until both are
+/// seen waiting there). When it is let go, one compare-and-set closes the order and the other
+/// finds it closed: one transition, stamped by the winner, one close record, stock and coupon
+/// given back once.
+async fn the_sweep_and_a_message_racing_on_one_order_close_it_once(env: &Env) {
+    env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
+    env.create(&order("raced", "acme", T0)).await;
+    let (clock, _) = Clock::manual(T0 + 1);
+    let d = env.dispatcher(&env.config(SINGLE, ""), clock).await;
+    let mut holder = env.db.begin().await.unwrap();
+    timeoutd::db::orders::lock_pending(&mut holder, &Schema::Canonical, &["raced"], None)
+        .await
+        .unwrap();
+    let race: Vec<_> = [TriggerKind::DelayMessage, TriggerKind::Sweep]
+        .into_iter()
+        .map(|kind| {
+            let (d, trigger) = (
+                d.clone(),
+                Trigger {
+                    order_id: "raced".into(),
+                    kind,
+                    phase: 0,
+                    attempt: 0,
+                    due_ms: None,
+                    row_id: None,
+                    claim: None,
+                    state: Vec::new(),
+                    poll: false,
+                },
+            );
+            tokio::spawn(async move { d.handle(&trigger).await })
+        })
+        .collect();
+    until_blocked_on_a_lock(env, 2).await;
+    holder.rollback().await.unwrap();
+    let mut outcomes = Vec::new();
+    for path in race {
+        outcomes.push(path.await.unwrap());
+    }
+    assert_eq!(tally(&outcomes), (1, 1), "{outcomes:?}");
+    assert!(
+        outcomes.iter().any(
+            |o| matches!(o, Outcome::NoOp { reason } if reason.contains("compare-and-set lost"))
+        ),
+        "{outcomes:?}"
+    );
+    assert_eq!(env.status("raced").await, "CLOSED");
+    assert_eq!(
+        env.int(
+            "SELECT COUNT(*) FROM decision_log WHERE outcome = 'closed' AND order_id = ?",
+            "raced"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        (env.stock("sku-a").await, env.stock("sku-b").await),
+        (100, 100)
+    );
+    assert_eq!(env.coupon("cpn-raced").await, "AVAILABLE");
+    assert_eq!(
+        env.text("SELECT closed_by FROM orders WHERE id = ?", "raced")
+            .await,
+        if matches!(outcomes[0], Outcome::Closed { .. }) {
+            "delay-message"
+        } else {
+            "sweep"
+        },
+        "stamped by the path that won"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_sweep_and_a_message_racing_on_one_order_close_it_once_mariadb() {
+    let env = Env::new(Backend::MySql).await;
+    the_sweep_and_a_message_racing_on_one_order_close_it_once(&env).await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_sweep_and_a_message_racing_on_one_order_close_it_once_postgres() {
+    let env = Env::new(Backend::Postgres).await;
+    the_sweep_and_a_message_racing_on_one_order_close_it_once(&env).await;
+    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -12,6 +12,7 @@ mod edges;
 mod effects;
 mod engines;
 mod fakes;
+mod fence;
 mod galera;
 mod group;
 mod input;

@@ -259,6 +259,27 @@ each_backend! {
 }
 
 each_backend! {
+    /// A plugin that waits `u64::MAX` ms is refused by the guard's bound (a wait ends at most
+    /// 24 h past the deadline): dead-lettered naming the rule, no phase row parked at the end
+    /// of time, the order left open for an operator (the overdue alert's to find).
+    async fn a_wait_past_a_day_after_the_deadline_is_refused_and_left_to_an_operator(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&order("forever", "evil", T0)).await;
+        let config = env.config(&[("evil", "hostile", &[("mode", "forever")])], "");
+        let (clock, _) = Clock::manual(T0 + 1);
+        let d = env.dispatcher(&config, clock).await;
+        let outcomes = env.process(&d, T0 + 1).await;
+        let [Outcome::Refused { reason }] = &outcomes[..] else { panic!("{outcomes:?}") };
+        assert!(reason.contains("wait of 18446744073709551615 ms"), "{reason}");
+        assert!(reason.contains("at most 86400000 ms (24 h) past the order's deadline"), "{reason}");
+        assert_eq!(env.status("forever").await, "PENDING");
+        assert_eq!(env.int("SELECT COUNT(*) FROM order_timeout_msg WHERE phase > 0 AND order_id = ?", "forever").await, 0);
+        assert!(env.text("SELECT reason FROM dead_letter WHERE order_id = ?", "forever").await.contains("24 h"));
+        assert_eq!(env.text("SELECT outcome FROM decision_log WHERE order_id = ?", "forever").await, "refused");
+    }
+}
+
+each_backend! {
     async fn two_phase_reminds_then_closes_releasing_the_flash_sale(env) {
         env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
         let mut o = order("fs1", "flashy", T0);

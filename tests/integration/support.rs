@@ -406,6 +406,30 @@ impl Env {
     }
 }
 
+/// A decision-log record of `order_id` closed by a trigger of `trigger_kind` (merchant acme,
+/// single-phase), decided at [`T0`]: what a close writes beside its compare-and-set.
+pub fn closed_record<'a>(
+    order_id: &'a str,
+    trigger_kind: &'a str,
+) -> timeoutd::db::journal::DecisionRecord<'a> {
+    timeoutd::db::journal::DecisionRecord {
+        order_id,
+        merchant_id: "acme",
+        plugin: "single-phase",
+        plugin_digest: "-",
+        trigger_kind,
+        phase: 0,
+        attempt: 0,
+        decision: "cancel",
+        outcome: "closed",
+        detail: "{}".to_string(),
+        latency_us: 0,
+        decided_at_ms: T0,
+        input: None,
+        answer: None,
+    }
+}
+
 /// An order of `merchant` due at `deadline_ms`: 2 × `sku-a`, 1 × `sku-b`, coupon `cpn-<id>`,
 /// payment `pay-<id>`, no flash sale.
 pub fn order(id: &str, merchant: &str, deadline_ms: i64) -> Order {
@@ -522,7 +546,18 @@ pub async fn started_daemon(
     envs: &[(&str, &str)],
     log: &std::path::Path,
 ) -> tokio::process::Child {
+    started_daemon_with(&[], file, envs, log).await
+}
+
+/// [`started_daemon`] with `flags` before `run` (`--log-format json`).
+pub async fn started_daemon_with(
+    flags: &[&str],
+    file: &std::path::Path,
+    envs: &[(&str, &str)],
+    log: &std::path::Path,
+) -> tokio::process::Child {
     let daemon = tokio::process::Command::new(timeoutd_bin())
+        .args(flags)
         .args(["run", "--config"])
         .arg(file)
         .envs(envs.iter().copied())

@@ -12,6 +12,13 @@ use crate::model::{Decision, Effect, Manifest, Order};
 /// the outbox row, so it is kept small.
 pub const MAX_STATE_BYTES: usize = 1024;
 
+/// How far past the order's deadline a `wait` may end, in ms (24 hours). A wait that would end
+/// later — a plugin asking for years, or `u64::MAX` ms — is refused like an effect that exceeds
+/// the order: dead-lettered with the reason, the order left open and shown overdue for an
+/// operator, never parked where no trigger would come back to it. A merchant whose orders
+/// truly need longer gives them a later deadline.
+pub const MAX_WAIT_PAST_DEADLINE_MS: i64 = 24 * 60 * 60 * 1000;
+
 /// What a decision is reviewed against, besides its order: the phase it decides, the kinds the
 /// merchant granted (`None`: every kind) and what the plugin declared (`None`: a 0.1.0 plugin,
 /// which declares nothing).
@@ -21,6 +28,9 @@ pub struct Review<'a> {
     pub order: &'a Order,
     /// The phase being decided.
     pub phase: u32,
+    /// When the decision was asked for (the context's `now-ms`, epoch ms): a `wait` runs from
+    /// here.
+    pub now_ms: i64,
     /// `granted_effects` of the merchant.
     pub granted: Option<&'a [String]>,
     /// The plugin's manifest.
@@ -30,8 +40,9 @@ pub struct Review<'a> {
 /// The host's one review of a decision, for the daemon and the harness alike:
 /// - a `cancel`'s effects are within the order ([`check`]), of kinds the merchant granted
 ///   ([`check_granted`]) and of kinds the plugin declared ([`check_declared`]);
-/// - a `wait` moves on ([`check_wait`]), its reminder is granted and declared as `notify`, and
-///   its state is at most [`MAX_STATE_BYTES`];
+/// - a `wait` moves on ([`check_wait`]), ends at most [`MAX_WAIT_PAST_DEADLINE_MS`] past the
+///   order's deadline ([`check_wait_end`]), its reminder is granted and declared as `notify`,
+///   and its state is at most [`MAX_STATE_BYTES`];
 /// - an `ignore` is always permitted.
 ///
 /// # Errors
@@ -59,6 +70,9 @@ pub fn review(decision: &Decision, r: Review<'_>) -> Result<(), Vec<String>> {
             ..
         } => {
             if let Err(p) = check_wait(r.phase, *after_ms, *next_phase) {
+                problems.push(p);
+            }
+            if let Err(p) = check_wait_end(r.order, r.now_ms, *after_ms) {
                 problems.push(p);
             }
             if state.len() > MAX_STATE_BYTES {
@@ -234,6 +248,27 @@ pub fn check_wait(phase: u32, after_ms: u64, next_phase: u32) -> Result<(), Stri
     }
 }
 
+/// Checks that a `wait` of `after_ms` asked for at `now_ms` ends at most
+/// [`MAX_WAIT_PAST_DEADLINE_MS`] past `order`'s deadline.
+///
+/// # Errors
+/// The wait, when it ends, and the bound, in ms.
+pub fn check_wait_end(order: &Order, now_ms: i64, after_ms: u64) -> Result<(), String> {
+    let ends_ms = i64::try_from(after_ms)
+        .ok()
+        .and_then(|after| now_ms.checked_add(after));
+    let bound_ms = order.deadline_ms.saturating_add(MAX_WAIT_PAST_DEADLINE_MS);
+    match ends_ms {
+        Some(ends) if ends <= bound_ms => Ok(()),
+        _ => Err(format!(
+            "wait of {after_ms} ms from {now_ms} ends past {bound_ms}: at most \
+             {MAX_WAIT_PAST_DEADLINE_MS} ms (24 h) past the order's deadline ({}); give such orders a \
+             later deadline",
+            order.deadline_ms
+        )),
+    }
+}
+
 /// An effect as `kind(args)`, e.g. `restore-stock(sku-a, 2)`, as the guard's messages name it.
 pub fn describe(effect: &Effect) -> String {
     match effect {
@@ -374,5 +409,39 @@ mod tests {
         assert!(problems[3].contains("buyer is `u1`"));
         assert!(problems[4].contains("only 3 more units"));
         assert!(problems[5].starts_with("effects[6]"));
+    }
+
+    #[test]
+    fn a_wait_ends_at_most_a_day_past_the_deadline() {
+        let o = order();
+        let day = MAX_WAIT_PAST_DEADLINE_MS;
+        assert!(check_wait_end(&o, 0, (10 + day) as u64).is_ok());
+        let late = check_wait_end(&o, 0, (11 + day) as u64).unwrap_err();
+        assert!(late.contains("at most 86400000 ms (24 h)"), "{late}");
+        // Absurd waits are refused, never wrapped into the past.
+        for after in [u64::MAX, i64::MAX as u64, (i64::MAX - 5) as u64] {
+            assert!(check_wait_end(&o, 5, after).is_err(), "{after}");
+        }
+        let wait = Decision::Wait {
+            after_ms: u64::MAX,
+            next_phase: 1,
+            reminder: None,
+            state: Vec::new(),
+            poll_payment: false,
+        };
+        let review = Review {
+            order: &o,
+            phase: 0,
+            now_ms: 5,
+            granted: None,
+            manifest: None,
+        };
+        let problems = review_of(&wait, review);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].starts_with("wait of 18446744073709551615 ms"));
+    }
+
+    fn review_of(decision: &Decision, r: Review<'_>) -> Vec<String> {
+        review(decision, r).err().unwrap_or_default()
     }
 }

@@ -12,6 +12,7 @@ pub mod bench;
 pub mod demo;
 pub mod doctor;
 pub mod engine;
+pub mod fence;
 pub mod fixtures;
 pub mod journal;
 pub mod ledger;
@@ -384,6 +385,15 @@ pub enum DbError {
         /// Row id.
         id: i64,
     },
+    /// MariaDB/MySQL ended a write transaction before its commit (a deadlock victim, Galera
+    /// applying another node's write) without its error reaching this client; the commit found
+    /// the transaction's fence gone and rolled back everything sent since ([`fence`]). Nothing
+    /// of the transaction was written; worth retrying, like [`DbError::Sql`].
+    #[error("database: transaction aborted by the server: {detail}")]
+    Aborted {
+        /// What was found, naming the fence.
+        detail: String,
+    },
     /// A row holds something timeoutd cannot read (e.g. an unknown status).
     #[error("bad row in {table}: {detail}")]
     BadRow {
@@ -438,20 +448,34 @@ pub struct Db {
     schema: shop::Schema,
 }
 
-/// A write transaction; on SQLite it also holds the process's write gate until it ends.
+/// A write transaction; on SQLite it also holds the process's write gate until it ends, on
+/// MariaDB/MySQL it is fenced ([`fence`]: it commits only as the transaction it began as).
 /// Dereferences to the connection, so `&mut tx` is what the query functions take.
 pub struct WriteTx {
-    tx: sqlx::Transaction<'static, sqlx::Any>,
+    tx: Tx,
     _gate: Option<OwnedMutexGuard<()>>,
+}
+
+/// A write transaction as each backend runs it.
+enum Tx {
+    /// SQLite and PostgreSQL: sqlx's transaction (PostgreSQL refuses every statement of a
+    /// transaction it aborted until it ends, so it needs no fence).
+    Plain(sqlx::Transaction<'static, sqlx::Any>),
+    /// MariaDB/MySQL.
+    Fenced(fence::Fenced),
 }
 
 impl WriteTx {
     /// Commits.
     ///
     /// # Errors
-    /// [`DbError::Sql`] when the commit fails (nothing was written).
+    /// [`DbError::Sql`] when the commit fails, [`DbError::Aborted`] when the server had
+    /// already ended the transaction (MariaDB/MySQL): nothing was written either way.
     pub async fn commit(self) -> Result<(), DbError> {
-        Ok(self.tx.commit().await?)
+        match self.tx {
+            Tx::Plain(tx) => Ok(tx.commit().await?),
+            Tx::Fenced(tx) => tx.commit().await,
+        }
     }
 
     /// Rolls back.
@@ -459,20 +483,29 @@ impl WriteTx {
     /// # Errors
     /// [`DbError::Sql`] when the connection fails (the server rolls back anyway).
     pub async fn rollback(self) -> Result<(), DbError> {
-        Ok(self.tx.rollback().await?)
+        match self.tx {
+            Tx::Plain(tx) => Ok(tx.rollback().await?),
+            Tx::Fenced(tx) => tx.rollback().await,
+        }
     }
 }
 
 impl Deref for WriteTx {
     type Target = AnyConnection;
     fn deref(&self) -> &AnyConnection {
-        &self.tx
+        match &self.tx {
+            Tx::Plain(tx) => tx,
+            Tx::Fenced(tx) => tx,
+        }
     }
 }
 
 impl DerefMut for WriteTx {
     fn deref_mut(&mut self) -> &mut AnyConnection {
-        &mut self.tx
+        match &mut self.tx {
+            Tx::Plain(tx) => tx,
+            Tx::Fenced(tx) => tx,
+        }
     }
 }
 
@@ -638,15 +671,17 @@ impl Db {
 
     /// Begins a write transaction. On SQLite it is `BEGIN IMMEDIATE`: the write lock is taken
     /// (waiting up to the busy timeout) before anything is read, so the transaction never has
-    /// to upgrade a stale read snapshot, which SQLite refuses instead of waiting.
+    /// to upgrade a stale read snapshot, which SQLite refuses instead of waiting. On
+    /// MariaDB/MySQL it is fenced ([`fence`]).
     ///
     /// # Errors
     /// [`DbError::Sql`] when no connection or lock can be had.
     pub async fn begin(&self) -> Result<WriteTx, DbError> {
         let gate = self.write_gate().await;
         let tx = match self.backend {
-            Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
-            Backend::MySql | Backend::Postgres => self.pool.begin().await?,
+            Backend::Sqlite => Tx::Plain(self.pool.begin_with("BEGIN IMMEDIATE").await?),
+            Backend::Postgres => Tx::Plain(self.pool.begin().await?),
+            Backend::MySql => Tx::Fenced(fence::Fenced::begin(&self.pool.inner).await?),
         };
         Ok(WriteTx { tx, _gate: gate })
     }

@@ -672,7 +672,7 @@ impl Dispatcher {
                 }
                 Ok(Outcome::Ignored)
             }
-            decision => match permitted(policy, order, trigger.phase, &decision) {
+            decision => match permitted(policy, order, trigger.phase, now_ms, &decision) {
                 Err(problems) => self.refuse(&decided, &decision, problems.join("; ")).await,
                 Ok(()) => {
                     // A group of one: the same transaction a group of triggers shares.
@@ -787,12 +787,13 @@ fn implausible_row(order: &Order, trigger: &Trigger) -> Option<(&'static str, St
     }
 }
 
-/// The guard's review of `decision` for `order` at `phase` ([`guard::review`]): the merchant's
-/// grants and the plugin's manifest; every problem.
+/// The guard's review of `decision` for `order` at `phase`, asked for at `now_ms`
+/// ([`guard::review`]): the merchant's grants and the plugin's manifest; every problem.
 fn permitted(
     policy: &MerchantPolicy,
     order: &Order,
     phase: u32,
+    now_ms: i64,
     decision: &Decision,
 ) -> Result<(), Vec<String>> {
     guard::review(
@@ -800,6 +801,7 @@ fn permitted(
         guard::Review {
             order,
             phase,
+            now_ms,
             granted: policy.granted_effects.as_deref(),
             manifest: policy.plugin.manifest(),
         },

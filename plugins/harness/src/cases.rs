@@ -698,6 +698,7 @@ impl Case {
         let review = guard::Review {
             order: &self.order,
             phase: self.context.phase,
+            now_ms: self.context.now_ms,
             granted: None,
             manifest: plugin.manifest(),
         };

@@ -182,6 +182,7 @@ impl<'h> Timeline<'h> {
         let review = guard::Review {
             order: &self.order,
             phase,
+            now_ms: due_ms,
             granted: None,
             manifest: plugin.manifest(),
         };

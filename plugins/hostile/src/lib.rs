@@ -7,6 +7,7 @@
 //! - `exceed` — cancels restoring 1000 units of its first SKU and another order's coupon;
 //! - `flood` — cancels with 10 000 effects;
 //! - `stall` — waits with `next-phase` equal to the current phase;
+//! - `forever` — waits `u64::MAX` ms for its next phase;
 //! - `recurse` — recurses without end (the guest's stack overflows: a trap);
 //! - `coupon` — cancels releasing its own stock and the coupon of another order (`cpn-other`);
 //! - `clock` — ignores, giving the WASI wall clock's reading (epoch ms) as the reason;
@@ -101,6 +102,11 @@ impl Guest for Hostile {
                     effects: release_everything(&order, true, None),
                 }))
             }
+            "forever" => Ok(Decision::Wait(Wait {
+                after_ms: u64::MAX,
+                next_phase: ctx.phase + 1,
+                reminder: None,
+            })),
             "stall" => Ok(Decision::Wait(Wait {
                 after_ms: 1000,
                 next_phase: ctx.phase,

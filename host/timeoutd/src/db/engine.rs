@@ -47,6 +47,7 @@ pub const TABLES: &[&str] = &[
     "dead_letter",
     "paid_after_close",
     "maintenance_lease",
+    "write_fence",
 ];
 
 /// What the server is.

@@ -226,6 +226,12 @@ const MYSQL: &[Step] = &[
         include_str!("../../migrations/mysql/0011_schema_window.sql"),
         Change::Breaking,
     ),
+    (
+        12,
+        "write fence",
+        include_str!("../../migrations/mysql/0012_write_fence.sql"),
+        Change::Additive,
+    ),
 ];
 const POSTGRES: &[Step] = &[
     (
@@ -1020,7 +1026,7 @@ mod tests {
             .map(|&(_, _, sql, _)| statements(sql).len())
             .collect();
         // Counted by hand: the lines ending a statement, outside comments.
-        assert_eq!(counts, [13, 3, 1, 6, 2, 1, 3, 1, 11, 5, 2]);
+        assert_eq!(counts, [13, 3, 1, 6, 2, 1, 3, 1, 11, 5, 2, 1]);
         for &(version, _, sql, _) in MYSQL {
             for s in statements(sql) {
                 assert!(!s.contains("--") && !s.ends_with(';'), "{version}: {s}");
@@ -1034,27 +1040,38 @@ mod tests {
 
     #[test]
     fn a_newer_schema_runs_inside_its_window_and_is_refused_outside() {
-        let build = latest(Backend::MySql);
-        assert_eq!(build, 11);
+        // MariaDB/MySQL's 12 (the write fence) is additive: its window still starts at 11.
+        assert_eq!(latest(Backend::MySql), 12);
         assert_eq!(compatible_from(Backend::MySql), 11);
         assert_eq!(
-            assess(Some(&state(11, Some((11, 11)))), Backend::MySql).unwrap(),
+            assess(Some(&state(12, Some((12, 11)))), Backend::MySql).unwrap(),
             Fit::Current
         );
         assert_eq!(
-            assess(Some(&state(10, None)), Backend::MySql).unwrap(),
+            assess(Some(&state(11, Some((11, 11)))), Backend::MySql).unwrap(),
+            Fit::Behind(Some(11))
+        );
+        let build = latest(Backend::Postgres);
+        assert_eq!(build, 11);
+        assert_eq!(compatible_from(Backend::Postgres), 11);
+        assert_eq!(
+            assess(Some(&state(11, Some((11, 11)))), Backend::Postgres).unwrap(),
+            Fit::Current
+        );
+        assert_eq!(
+            assess(Some(&state(10, None)), Backend::Postgres).unwrap(),
             Fit::Behind(Some(10))
         );
-        assert_eq!(assess(None, Backend::MySql).unwrap(), Fit::Behind(None));
+        assert_eq!(assess(None, Backend::Postgres).unwrap(), Fit::Behind(None));
         assert!(matches!(
-            assess(Some(&state(12, Some((12, 11)))), Backend::MySql),
+            assess(Some(&state(12, Some((12, 11)))), Backend::Postgres),
             Ok(Fit::Newer {
                 database: 12,
                 compatible_from: 11,
                 ..
             })
         ));
-        let refused = assess(Some(&state(12, Some((12, 12)))), Backend::MySql).unwrap_err();
+        let refused = assess(Some(&state(12, Some((12, 12)))), Backend::Postgres).unwrap_err();
         assert!(refused.needs_operator());
         let line = refused.to_string();
         assert!(!line.contains('\n'), "{line}");
@@ -1067,7 +1084,7 @@ mod tests {
             assert!(line.contains(part), "{part}: {line}");
         }
         assert!(matches!(
-            assess(Some(&state(12, None)), Backend::MySql),
+            assess(Some(&state(12, None)), Backend::Postgres),
             Err(SchemaError::TooNew {
                 compatible_from: 12,
                 ..
@@ -1096,10 +1113,10 @@ mod tests {
             assess(Some(&s), Backend::MySql).unwrap(),
             Fit::Behind(Some(9))
         );
-        s.half_applied.as_mut().unwrap().version = 12;
+        s.half_applied.as_mut().unwrap().version = 13;
         assert!(matches!(
             assess(Some(&s), Backend::MySql),
-            Err(SchemaError::HalfApplied { version: 12, .. })
+            Err(SchemaError::HalfApplied { version: 13, .. })
         ));
     }
 }

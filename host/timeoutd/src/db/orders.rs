@@ -348,7 +348,8 @@ pub(crate) fn close_many_query<'q>(
             // CLIENT_FOUND_ROWS: an order named twice, already closed or not due is not
             // counted, so `changed != closes.len()` fails the group), and fails with 1213 once
             // Galera has aborted its transaction. The symptom fits close records committed
-            // after such an abort, which no statement shape prevents.
+            // after such an abort, which no statement shape prevents and the write fence does
+            // (db/fence.rs: nothing sent after an abort commits).
             let case = case_by_id(closes.len());
             let mut q = backend
                 .query_owned(format!(

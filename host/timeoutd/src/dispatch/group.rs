@@ -44,6 +44,7 @@ fn passes(ready: &Ready) -> bool {
         &ready.policy,
         &ready.order,
         ready.trigger.phase,
+        ready.now_ms,
         &ready.decision,
     )
     .is_ok()

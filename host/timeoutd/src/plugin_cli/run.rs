@@ -83,6 +83,7 @@ pub(super) fn run(file: &Path, args: &RunArgs) -> ExitCode {
             let review = guard::Review {
                 order: &order,
                 phase: ctx.phase,
+                now_ms: ctx.now_ms,
                 granted: None,
                 manifest: plugin.manifest(),
             };
