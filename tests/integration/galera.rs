@@ -157,12 +157,12 @@ async fn after_galera_aborts_a_close_a_statement_sent_anyway_commits_alone_unles
     for fenced in [false, true] {
         let id = if fenced { "fenced" } else { "plain" };
         env.create(&order(id, "acme", T0 - 1_000)).await;
-        let mut plain = None;
-        let mut fence = None;
+        let mut plain: Option<sqlx::Transaction<'static, sqlx::Any>> = None;
+        let mut fence: Option<timeoutd::db::WriteTx> = None;
         let group: &mut sqlx::AnyConnection = if fenced {
-            &mut **fence.insert(node2.begin().await.unwrap())
+            fence.insert(node2.begin().await.unwrap())
         } else {
-            &mut **plain.insert(node2.pool().begin().await.unwrap())
+            plain.insert(node2.pool().begin().await.unwrap())
         };
         orders::lock_pending(&mut *group, &Schema::Canonical, &[id], Some(T0))
             .await
