@@ -15,6 +15,7 @@ mod fakes;
 mod fence;
 mod galera;
 mod group;
+mod hostile_input;
 mod input;
 mod leases;
 mod payments;

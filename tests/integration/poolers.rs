@@ -327,15 +327,21 @@ async fn burst_closes_exactly_once(env: &Env, config: &Config, n: usize) {
         .await,
         0
     );
-    assert_eq!(
-        env.int(
-            "SELECT COUNT(*) FROM order_timeout_msg WHERE source = ?",
-            "sweep"
-        )
-        .await,
-        orphans as i64,
-        "each orphan re-armed once by the three sweeps"
-    );
+    // Each orphan re-armed by a sweep, and once only though three daemons sweep. (Rows that
+    // lag more than the grace behind their due time are re-armed too: on a loaded machine the
+    // burst's own rows can, so only the orphans are counted.)
+    for (sql, what) in [
+        (
+            "SELECT COUNT(*) FROM order_timeout_msg WHERE source = 'sweep' AND order_id LIKE ?",
+            "each orphan re-armed by a sweep",
+        ),
+        (
+            "SELECT COUNT(*) FROM order_timeout_msg WHERE order_id LIKE ?",
+            "one row per orphan though three daemons sweep",
+        ),
+    ] {
+        assert_eq!(env.int(sql, "pool-%5").await, orphans as i64, "{what}");
+    }
     assert_eq!(
         env.int(
             "SELECT COUNT(*) FROM dead_letter WHERE order_id LIKE ?",
