@@ -468,20 +468,7 @@ async fn the_sweep_and_a_message_racing_on_one_order_close_it_once(env: &Env) {
     let race: Vec<_> = [TriggerKind::DelayMessage, TriggerKind::Sweep]
         .into_iter()
         .map(|kind| {
-            let (d, trigger) = (
-                d.clone(),
-                Trigger {
-                    order_id: "raced".into(),
-                    kind,
-                    phase: 0,
-                    attempt: 0,
-                    due_ms: None,
-                    row_id: None,
-                    claim: None,
-                    state: Vec::new(),
-                    poll: false,
-                },
-            );
+            let (d, trigger) = (d.clone(), crate::support::trigger("raced", kind));
             tokio::spawn(async move { d.handle(&trigger).await })
         })
         .collect();

@@ -360,17 +360,7 @@ async fn process(env: &Env, d: &timeoutd::dispatch::Dispatcher, now_ms: i64) -> 
 
 /// A trigger of `kind` for order `id`, as a duplicate message would carry it.
 fn trigger(id: i64, kind: TriggerKind) -> Trigger {
-    Trigger {
-        order_id: id.to_string(),
-        kind,
-        phase: 0,
-        attempt: 0,
-        due_ms: None,
-        row_id: None,
-        claim: None,
-        state: Vec::new(),
-        poll: false,
-    }
+    crate::support::trigger(&id.to_string(), kind)
 }
 
 /// mall's `cancelOrder`, done by timeoutd: a due order (two lines of one SKU and one of another,

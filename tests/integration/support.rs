@@ -406,6 +406,25 @@ impl Env {
     }
 }
 
+/// A trigger of `kind` for `order_id`'s phase 0 that came from no row (as the sweep's and an
+/// operator's reach the dispatcher when handed in directly).
+pub fn trigger(
+    order_id: &str,
+    kind: timeoutd_runtime::model::TriggerKind,
+) -> timeoutd::dispatch::Trigger {
+    timeoutd::dispatch::Trigger {
+        order_id: order_id.to_string(),
+        kind,
+        phase: 0,
+        attempt: 0,
+        due_ms: None,
+        row_id: None,
+        claim: None,
+        state: Vec::new(),
+        poll: false,
+    }
+}
+
 /// A decision-log record of `order_id` closed by a trigger of `trigger_kind` (merchant acme,
 /// single-phase), decided at [`T0`]: what a close writes beside its compare-and-set.
 pub fn closed_record<'a>(
