@@ -1076,15 +1076,7 @@ async fn the_json_log_format_writes_every_line_as_one_json_object() {
     env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
     env.create(&crate::support::order("logged", "acme", crate::support::T0))
         .await;
-    let file = env.dir.path().join("json.toml");
-    std::fs::write(
-        &file,
-        format!(
-            "[database]\nurl = \"{}\"\n[merchants.acme]\nplugin = \"builtin:single-phase\"\n",
-            env.url
-        ),
-    )
-    .unwrap();
+    let file = env.single_phase_config_file("json.toml");
     let log = env.dir.path().join("timeoutd.log");
     let mut daemon =
         crate::support::started_daemon_with(&["--log-format", "json"], &file, &[], &log).await;

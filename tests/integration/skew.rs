@@ -82,16 +82,7 @@ async fn burst(env: &Env, prefix: &str, n: usize) {
 
 /// A config file for the `timeoutd` binary on `env`'s database (no admin or HTTP port).
 fn config_file(env: &Env) -> std::path::PathBuf {
-    let file = env.dir.path().join("skew.toml");
-    std::fs::write(
-        &file,
-        format!(
-            "[database]\nurl = \"{}\"\n[merchants.acme]\nplugin = \"builtin:single-phase\"\n",
-            env.url
-        ),
-    )
-    .unwrap();
-    file
+    env.single_phase_config_file("skew.toml")
 }
 
 /// `timeoutd run` on `env`'s database, expected to refuse at once: its exit code and stderr.

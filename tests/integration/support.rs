@@ -276,6 +276,22 @@ impl Env {
         paid
     }
 
+    /// `name` in this environment's folder: a config for the `timeoutd` binary on this
+    /// database with merchant `acme` on `builtin:single-phase` and nothing else (no admin or
+    /// HTTP port).
+    pub fn single_phase_config_file(&self, name: &str) -> PathBuf {
+        let file = self.dir.path().join(name);
+        std::fs::write(
+            &file,
+            format!(
+                "[database]\nurl = \"{}\"\n[merchants.acme]\nplugin = \"builtin:single-phase\"\n",
+                self.url
+            ),
+        )
+        .unwrap();
+        file
+    }
+
     /// One integer from `sql` (with `?` bound to `arg`).
     pub async fn int(&self, sql: &'static str, arg: &str) -> i64 {
         let row = self
