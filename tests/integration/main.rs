@@ -32,6 +32,7 @@ mod rocketmq;
 mod runtime;
 mod shards;
 mod shop;
+mod shop_payments;
 mod skew;
 mod stripe;
 mod support;

@@ -100,9 +100,14 @@ impl Mall {
     /// A config over the test database closing mall's orders (`[database.shop]` with the
     /// shipped profile), merchant `mall` on the single-phase policy, with `extra` TOML.
     pub fn config(&self, extra: &str) -> Config {
+        self.config_with(&profile_path(), extra)
+    }
+
+    /// As [`Mall::config`], through the profile file at `profile`.
+    pub fn config_with(&self, profile: &std::path::Path, extra: &str) -> Config {
         let shop = format!(
             "[database.shop]\nprofile = \"{}\"\ndatabase = \"{}\"\n{extra}",
-            profile_path().display(),
+            profile.display(),
             self.name
         );
         self.env.config(
@@ -354,7 +359,8 @@ pub async fn apply_schema(shop: &Db) {
 }
 
 /// Claims every outbox row due at `now_ms` and handles it with `d`.
-async fn process(env: &Env, d: &timeoutd::dispatch::Dispatcher, now_ms: i64) -> Vec<Outcome> {
+/// Claims and handles every outbox row due at `now_ms`, one by one.
+pub async fn process(env: &Env, d: &timeoutd::dispatch::Dispatcher, now_ms: i64) -> Vec<Outcome> {
     env.process(d, now_ms).await
 }
 

@@ -575,12 +575,14 @@ pub async fn create(conn: &mut AnyConnection, o: &Order) -> Result<(), DbError> 
     Ok(())
 }
 
-/// The reference order service's payment: PENDING → PAID (a compare-and-set of its own) and the
-/// coupon marked USED. Returns false when the order was no longer PENDING (closed first).
+/// A payment: PENDING → PAID (a compare-and-set of its own) and the coupon marked USED; on a
+/// shop's schema, what the profile's `[paid]` says ([`crate::db::shop::Mapped::pay`]). Returns
+/// false when the order was no longer pending (closed or paid first).
 ///
 /// # Errors
-/// [`DbError::Sql`] on query failure; [`DbError::Config`] on a shop's schema, whose payments
-/// are the shop's.
+/// [`DbError::Sql`] on query failure; on a shop's schema, [`DbError::Config`] when its profile
+/// leaves payments to the shop and [`DbError::BadRow`] when a line's units cannot be sold (the
+/// transaction must roll back).
 pub async fn pay(
     conn: &mut AnyConnection,
     schema: &Schema,
@@ -588,13 +590,7 @@ pub async fn pay(
     now_ms: i64,
 ) -> Result<bool, DbError> {
     if let Some(m) = schema.mapped() {
-        // The shop's own payment service moves its orders to paid, with what goes with it
-        // (mall's paySuccess also takes the locked units off its stock): timeoutd never does.
-        return Err(DbError::Config(format!(
-            "order `{id}` is in the shop's own tables (schema profile `{}`): its payment is \
-             recorded by the shop's payment service, not by timeoutd",
-            m.name()
-        )));
+        return m.pay(conn, id, now_ms).await;
     }
     let done = Backend::of(conn)
         .query(

@@ -136,9 +136,15 @@ impl Dispatcher {
         now_ms: i64,
     ) -> Result<Outcome, DbError> {
         let paid_at_ms = payment.paid_at_ms.unwrap_or(now_ms);
-        if self.db.schema().mapped().is_some() {
-            // The shop's own payment service records the payment on its tables; the order is
-            // not closed. The sweep asks again if it stays pending.
+        if self
+            .db
+            .schema()
+            .mapped()
+            .is_some_and(|m| !m.records_payments())
+        {
+            // The shop's own payment service records the payment on its tables (the profile
+            // has no `[paid]`); the order is not closed. The sweep asks again if it stays
+            // pending.
             let reason = "the provider says paid: left to the shop's payment service".to_string();
             if let Some(row) = trigger.row() {
                 let mut tx = self.db.begin().await?;

@@ -171,6 +171,17 @@ pub async fn check(db: &Db, m: &Mapped) -> Result<Report, DbError> {
         wanted.push(("points.member".into(), &pt.table, &pt.member, Want::Any));
         wanted.push(("points.column".into(), &pt.table, &pt.column, Want::Integer));
     }
+    if let Some(paid) = &p.paid {
+        if let Some(t) = &paid.time {
+            wanted.push(("paid.time".into(), &o.table, t, time));
+        }
+        for column in paid.set.keys() {
+            wanted.push((format!("paid.set.{column}"), &o.table, column, Want::Any));
+        }
+        if let Some(sold) = &paid.stock {
+            wanted.push(("paid.stock".into(), &p.stock.table, sold, Want::Integer));
+        }
+    }
 
     let schema_of = "COALESCE(?, DATABASE())";
     let database = m.database().map(str::to_string);

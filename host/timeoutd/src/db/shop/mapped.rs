@@ -17,6 +17,8 @@ use super::profile::{
 };
 use crate::db::{Backend, Db, DbError};
 
+mod pay;
+
 /// A value bound to a `?`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Bind {

@@ -36,6 +36,11 @@ pub struct Profile {
     /// Where the points an order spent go back on close (`orders.points`).
     #[serde(default)]
     pub points: Option<PointsTable>,
+    /// How a payment timeoutd learns of (a provider's notice, the paid topic, alignment by
+    /// query) is recorded in the shop's tables. Without it those payments are left to the
+    /// shop's own payment service: notices are refused naming the profile.
+    #[serde(default)]
+    pub paid: Option<PaidTransition>,
 }
 
 /// A status value as the shop stores it: a number (`0`) or a string (`"WAIT_PAY"`).
@@ -310,6 +315,31 @@ pub struct PointsTable {
     pub column: String,
 }
 
+/// `[paid]`: a payment as the shop's own payment service records it, for a shop whose payment
+/// is a status change plus (optionally) its locked units sold (mall's
+/// `OmsPortalOrderServiceImpl.paySuccess`: status 0 → 1, `payment_time`, `pay_type`, then
+/// `reduceSkuStock`). Applied as one compare-and-set from a pending status, in the transaction
+/// that records the notice, so a payment and a close can never both win.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PaidTransition {
+    /// The status a payment writes; one of `orders.paid` (mall: `1`).
+    pub status: StatusValue,
+    /// A column stamped with the payment's time, in `[time]`'s form (mall: `payment_time`).
+    /// `orders.modified` is stamped too, when set.
+    #[serde(default)]
+    pub time: Option<String>,
+    /// Order columns set to fixed values (mall: `{ pay_type = 1 }`, Alipay).
+    #[serde(default)]
+    pub set: std::collections::BTreeMap<String, StatusValue>,
+    /// The on-hand column of `[stock]` that a payment sells the order's units from: each line
+    /// lowers it and `stock.column` (the lock) by its units, neither below zero (mall:
+    /// `stock`, with `lock_stock`). Only with `stock.release = "unlock"`. A line that cannot be
+    /// sold fails the whole payment, nothing written, as mall's own `paySuccess` does.
+    #[serde(default)]
+    pub stock: Option<String>,
+}
+
 /// How the deadline is found, checked.
 #[derive(Debug, Clone)]
 pub enum Deadline {
@@ -396,6 +426,22 @@ impl Profile {
                 problems.push("`[points]` is set but `orders.points` names no column".into())
             }
             _ => {}
+        }
+        if let Some(paid) = &self.paid {
+            if !self.orders.paid.contains(&paid.status) {
+                problems.push(format!(
+                    "`paid.status` = `{}` is not one of `orders.paid`: a payment must leave the \
+                     order reading as paid",
+                    paid.status.as_text()
+                ));
+            }
+            if paid.stock.is_some() && self.stock.release != StockRelease::Unlock {
+                problems.push(
+                    "`paid.stock` sells locked units, but `stock.release` is not \"unlock\": \
+                     an order of this shop holds no lock to sell from"
+                        .into(),
+                );
+            }
         }
         problems
     }
@@ -525,6 +571,21 @@ impl Profile {
                 names.push((format!("points.{k}"), v));
             }
         }
+        if let Some(paid) = &self.paid {
+            names.extend(
+                paid.time
+                    .iter()
+                    .map(|c| ("paid.time".to_string(), c.as_str())),
+            );
+            names.extend(
+                paid.stock
+                    .iter()
+                    .map(|c| ("paid.stock".to_string(), c.as_str())),
+            );
+            for column in paid.set.keys() {
+                names.push((format!("paid.set.{column}"), column));
+            }
+        }
         names
     }
 }
@@ -569,6 +630,26 @@ mod tests {
         assert!(Mapped::compile(p, Some("shop"), Backend::MySql).is_ok());
         let pg = Mapped::compile(mall(), Some("shop"), Backend::Postgres).unwrap_err();
         assert!(pg[0].contains("MariaDB/MySQL in this version"), "{pg:?}");
+    }
+
+    #[test]
+    fn a_paid_transition_must_leave_the_order_paid_and_sell_only_locked_units() {
+        let mut p = mall();
+        let paid = p
+            .paid
+            .as_mut()
+            .expect("the shipped profile records payments");
+        paid.status = StatusValue::Int(4);
+        paid.set.insert("pay type".into(), StatusValue::Int(1));
+        p.stock.release = StockRelease::Add;
+        let problems = p.problems().join("\n");
+        for want in [
+            "`paid.status` = `4` is not one of `orders.paid`",
+            "`paid.stock` sells locked units, but `stock.release` is not \"unlock\"",
+            "`paid.set.pay type` = `pay type` is not a plain table or column name",
+        ] {
+            assert!(problems.contains(want), "{want} missing from:\n{problems}");
+        }
     }
 
     #[test]

@@ -1,0 +1,110 @@
+//! A payment recorded in the shop's own tables, as the profile's `[paid]` says (mall's
+//! `paySuccess`): one compare-and-set from a pending status to the paid one, with its stamps,
+//! then each line's locked units sold. The caller's transaction holds it all: a line that
+//! cannot be sold fails the payment whole.
+
+use sqlx::{AnyConnection, Row};
+
+use super::{Mapped, Stmt, col, quote};
+use crate::db::DbError;
+
+impl Mapped {
+    /// Whether timeoutd records payments in the shop's tables (the profile has `[paid]`).
+    pub fn records_payments(&self) -> bool {
+        self.profile.paid.is_some()
+    }
+
+    /// Records the payment of `id` at `now_ms` (epoch ms): `status` pending → `paid.status`
+    /// where still pending and live, `paid.time` and `orders.modified` stamped, `paid.set`
+    /// written; then, with `paid.stock`, each line lowers that column and `stock.column` by its
+    /// units. Returns false when the order was no longer pending (closed or paid first), or
+    /// `id` cannot be one of its ids.
+    ///
+    /// # Errors
+    /// [`DbError::Config`] when the profile has no `[paid]` (the shop's payment service records
+    /// its payments); [`DbError::BadRow`] naming the SKU when a line cannot be sold (either
+    /// column would go below zero): the caller's transaction must roll back, as mall's own
+    /// `paySuccess` fails; [`DbError::Sql`] on query failure.
+    pub async fn pay(
+        &self,
+        conn: &mut AnyConnection,
+        id: &str,
+        now_ms: i64,
+    ) -> Result<bool, DbError> {
+        let Some(paid) = &self.profile.paid else {
+            return Err(DbError::Config(format!(
+                "order `{id}` is in the shop's own tables (schema profile `{}`), whose payments \
+                 the shop's payment service records: add `[paid]` to the profile to let timeoutd \
+                 record them",
+                self.name()
+            )));
+        };
+        let Some(key) = self.id_bind(id) else {
+            return Ok(false);
+        };
+        let o = &self.profile.orders;
+        let mut s = Stmt::new(format!(
+            "UPDATE {} a SET {} = ",
+            self.orders,
+            col(&o.status)
+        ));
+        s.bind(&paid.status);
+        for stamp in paid.time.iter().chain(&o.modified) {
+            s.push(&format!(", {} = ", col(stamp)));
+            self.bind_time(&mut s, now_ms);
+        }
+        for (column, value) in &paid.set {
+            s.push(&format!(", {} = ", col(column))).bind(value);
+        }
+        s.push(&format!(" WHERE {} = ", col(&o.id)))
+            .bind(key.clone());
+        self.pending(&mut s);
+        if s.query().execute(&mut *conn).await?.rows_affected() != 1 {
+            return Ok(false);
+        }
+        let Some(sold) = &paid.stock else {
+            return Ok(true);
+        };
+        let i = &self.profile.items;
+        let mut lines = Stmt::new(format!(
+            "SELECT {} AS sku, {} AS quantity FROM {} a WHERE a.{} = ",
+            Self::text(&col(&i.sku)),
+            Self::int(&col(&i.quantity)),
+            self.items,
+            quote(&i.order),
+        ));
+        lines.bind(key);
+        lines.push(&format!(" ORDER BY {}", col(&i.line)));
+        let st = &self.profile.stock;
+        let (lock, sold) = (col(&st.column), col(sold));
+        for line in lines.query().fetch_all(&mut *conn).await? {
+            let sku: String = line.try_get("sku")?;
+            let units: i64 = line.try_get::<Option<i64>, _>("quantity")?.unwrap_or(0);
+            let mut s = Stmt::new(format!(
+                "UPDATE {} a SET {lock} = COALESCE({lock}, 0) - ",
+                self.stock
+            ));
+            s.bind(units)
+                .push(&format!(", {sold} = COALESCE({sold}, 0) - "))
+                .bind(units)
+                .push(&format!(" WHERE {} = ", col(&st.sku)))
+                .bind(sku.as_str())
+                .push(&format!(" AND COALESCE({lock}, 0) >= "))
+                .bind(units)
+                .push(&format!(" AND COALESCE({sold}, 0) >= "))
+                .bind(units);
+            if s.query().execute(&mut *conn).await?.rows_affected() != 1 {
+                return Err(DbError::BadRow {
+                    table: "stock (schema profile)",
+                    detail: format!(
+                        "order `{id}` was paid, but SKU `{sku}` cannot sell {units} units: its \
+                         `{}` or `{}` holds fewer (or there is no such row); nothing recorded",
+                        st.column,
+                        paid.stock.as_deref().unwrap_or_default()
+                    ),
+                });
+            }
+        }
+        Ok(true)
+    }
+}
