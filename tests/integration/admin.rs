@@ -120,10 +120,27 @@ each_backend! {
 each_backend! {
     async fn manual_close_goes_through_the_plugin_and_the_ledger(env) {
         env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
-        overdue_order(env, "stuck", "acme").await;
-        env.create(&order("future", "acme", env.db.now_ms().await.unwrap() + 600_000)).await;
-        let daemon = Daemon::start(&admin_config(env, ACME), Clock::Database).await.unwrap();
+        // A merchant of this run alone: its series on this process's shared recorder are this
+        // test's own, so their values can be checked.
+        let m = format!("manual-{:08x}", fastrand::u32(..));
+        overdue_order(env, "stuck", &m).await;
+        env.create(&order("future", &m, env.db.now_ms().await.unwrap() + 600_000)).await;
+        let merchants = format!("[merchants.{m}]\nplugin = \"builtin:single-phase\"\n");
+        let daemon = Daemon::start(&admin_config(env, &merchants), Clock::Database).await.unwrap();
         let api = Api::of(&daemon);
+        let metric = |name: &'static str| {
+            let (base, m) = (api.base.clone(), m.clone());
+            async move {
+                let page = reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap();
+                let series = name.replace("{m}", &m);
+                page.lines().find_map(|l| l.strip_prefix(&format!("{series} ")).map(str::to_string)).unwrap_or_default()
+            }
+        };
+        let overdue_gauge = "timeoutd_overdue_open_orders{merchant=\"{m}\"}";
+        crate::support::eventually(Duration::from_secs(30), "the overdue gauge counts the stuck order", || async {
+            metric(overdue_gauge).await == "1"
+        })
+        .await;
         let (status, overdue) = api.call("GET", "/v1/orders/overdue", None).await;
         assert_eq!(status, 200);
         assert_eq!(overdue["orders"].as_array().unwrap().len(), 1, "{overdue}");
@@ -143,14 +160,18 @@ each_backend! {
         assert_eq!(timeline["order"]["status"], "CLOSED");
         assert_eq!(timeline["decisions"][0]["outcome"], "closed");
         assert_eq!(timeline["effects"].as_array().unwrap().len(), 5);
-        // Names only: this process's recorder is shared by every test's daemon (values are
-        // checked on a daemon of its own, `e2e::a_daemons_metric_values_agree_with_its_rows…`).
-        // The gauges appear with the first backlog sample.
+        // This merchant's series by value: one cancel decided, and the gauge back to 0 with the
+        // next backlog sample. The rest by name: this process's recorder is shared by every
+        // test's daemon (values are checked on a daemon of its own,
+        // `e2e::a_daemons_metric_values_agree_with_its_rows…`).
+        assert_eq!(metric("timeoutd_decisions_total{merchant=\"{m}\",decision=\"cancel\"}").await, "1");
+        crate::support::eventually(Duration::from_secs(30), "the overdue gauge returns to 0", || async {
+            metric(overdue_gauge).await == "0"
+        })
+        .await;
         let needles = [
             "timeoutd_closes_total{source=\"manual\"}",
-            "timeoutd_decisions_total{merchant=\"acme\",decision=\"cancel\"}",
             "timeoutd_plugin_decision_seconds_bucket",
-            "timeoutd_overdue_open_orders{merchant=\"acme\"}",
             "timeoutd_dead_letters_open",
         ];
         let started = std::time::Instant::now();

@@ -424,18 +424,12 @@ async fn a_daemons_metric_values_agree_with_its_rows_and_sigint_stops_it() {
 async fn the_demo_reports_figures_its_database_agrees_with() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("demo");
-    let out = tokio::process::Command::new(timeoutd_bin())
-        .args(["demo", "--orders", "200", "--json", "--data-dir"])
-        .arg(&data)
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = crate::support::stdout_of_success(
+        tokio::process::Command::new(timeoutd_bin())
+            .args(["demo", "--orders", "200", "--json", "--data-dir"])
+            .arg(&data),
+    )
+    .await;
     let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     let db = timeoutd::db::Db::connect(
         &format!("sqlite://{}", data.join("timeoutd.db").display()),
@@ -847,6 +841,88 @@ fn bench_runs_a_burst_against_its_baseline_and_audits_it() {
     );
     assert_eq!(json["closed_by"], serde_json::json!([["outbox", 300]]));
     assert!(stdout.contains("audit               ok"), "{stdout}");
+}
+
+/// F1 at scale, audited by the test itself rather than by the bench: `timeoutd bench` on
+/// MariaDB puts 10,000 orders (lines over 8 SKUs, coupons, flash-sale activities) at one
+/// deadline and closes them through the daemon; then the bench's database (`timeoutd_bench`,
+/// kept after the run) is read here. Every order closed once by its outbox row, none before its
+/// deadline, one decision each, every stock unit and coupon back, each ledger effect under one
+/// key, no outbox row left open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ten_thousand_order_burst_on_mariadb_closes_each_order_once_by_its_own_audit() {
+    const N: i64 = 10_000;
+    crate::support::stdout_of_success(
+        tokio::process::Command::new(timeoutd_bin())
+            .args([
+                "bench",
+                "--orders",
+                &N.to_string(),
+                "--skus",
+                "8",
+                "--config",
+            ])
+            .arg(repo_root().join("config/mariadb.toml"))
+            .env("TIMEOUTD_MYSQL_URL", crate::support::mysql_server_url()),
+    )
+    .await;
+    let server = crate::support::mysql_server_url();
+    let url = format!("{}/timeoutd_bench", &server[..server.rfind('/').unwrap()]);
+    let db = timeoutd::db::Db::connect(&url, 2).await.unwrap();
+    let int = |sql: &'static str| {
+        let db = db.clone();
+        async move {
+            let row = db.backend().query(sql).fetch_one(db.pool()).await.unwrap();
+            sqlx::Row::try_get::<i64, _>(&row, 0).unwrap()
+        }
+    };
+    // The daemon's orders are `d-…`; the baseline's `b-…` were closed by its client loop.
+    assert_eq!(
+        int("SELECT COUNT(*) FROM orders WHERE id LIKE 'd-%' AND status = 'CLOSED'").await,
+        N
+    );
+    assert_eq!(
+        int("SELECT COUNT(*) FROM orders WHERE status <> 'CLOSED'").await,
+        0
+    );
+    assert_eq!(
+        int("SELECT COUNT(*) FROM orders WHERE id LIKE 'd-%' AND (closed_at_ms < deadline_ms OR closed_by <> 'outbox')").await,
+        0,
+        "none before its deadline, each by its outbox row"
+    );
+    assert_eq!(
+        int("SELECT COUNT(*) FROM decision_log WHERE order_id LIKE 'd-%' AND outcome = 'closed'")
+            .await,
+        N
+    );
+    assert_eq!(
+        int("SELECT COUNT(DISTINCT order_id) FROM decision_log WHERE order_id LIKE 'd-%'").await,
+        N
+    );
+    assert_eq!(
+        int("SELECT CAST(SUM(available) AS SIGNED) FROM sku_stock").await,
+        8 * 10_000_000,
+        "every unit every order locked is back, once"
+    );
+    assert_eq!(
+        int("SELECT COUNT(*) FROM coupons WHERE status <> 'AVAILABLE'").await,
+        0
+    );
+    assert_eq!(
+        int("SELECT COUNT(*) FROM effect_ledger").await,
+        int("SELECT COUNT(DISTINCT idempotency_key) FROM effect_ledger").await,
+        "no effect under two keys"
+    );
+    assert_eq!(
+        int("SELECT COUNT(*) FROM effect_ledger WHERE order_id LIKE 'd-%' AND kind = 'restore-stock'").await,
+        int("SELECT COUNT(*) FROM order_items WHERE order_id LIKE 'd-%'").await,
+        "one stock effect per line"
+    );
+    assert_eq!(
+        int("SELECT COUNT(*) FROM order_timeout_msg WHERE status <> 'PROCESSED'").await,
+        0
+    );
+    db.pool().close().await;
 }
 
 /// A small host (`ulimit -v` 4 GB, below the pooling allocator's reservation of about 2 TiB):

@@ -362,6 +362,30 @@ async fn until_blocked_on_a_lock(env: &Env, n: i64) {
     }
 }
 
+/// Waits until a transaction of this test's database waits for a row lock, whatever its
+/// statement: PostgreSQL `pg_stat_activity`, MariaDB `INNODB_TRX` (`LOCK WAIT`).
+async fn until_waiting_on_a_lock(env: &Env) {
+    let database = env.url.rsplit('/').next().unwrap().to_string();
+    let sql = match env.db.backend() {
+        Backend::Postgres => {
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = ?"
+        }
+        _ => {
+            "SELECT COUNT(*) FROM information_schema.INNODB_TRX t \
+             JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id \
+             WHERE t.trx_state = 'LOCK WAIT' AND p.DB = ?"
+        }
+    };
+    let started = std::time::Instant::now();
+    while env.int(sql, &database).await < 1 {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "nothing ever waited on the held row"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 /// F12 for groups: payments commit while the group waits on their lock — after the orders were
 /// read and decided. The paid close and the paid wait are left alone; the others go through.
 /// (MariaDB and PostgreSQL: SQLite's single writer cannot interleave a payment there.)
@@ -698,10 +722,12 @@ each_backend! {
     /// the stock statement, so there the test also holds the stock-before-close order.
     async fn a_group_that_waits_for_a_lock_is_stamped_when_written_not_when_decided(env) {
         env.stock_up(&[("sku-a", 1_000), ("sku-b", 1_000)]).await;
+        // A merchant of this run alone, so its decision counter counts only these orders.
+        let merchant = format!("stamp-{:08x}", fastrand::u32(..));
         for i in 0..3 {
-            env.create(&order(&format!("wait-{i}"), "acme", T0)).await;
+            env.create(&order(&format!("wait-{i}"), &merchant, T0)).await;
         }
-        let config = env.config(SINGLE, "");
+        let config = env.config(&[(merchant.as_str(), "builtin:single-phase", &[])], "");
         let (clock, now) = Clock::manual(T0 + 1);
         let dispatcher = env.dispatcher(&config, clock).await;
         let triggers = env.claim(T0 + 1).await;
@@ -715,9 +741,20 @@ each_backend! {
             .execute(&mut *holder)
             .await
             .unwrap();
+        // (This process's recorder, installed before the group decides anything.)
+        let recorder = timeoutd::events::metrics_handle();
         let group = tokio::spawn(async move { dispatcher.handle_group(&triggers).await });
-        // The group is decided at T0 + 1 within a few ms; it then waits for the row.
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        // The group is decided at T0 + 1 (all three decisions counted), then waits for the row:
+        // on the servers until it is seen blocked in the server's own lock view.
+        let decided = format!("timeoutd_decisions_total{{merchant=\"{merchant}\",decision=\"cancel\"}} 3");
+        let started = std::time::Instant::now();
+        while !recorder.render().lines().any(|l| l == decided) {
+            assert!(started.elapsed() < std::time::Duration::from_secs(30), "the group was never decided");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        if env.db.backend() != Backend::Sqlite {
+            until_waiting_on_a_lock(env).await;
+        }
         assert!(!group.is_finished(), "the group waits for the held row");
         now.store(T0 + 5_000, std::sync::atomic::Ordering::SeqCst);
         holder.rollback().await.unwrap();

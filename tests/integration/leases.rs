@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use sqlx::Row;
+
 use timeoutd::clock::Clock;
 use timeoutd::db::{Backend, outbox};
 use timeoutd::dispatch::Outcome;
@@ -125,7 +127,50 @@ async fn two_daemons_and_a_row_lock_longer_than_the_lease(backend: Backend) {
         .fetch_all(&mut *lock)
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(5_500)).await;
+    // While the lock holds (5.5 s, five leases), the row's claim never changes hands and never
+    // lapses: its holder renews it (`claim_until_ms` moves on) while it waits.
+    let (mut holder_token, mut first_until, mut last_until) = (None::<String>, None, 0);
+    let lock_ends = std::time::Instant::now() + Duration::from_millis(5_500);
+    while std::time::Instant::now() < lock_ends {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let row = env
+            .db
+            .backend()
+            .query("SELECT claim_token, claim_until_ms FROM order_timeout_msg WHERE order_id = ?")
+            .bind("locked")
+            .fetch_one(env.db.pool())
+            .await
+            .unwrap();
+        let now = env.db.now_ms().await.unwrap();
+        let (Some(token), Some(until)) = (
+            row.try_get::<Option<String>, _>(0).unwrap(),
+            row.try_get::<Option<i64>, _>(1).unwrap(),
+        ) else {
+            assert!(
+                holder_token.is_none(),
+                "the claim was dropped while the lock held"
+            );
+            continue;
+        };
+        match &holder_token {
+            None => holder_token = Some(token),
+            Some(held) => assert_eq!(held, &token, "the claim changed hands during the lock"),
+        }
+        assert!(
+            until > now,
+            "the lease lapsed during the lock: until {until}, now {now}"
+        );
+        first_until.get_or_insert(until);
+        last_until = until;
+    }
+    assert!(
+        holder_token.is_some(),
+        "the row was claimed at its deadline"
+    );
+    assert!(
+        last_until >= first_until.unwrap() + 3_000,
+        "the lease was renewed while its holder waited ({first_until:?} → {last_until})"
+    );
     assert_eq!(env.status("locked").await, "PENDING", "held by the lock");
     lock.commit().await.unwrap();
     holder.pool().close().await;

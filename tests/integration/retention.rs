@@ -80,3 +80,41 @@ each_backend! {
         assert!(again.iter().all(|(_, n)| *n == 0), "{again:?}");
     }
 }
+
+each_backend! {
+    /// `retention.batch` bounds each statement: a pass told to stop deletes one batch per table
+    /// and no more (25 deletable dead letters, batch 10: 10 gone, 15 left). The daemon's own
+    /// retention loop (`[retention] interval = "1s"`) then deletes the rest, and keeps an OPEN
+    /// dead letter of the same age.
+    async fn each_statement_deletes_one_batch_and_the_daemons_own_loop_the_rest(env) {
+        let now = env.db.now_ms().await.unwrap();
+        let insert = "INSERT INTO dead_letter (source, order_id, reason, payload, attempts, status, created_at_ms) \
+                      VALUES ('outbox', NULL, 'r', '{}', 1, ?, ?)";
+        for k in 0..26 {
+            let status = if k == 25 { "OPEN" } else { "REDRIVEN" };
+            env.db.backend().query(insert).bind(status).bind(now - 100 * DAY).execute(env.db.pool()).await.unwrap();
+        }
+        let config = env.config(
+            SHOPS,
+            "[retention]\nbatch = 10\npause = \"1ms\"\ninterval = \"1s\"\n[outbox]\nenabled = false\n[sweep]\nenabled = false\n",
+        );
+        let (stop, stopping) = tokio::sync::watch::channel(true);
+        let deleted = timeoutd::retention::pass(&env.db, &Clock::Database, &config.retention, "me", Some(&stopping))
+            .await
+            .unwrap()
+            .expect("the lease was free");
+        drop(stop);
+        let of = |t: &str| deleted.iter().find(|(table, _)| *table == t).unwrap().1;
+        assert_eq!(of("dead_letter"), 10, "one statement deletes one batch");
+        let left = "SELECT COUNT(*) FROM dead_letter WHERE status = ?";
+        assert_eq!(env.int(left, "REDRIVEN").await, 15);
+
+        let daemon = timeoutd::daemon::Daemon::start(&config, Clock::Database).await.unwrap();
+        crate::support::eventually(std::time::Duration::from_secs(20), "the daemon's retention pass", || async {
+            env.int(left, "REDRIVEN").await == 0
+        })
+        .await;
+        daemon.stop().await;
+        assert_eq!(env.int(left, "OPEN").await, 1, "an OPEN dead letter is kept whatever its age");
+    }
+}

@@ -807,7 +807,11 @@ with_broker!(
             calls.push(tokio::spawn(async move { groups.handle(vec![message]).await }));
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Held alone, an early call returns within milliseconds; lingering, it waits the 20 s
+        // for company. Still waiting after 3 s is lingering, however slow the machine.
+        let last = calls.last_mut().unwrap();
+        let waited = tokio::time::timeout(Duration::from_secs(3), &mut *last).await;
+        assert!(waited.is_err(), "the last early call waits for company");
         assert!(calls.iter().all(|c| !c.is_finished()), "the early calls wait for company");
         for id in &early {
             assert!(!claimed(env, id).await, "{id}: not claimed while its group waits");
@@ -1098,6 +1102,10 @@ with_broker!(
         let deadline = now + 6_000;
         env.create(&order("arm-1", "acme", deadline)).await;
         without_rows(env).await;
+        // A consumer group of its own on the timeout topic sees what the broker delivers.
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let watcher = sender(&config).await;
+        watcher.start_consumer(&format!("{group}_WATCH"), &topic, Recorder(seen.clone())).await.unwrap();
         let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
         let arming = daemon.broker().unwrap().arming.clone();
         // Commit: the local transaction inserted the phase-0 row, due at the deadline.
@@ -1136,6 +1144,23 @@ with_broker!(
             "delay-message"
         );
         assert_eq!(closes(env, "arm-1").await, 1);
+        // F15: the committed half message was delivered as the transactional message it was,
+        // with no delay of any kind (a delay on a half message loops between the broker's
+        // internal topics); the rolled-back one was never delivered.
+        let armed: Vec<Received> = seen.lock().unwrap().iter()
+            .filter(|m| m.properties.get("TAGS").map(String::as_str) == Some("arm"))
+            .cloned()
+            .collect();
+        assert_eq!(armed.len(), 1, "one arm message, for arm-1: {armed:?}");
+        assert_eq!(armed[0].keys.as_deref(), Some("arm-1"));
+        let props = &armed[0].properties;
+        let tx_group = config.rocketmq.as_ref().unwrap().transaction_group.as_str();
+        assert_eq!(props.get("PGROUP").map(String::as_str), Some(tx_group), "{props:?}");
+        assert!(props.contains_key("__transactionId__"), "{props:?}");
+        for delay in ["DELAY", "TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS", "__STARTDELIVERTIME"] {
+            assert!(!props.contains_key(delay), "the half message carried `{delay}`: {props:?}");
+        }
+        watcher.shutdown().await;
         daemon.stop().await;
     }
 );
@@ -1628,19 +1653,13 @@ async fn the_arm_command_arms_a_pending_order_and_rolls_back_the_rest() {
         ),
     )
     .unwrap();
-    let out = tokio::process::Command::new(crate::support::timeoutd_bin())
-        .args(["arm", "--config"])
-        .arg(&file)
-        .args(["cli-pending", "cli-paid", "cli-missing"])
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = crate::support::stdout_of_success(
+        tokio::process::Command::new(crate::support::timeoutd_bin())
+            .args(["arm", "--config"])
+            .arg(&file)
+            .args(["cli-pending", "cli-paid", "cli-missing"]),
+    )
+    .await;
     assert_eq!(
         stdout.lines().collect::<Vec<_>>(),
         vec![
@@ -1844,8 +1863,12 @@ with_broker!(
     async fn paid_messages_align_pending_orders_record_closed_ones_and_dead_letter_the_rest(env) {
         let (topic, group) = names("paid");
         let paid_topic = format!("{topic}_PAID");
+        // A merchant of this run alone, so its paid-notice counters count only these messages
+        // (on this process's recorder, installed before the daemon emits anything).
+        let merchant = format!("paid-{:08x}", fastrand::u32(..));
+        let recorder = timeoutd::events::metrics_handle();
         let config = env.config(
-            ACME,
+            &[(merchant.as_str(), "builtin:single-phase", &[])],
             &format!(
                 "[outbox]\nenabled = false\n[sweep]\nenabled = false\n{}",
                 section(&topic, &group, &format!("paid_topic = \"{paid_topic}\""))
@@ -1854,7 +1877,7 @@ with_broker!(
         env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
         let now = env.db.now_ms().await.unwrap();
         for id in ["p-text", "p-json", "p-closed"] {
-            env.create(&order(id, "acme", now + 3_600_000)).await;
+            env.create(&order(id, &merchant, now + 3_600_000)).await;
         }
         without_rows(env).await;
         env.db
@@ -1886,6 +1909,22 @@ with_broker!(
         assert_eq!(env.text("SELECT reason FROM dead_letter WHERE source = 'rocketmq-paid' AND order_id = ?", "nobody").await, "paid notice for order `nobody`, which does not exist");
         assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (94, 97), "paid orders keep their stock");
         assert_eq!(env.int("SELECT COUNT(*) FROM decision_log WHERE order_id <> ?", "").await, 0, "no timeout decided anything");
+        // The repeated p-text message was consumed too, and found the order paid: counted as a
+        // duplicate, beside the two alignments and the paid-after-close (each exactly once; a
+        // batch the broker delivers again after a transient failure adds only duplicates and
+        // repeats).
+        let counted = |outcome: &str| {
+            let line = format!("timeoutd_paid_notices_total{{merchant=\"{merchant}\",source=\"paid-message\",outcome=\"{outcome}\"}} ");
+            recorder.render().lines().find_map(|l| l.strip_prefix(&line).map(str::to_string)).unwrap_or_default()
+        };
+        eventually(Duration::from_secs(30), "the repeated paid message is consumed", || async {
+            counted("duplicate").parse::<u32>().unwrap_or(0) >= 1
+        })
+        .await;
+        assert_eq!(["aligned", "after-close"].map(counted), ["2", "1"].map(String::from));
+        assert_eq!(env.status("p-text").await, "PAID", "the repeat changed nothing");
+        assert_eq!(env.int("SELECT COUNT(*) FROM paid_after_close WHERE order_id <> ?", "").await, 1);
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), (94, 97));
         tx.shutdown().await;
         daemon.stop().await;
     }

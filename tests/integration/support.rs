@@ -673,3 +673,17 @@ impl std::io::Write for LogCapture {
         Ok(())
     }
 }
+
+/// Runs `command` to its end and returns its stdout; panics with its exit status, stdout and
+/// stderr when it fails.
+pub async fn stdout_of_success(command: &mut tokio::process::Command) -> String {
+    let out = command.output().await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "exit {:?}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}

@@ -121,6 +121,17 @@ pub enum Event<'a> {
     /// An order the provider said was paid was aligned to PAID instead of closed
     /// (`timeoutd_payments_aligned_total`).
     Aligned,
+    /// A paid notice was applied ([`crate::paid::apply`]; `timeoutd_paid_notices_total{merchant,
+    /// source, outcome}`), so a repeat shows as consumed though it changed nothing.
+    PaidNotice {
+        /// The order's merchant (empty for an order that does not exist).
+        merchant: &'a str,
+        /// `callback` (HTTP) or `paid-message` (the paid topic).
+        source: &'a str,
+        /// `aligned` (PENDING → paid), `duplicate` (already paid), `after-close` (a
+        /// paid-after-close recorded), `after-close-repeat` (recorded before) or `missing`.
+        outcome: &'static str,
+    },
     /// The payment provider could not say whether an order was paid
     /// (`timeoutd_payment_unknown_total{outcome}`): `wait` (the trigger retries), `decide`, or
     /// `capped` (not asked: the merchant's `payment.max_queries_per_second` was spent).
@@ -263,6 +274,15 @@ pub fn emit(event: Event<'_>) {
         }
         Event::Aligned => {
             counter!("timeoutd_payments_aligned_total").increment(1);
+        }
+        Event::PaidNotice {
+            merchant,
+            source,
+            outcome,
+        } => {
+            tracing::debug!(merchant, source, outcome, "paid notice applied");
+            counter!("timeoutd_paid_notices_total", "merchant" => merchant.to_string(), "source" => source.to_string(), "outcome" => outcome)
+                .increment(1);
         }
         Event::PaymentUnknown { outcome } => {
             counter!("timeoutd_payment_unknown_total", "outcome" => outcome).increment(1);

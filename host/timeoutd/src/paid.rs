@@ -56,6 +56,30 @@ pub async fn apply(
     order_id: &str,
     source: &str,
 ) -> Result<Applied, DbError> {
+    let applied = apply_once(db, clock, resolutions, order_id, source).await?;
+    let (merchant, outcome) = match &applied {
+        (_, Applied::Missing) => ("", "missing"),
+        (m, Applied::Aligned) => (m.as_str(), "aligned"),
+        (m, Applied::AlreadyPaid) => (m.as_str(), "duplicate"),
+        (m, Applied::AfterClose { new: true, .. }) => (m.as_str(), "after-close"),
+        (m, Applied::AfterClose { new: false, .. }) => (m.as_str(), "after-close-repeat"),
+    };
+    crate::events::emit(crate::events::Event::PaidNotice {
+        merchant,
+        source,
+        outcome,
+    });
+    Ok(applied.1)
+}
+
+/// [`apply`] without its event: what the notice came to, with the order's merchant.
+async fn apply_once(
+    db: &Db,
+    clock: &Clock,
+    resolutions: &HashMap<String, PaidAfterClose>,
+    order_id: &str,
+    source: &str,
+) -> Result<(String, Applied), DbError> {
     let Some(OrderPayment {
         status,
         merchant_id,
@@ -63,11 +87,11 @@ pub async fn apply(
         ..
     }) = payments::order_payment(db, order_id).await?
     else {
-        return Ok(Applied::Missing);
+        return Ok((String::new(), Applied::Missing));
     };
     let now_ms = clock.now_ms(db).await?;
     match status.as_str() {
-        "PAID" => Ok(Applied::AlreadyPaid),
+        "PAID" => Ok((merchant_id, Applied::AlreadyPaid)),
         "PENDING" => {
             let mut tx = db.begin().await?;
             let paid = orders::pay(&mut tx, db.schema(), order_id, now_ms).await?;
@@ -75,10 +99,10 @@ pub async fn apply(
             if paid {
                 tracing::info!(order = order_id, source, "paid notice: aligned to PAID");
                 crate::events::emit(crate::events::Event::Aligned);
-                Ok(Applied::Aligned)
+                Ok((merchant_id, Applied::Aligned))
             } else {
                 // Closed or paid between the read and the compare-and-set: apply it again.
-                Box::pin(apply(db, clock, resolutions, order_id, source)).await
+                Box::pin(apply_once(db, clock, resolutions, order_id, source)).await
             }
         }
         _ => {
@@ -95,7 +119,7 @@ pub async fn apply(
             )
             .await?;
             tx.commit().await?;
-            Ok(Applied::AfterClose { resolution, new })
+            Ok((merchant_id, Applied::AfterClose { resolution, new }))
         }
     }
 }
