@@ -153,6 +153,12 @@ async fn a_paid_notice_records_the_payment_as_malls_pay_success_would() {
     assert!(matches!(closed, Outcome::Closed { .. }), "{closed:?}");
     let closed_state = shop_state(&mall, 2002, 10, &[201]).await;
     assert_eq!(closed_state[0], "4");
+    // The payment's compare-and-set itself refuses an order no longer pending, whoever asks.
+    let mut conn = db.pool().acquire().await.unwrap();
+    let paid_closed = timeoutd::db::orders::pay(&mut conn, db.schema(), "2002", now).await;
+    assert!(!paid_closed.unwrap(), "a closed order was moved to paid");
+    drop(conn);
+    assert_eq!(shop_state(&mall, 2002, 10, &[201]).await, closed_state);
     assert!(matches!(
         apply("2002").await.unwrap(),
         Applied::AfterClose { new: true, .. }
