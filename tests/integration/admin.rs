@@ -626,3 +626,81 @@ async fn a_taken_listen_address_names_its_key() {
     drop(taken);
     env.cleanup().await;
 }
+
+/// The file watcher (`runtime.watch_plugins`), with no reload call: a plugin file swapped for a
+/// broken one is looked at and refused (`timeoutd_plugin_reloads_total{outcome="refused"}`)
+/// while the old version keeps deciding; swapped for a good one, it is taken
+/// (`outcome="taken"`) and the next decision records the new version's digest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_file_watcher_refuses_a_broken_plugin_and_takes_a_good_one_unasked() {
+    let env = Env::new(timeoutd::db::Backend::Sqlite).await;
+    env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+    // A merchant of this run alone, its counters read on this process's shared recorder
+    // (installed before the daemon emits anything).
+    let m = format!("watched-{:08x}", fastrand::u32(..));
+    let recorder = timeoutd::events::metrics_handle();
+    let reloads = |outcome: &str| {
+        let series =
+            format!("timeoutd_plugin_reloads_total{{merchant=\"{m}\",outcome=\"{outcome}\"}} ");
+        recorder
+            .render()
+            .lines()
+            .find_map(|l| l.strip_prefix(&series).map(str::to_string))
+            .unwrap_or_default()
+    };
+    let path = env.dir.path().join("watched.wasm");
+    std::fs::write(&path, timeoutd::policies::builtin("single-phase").unwrap()).unwrap();
+    let config = env.config(
+        &[],
+        &format!(
+            "[runtime]\nwatch_plugins = \"100ms\"\n[merchants.{m}]\nplugin = \"{}\"\n",
+            path.display()
+        ),
+    );
+    let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
+    let decided_with = |id: &'static str| {
+        let (env, m) = (&env, m.clone());
+        async move {
+            env.create(&order(id, &m, env.db.now_ms().await.unwrap() - 1_000))
+                .await;
+            eventually(Duration::from_secs(30), "the order closes", || async {
+                env.status(id).await == "CLOSED"
+            })
+            .await;
+            env.text(
+                "SELECT plugin_digest FROM decision_log WHERE order_id = ?",
+                id,
+            )
+            .await
+        }
+    };
+    let old = decided_with("first").await;
+    std::fs::write(&path, b"not a component").unwrap();
+    eventually(
+        Duration::from_secs(30),
+        "the watcher refuses the broken file",
+        || async { reloads("refused") == "1" },
+    )
+    .await;
+    assert_eq!(
+        decided_with("during").await,
+        old,
+        "the old version keeps deciding"
+    );
+    std::fs::write(&path, crate::support::HOSTILE_WASM).unwrap();
+    eventually(
+        Duration::from_secs(30),
+        "the watcher takes the good file",
+        || async { reloads("taken") == "1" },
+    )
+    .await;
+    let new = decided_with("after").await;
+    assert_ne!(new, old, "the next decision is the new version's");
+    assert_eq!(
+        reloads("refused"),
+        "1",
+        "a bad file is refused once, not on every look"
+    );
+    daemon.stop().await;
+    env.cleanup().await;
+}

@@ -31,6 +31,15 @@ pub enum Event<'a> {
         /// `deadline`, `memory` or `fault`.
         kind: &'a str,
     },
+    /// A changed plugin file was looked at by a reload (the file watcher's or
+    /// `POST /v1/plugins/reload`; `timeoutd_plugin_reloads_total{merchant, outcome}`): `taken`
+    /// (the new version serves) or `refused` (the old one keeps serving; worth an alert).
+    PluginReloaded {
+        /// Merchant.
+        merchant: &'a str,
+        /// `taken` or `refused`.
+        outcome: &'static str,
+    },
     /// A merchant's plugin was tripped by its circuit breaker.
     PluginTripped {
         /// Merchant.
@@ -186,6 +195,10 @@ pub fn emit(event: Event<'_>) {
         Event::PluginTrap { plugin, kind } => {
             tracing::warn!(plugin, kind, "plugin trapped");
             counter!("timeoutd_plugin_traps_total", "plugin" => plugin.to_string(), "kind" => kind.to_string())
+                .increment(1);
+        }
+        Event::PluginReloaded { merchant, outcome } => {
+            counter!("timeoutd_plugin_reloads_total", "merchant" => merchant.to_string(), "outcome" => outcome)
                 .increment(1);
         }
         Event::PluginTripped { merchant, plugin } => {

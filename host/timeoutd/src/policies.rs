@@ -323,6 +323,10 @@ impl Policies {
                         .insert(merchant.clone(), next);
                     self.remember(&merchant, now_stamp);
                     tracing::warn!(%merchant, old = current.plugin.digest(), new = %digest, "plugin reloaded");
+                    crate::events::emit(crate::events::Event::PluginReloaded {
+                        merchant: &merchant,
+                        outcome: "taken",
+                    });
                     report.push(Reloaded {
                         merchant,
                         digest,
@@ -334,6 +338,10 @@ impl Policies {
                     // Remember the stamp so a bad file is reported once, not on every check.
                     self.remember(&merchant, now_stamp);
                     tracing::error!(%merchant, error = %e, "new plugin version refused; the old one keeps serving");
+                    crate::events::emit(crate::events::Event::PluginReloaded {
+                        merchant: &merchant,
+                        outcome: "refused",
+                    });
                     report.push(Reloaded {
                         merchant,
                         digest: current.plugin.digest().to_string(),
