@@ -1126,19 +1126,34 @@ async fn spans_reach_an_otlp_collector_in_the_callers_trace() {
     assert_eq!(env.status("traced").await, "CLOSED");
     let exit = crate::support::sigterm(&mut daemon, Duration::from_secs(10)).await;
     assert!(exit.success(), "{exit:?}\n{}", read());
-    let traced = collector.traced(trace_id);
-    assert!(
-        !traced.is_empty(),
-        "no exported span carries the caller's trace id ({} bodies); log:\n{}",
-        collector.bodies.lock().unwrap().len(),
-        read()
-    );
-    for name in ["http", "trigger", "timeoutd"] {
-        assert!(
-            traced[0].contains(name),
-            "`{name}` missing from the exported spans: {:?}",
-            traced[0]
-        );
+    let spans = collector.spans(trace_id);
+    let caller = "00f067aa0ba902b7";
+    // The request's span is a child of the caller's (in the caller's trace, not a new root),
+    // and the trigger's span descends from it.
+    let request = spans
+        .iter()
+        .find(|s| s.parent_span_id == caller)
+        .unwrap_or_else(|| {
+            panic!(
+                "no exported span is a child of the caller's: {spans:#?}\nlog:\n{}",
+                read()
+            )
+        });
+    let trigger = spans
+        .iter()
+        .find(|s| s.name.contains("trigger"))
+        .unwrap_or_else(|| panic!("no trigger span in the caller's trace: {spans:#?}"));
+    let mut at = trigger;
+    while at.span_id != request.span_id {
+        at = spans
+            .iter()
+            .find(|s| s.span_id == at.parent_span_id)
+            .unwrap_or_else(|| {
+                panic!(
+                    "`{}` does not descend from the request's span: {spans:#?}",
+                    trigger.name
+                )
+            });
     }
     env.cleanup().await;
 }

@@ -273,20 +273,40 @@ impl Collector {
         }
     }
 
-    /// The exported bodies carrying trace `trace_id` (32 hex digits; spans hold it as 16 raw
-    /// bytes), as lossy text for looking for span names in.
-    pub fn traced(&self, trace_id: &str) -> Vec<String> {
-        let raw: Vec<u8> = (0..16)
-            .map(|i| u8::from_str_radix(&trace_id[2 * i..2 * i + 2], 16).unwrap())
-            .collect();
-        self.bodies
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|b| b.windows(16).any(|w| w == raw.as_slice()))
-            .map(|b| String::from_utf8_lossy(b).into_owned())
-            .collect()
+    /// Every exported span of trace `trace_id` (32 hex digits), decoded from the OTLP/HTTP
+    /// protobuf bodies.
+    pub fn spans(&self, trace_id: &str) -> Vec<Span> {
+        use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+        use prost::Message;
+        let mut spans = Vec::new();
+        for body in self.bodies.lock().unwrap().iter() {
+            let request = ExportTraceServiceRequest::decode(body.as_slice())
+                .expect("an OTLP/HTTP export body");
+            for scope in request.resource_spans.iter().flat_map(|r| &r.scope_spans) {
+                for s in &scope.spans {
+                    if hex::encode(&s.trace_id) == trace_id {
+                        spans.push(Span {
+                            name: s.name.clone(),
+                            span_id: hex::encode(&s.span_id),
+                            parent_span_id: hex::encode(&s.parent_span_id),
+                        });
+                    }
+                }
+            }
+        }
+        spans
     }
+}
+
+/// One exported span: its name and ids as hex (`parent_span_id` empty for a root).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Span {
+    /// Span name.
+    pub name: String,
+    /// 16 hex digits.
+    pub span_id: String,
+    /// 16 hex digits, or empty for a root span.
+    pub parent_span_id: String,
 }
 
 /// A TCP proxy to the database. While `cut`, new connections are refused (accepted and dropped)
