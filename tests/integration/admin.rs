@@ -9,7 +9,8 @@ use timeoutd::daemon::Daemon;
 
 use crate::support::{Env, each_backend, eventually, order};
 
-const TOKEN: &str = "test-token-0123456789";
+/// The ops token every admin test config grants.
+pub(crate) const TOKEN: &str = "test-token-0123456789";
 
 fn admin_config(env: &Env, merchants: &str) -> timeoutd::config::Config {
     admin_config_with_sweep(env, merchants, "enabled = false")
@@ -27,19 +28,22 @@ fn admin_config_with_sweep(env: &Env, merchants: &str, sweep: &str) -> timeoutd:
 
 const ACME: &str = "[merchants.acme]\nplugin = \"builtin:single-phase\"\n";
 
-struct Api {
-    base: String,
+/// The admin API of a running daemon, called with the ops token.
+pub(crate) struct Api {
+    pub(crate) base: String,
     client: reqwest::Client,
 }
 
 impl Api {
-    fn of(daemon: &Daemon) -> Api {
+    /// The API of `daemon` (which must have `[admin]`).
+    pub(crate) fn of(daemon: &Daemon) -> Api {
         Api {
             base: format!("http://{}", daemon.admin_addr().unwrap()),
             client: reqwest::Client::new(),
         }
     }
-    async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    /// `method path` with `body`: the status and the JSON answer (text as a JSON string).
+    pub(crate) async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
         let mut req = self
             .client
             .request(method.parse().unwrap(), format!("{}{path}", self.base))

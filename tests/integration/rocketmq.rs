@@ -1439,16 +1439,21 @@ with_broker!(
 with_broker!(
     async fn a_poison_message_is_dead_lettered_and_others_flow(env) {
         let (topic, group) = names("poison");
+        // The sweep on (F14: an identifiable order still closes by it), the outbox's own rows
+        // removed, and the admin API to look at and re-drive dead letters.
         let config = env.config(
             ACME,
             &format!(
-                "[outbox]\nenabled = false\n[sweep]\nenabled = false\n{}",
+                "[sweep]\ninterval = \"200ms\"\ngrace = \"3s\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+                 [admin.tokens]\nops = \"{}\"\n{}",
+                crate::admin::TOKEN,
                 section(&topic, &group, "")
             ),
         );
         env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
         let now = env.db.now_ms().await.unwrap();
         env.create(&order("ok-1", "acme", now - 1_000)).await;
+        env.create(&order("p-1", "acme", now - 1_000)).await;
         without_rows(env).await;
         let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
         let tx = sender(&config).await;
@@ -1476,6 +1481,35 @@ with_broker!(
             .text("SELECT payload FROM dead_letter WHERE order_id = ?", "p-2")
             .await;
         assert!(payload.contains("two words"), "{payload}");
+        // The poisoned message's order closes anyway, by the sweep, once.
+        eventually(Duration::from_secs(30), "the sweep closes the poisoned message's order", || async {
+            env.status("p-1").await == "CLOSED"
+        })
+        .await;
+        assert_eq!(env.text("SELECT closed_by FROM orders WHERE id = ?", "p-1").await, "sweep");
+        // Operators see it whole and can re-drive it; its order being closed, that changes
+        // nothing but the letter's status.
+        let api = crate::admin::Api::of(&daemon);
+        let id = env.int("SELECT id FROM dead_letter WHERE order_id = ?", "p-1").await;
+        let (code, letter) = api.call("GET", &format!("/v1/dead-letters/{id}"), None).await;
+        assert_eq!(code, 200, "{letter}");
+        assert_eq!(
+            (letter["order_id"].as_str(), letter["source"].as_str(), letter["status"].as_str()),
+            (Some("p-1"), Some("rocketmq"), Some("OPEN")),
+            "{letter}"
+        );
+        assert_eq!(letter["reason"].as_str(), Some(reason.as_str()), "{letter}");
+        assert!(letter["payload"].as_str().is_some_and(|p| p.contains("orderId")), "{letter}");
+        assert!(letter["attempts"].as_i64().is_some_and(|n| n >= 1) && letter["created_at_ms"].as_i64().is_some(), "{letter}");
+        let (code, redriven) = api.call("POST", &format!("/v1/dead-letters/{id}/redrive"), None).await;
+        assert_eq!((code, redriven["order_id"].as_str()), (200, Some("p-1")), "{redriven}");
+        eventually(Duration::from_secs(30), "the re-driven trigger is handled", || async {
+            env.int("SELECT COUNT(*) FROM order_timeout_msg WHERE status <> 'PROCESSED' AND order_id = ?", "p-1").await == 0
+        })
+        .await;
+        assert_eq!(closes(env, "p-1").await, 1, "closed once");
+        assert_eq!(env.text("SELECT status FROM dead_letter WHERE order_id = ?", "p-1").await, "REDRIVEN");
+        assert_eq!(api.call("POST", &format!("/v1/dead-letters/{id}/redrive"), None).await.0, 409, "no longer OPEN");
         tx.shutdown().await;
         daemon.stop().await;
     }

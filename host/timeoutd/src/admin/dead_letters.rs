@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use super::{AdminState, ApiError, ApiResult};
 use crate::db::journal;
 use crate::db::outbox::{self, Orphan, SOURCE_MANUAL};
-use crate::db::views::{self, DeadLetterBrief};
+use crate::db::views::{self, DeadLetterRow};
 
 /// `?status=OPEN|REDRIVEN|DISMISSED&limit=`.
 #[derive(Debug, Deserialize)]
@@ -28,12 +28,13 @@ pub async fn list(State(s): State<AdminState>, Query(f): Query<Filter>) -> ApiRe
     Ok(Json(json!({ "dead_letters": dead_letters })))
 }
 
-/// `GET /v1/dead-letters/{id}`.
+/// `GET /v1/dead-letters/{id}`: the dead letter whole (`id`, `source`, `order_id`, `reason`,
+/// `payload` as received, `attempts`, `status`, `created_at_ms`); 404 when there is none.
 pub async fn inspect(State(s): State<AdminState>, Path(id): Path<i64>) -> ApiResult<Value> {
     one(&s, id).await.map(|letter| Json(json!(letter)))
 }
 
-async fn one(s: &AdminState, id: i64) -> Result<DeadLetterBrief, ApiError> {
+async fn one(s: &AdminState, id: i64) -> Result<DeadLetterRow, ApiError> {
     views::dead_letter(&s.db, id)
         .await
         .map_err(ApiError::query)?

@@ -109,6 +109,29 @@ pub async fn log_decisions(
 /// the order keeps its own deadline, and the sweep does not leave the order alone for it.
 pub const SOURCE_QUARANTINED_ROW: &str = "quarantined-row";
 
+/// `dead_letter.source` of a timeout message the broker consumer could not read
+/// ([`crate::rocketmq::consumer`]).
+pub const SOURCE_ROCKETMQ: &str = "rocketmq";
+
+/// `dead_letter.source` of a paid-topic message that names no order, or one that does not
+/// exist ([`crate::rocketmq::paid`]).
+pub const SOURCE_ROCKETMQ_PAID: &str = "rocketmq-paid";
+
+/// `dead_letter.source` of a message drained from the broker's own DLQ
+/// ([`crate::rocketmq::dlq`]).
+pub const SOURCE_ROCKETMQ_DLQ: &str = "rocketmq-dlq";
+
+/// Dead letters about one trigger or message, not about the order it names: an OPEN one does
+/// not keep the sweep off its order (FAILURES.md F14: a poison message's order still closes by
+/// the sweep). Every other OPEN dead letter of an order (its decision failed, its times were
+/// implausible) leaves the order to an operator, so the sweep does not re-arm it in a loop.
+pub const NOT_ABOUT_THE_ORDER: [&str; 4] = [
+    SOURCE_QUARANTINED_ROW,
+    SOURCE_ROCKETMQ,
+    SOURCE_ROCKETMQ_PAID,
+    SOURCE_ROCKETMQ_DLQ,
+];
+
 /// A trigger that cannot succeed as it is.
 #[derive(Debug, Clone)]
 pub struct DeadLetter<'a> {
@@ -125,7 +148,7 @@ pub struct DeadLetter<'a> {
 }
 
 /// Adds an OPEN dead letter. While one is open for an order, the sweep leaves the order to an
-/// operator (unless it is a [`SOURCE_QUARANTINED_ROW`]: that order can still be closed).
+/// operator (unless its source is one of [`NOT_ABOUT_THE_ORDER`]: that order can still be closed).
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.

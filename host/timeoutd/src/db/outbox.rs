@@ -789,9 +789,9 @@ pub struct Orphan {
 /// [`defer`] and [`retry_later`] note theirs) due later than `deadline + grace` is no live
 /// trigger, and the order is swept at `deadline + grace`. Rows timeoutd pushed later itself —
 /// a tripped plugin, backoff, a payment lease — keep their times, and later phases are the
-/// plugin's own waits. A dead letter of a quarantined row
-/// ([`super::journal::SOURCE_QUARANTINED_ROW`]) does not hold the order back either: its
-/// order's own times are believable, and it can be closed.
+/// plugin's own waits. A dead letter about a trigger or message rather than the order
+/// ([`super::journal::NOT_ABOUT_THE_ORDER`]: a quarantined row, a poison message) does not
+/// hold the order back either: the order's own times are believable, and it can be closed.
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
@@ -802,11 +802,7 @@ pub async fn find_orphans(
     batch: u32,
 ) -> Result<Vec<Orphan>, DbError> {
     if let Some(m) = db.schema().mapped() {
-        let sources = [
-            SOURCE_SWEEP,
-            SOURCE_MANUAL,
-            super::journal::SOURCE_QUARANTINED_ROW,
-        ];
+        let sources = [SOURCE_SWEEP, SOURCE_MANUAL];
         let due = m.find_orphans(db, now_ms, grace_ms, batch, sources).await?;
         return Ok(due
             .into_iter()
@@ -827,7 +823,7 @@ pub async fn find_orphans(
                  AND m.last_error IS NULL AND m.due_ms > o.deadline_ms + ?)) \
                  OR m.claim_until_ms >= ? OR m.source IN (?, ?))) \
          AND NOT EXISTS (SELECT 1 FROM dead_letter d WHERE d.order_id = o.id AND d.status = 'OPEN' \
-             AND d.source <> ?) \
+             AND d.source NOT IN (?, ?, ?, ?)) \
          ORDER BY o.deadline_ms LIMIT ?",
     )
     .bind(cutoff)
@@ -836,7 +832,10 @@ pub async fn find_orphans(
     .bind(now_ms)
     .bind(SOURCE_SWEEP)
     .bind(SOURCE_MANUAL)
-    .bind(super::journal::SOURCE_QUARANTINED_ROW)
+    .bind(super::journal::NOT_ABOUT_THE_ORDER[0])
+    .bind(super::journal::NOT_ABOUT_THE_ORDER[1])
+    .bind(super::journal::NOT_ABOUT_THE_ORDER[2])
+    .bind(super::journal::NOT_ABOUT_THE_ORDER[3])
     .bind(i64::from(batch))
     .fetch_all(db.pool())
     .await?;

@@ -246,6 +246,22 @@ pub struct DeadLetterRow {
     pub created_at_ms: i64,
 }
 
+/// The columns of a [`DeadLetterRow`], in its fields' order.
+const DEAD_LETTER_COLUMNS: &str = "SELECT id, source, order_id, reason, payload, attempts, status, created_at_ms FROM dead_letter";
+
+fn dead_letter_of(r: &sqlx::any::AnyRow) -> Result<DeadLetterRow, sqlx::Error> {
+    Ok(DeadLetterRow {
+        id: r.try_get(0)?,
+        source: r.try_get(1)?,
+        order_id: r.try_get(2)?,
+        reason: r.try_get(3)?,
+        payload: r.try_get(4)?,
+        attempts: r.try_get(5)?,
+        status: r.try_get(6)?,
+        created_at_ms: r.try_get(7)?,
+    })
+}
+
 /// Dead letters, newest first, at most `limit`: of order `order_id` and in `status` when given.
 ///
 /// # Errors
@@ -256,9 +272,7 @@ pub async fn dead_letters(
     status: Option<&str>,
     limit: i64,
 ) -> Result<Vec<DeadLetterRow>, DbError> {
-    let mut sql = String::from(
-        "SELECT id, source, order_id, reason, payload, attempts, status, created_at_ms FROM dead_letter WHERE 1 = 1",
-    );
+    let mut sql = format!("{DEAD_LETTER_COLUMNS} WHERE 1 = 1");
     if order_id.is_some() {
         sql += " AND order_id = ?";
     }
@@ -277,54 +291,23 @@ pub async fn dead_letters(
         .fetch_all(db.pool())
         .await?
         .iter()
-        .map(|r| {
-            Ok(DeadLetterRow {
-                id: r.try_get(0)?,
-                source: r.try_get(1)?,
-                order_id: r.try_get(2)?,
-                reason: r.try_get(3)?,
-                payload: r.try_get(4)?,
-                attempts: r.try_get(5)?,
-                status: r.try_get(6)?,
-                created_at_ms: r.try_get(7)?,
-            })
-        })
+        .map(dead_letter_of)
         .collect::<Result<Vec<_>, sqlx::Error>>()?)
 }
 
-/// A dead letter in brief, as `GET /v1/dead-letters/{id}` shows it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct DeadLetterBrief {
-    /// Row id.
-    pub id: i64,
-    /// The order it names, if any.
-    pub order_id: Option<String>,
-    /// `OPEN`, `REDRIVEN` or `DISMISSED`.
-    pub status: String,
-    /// Why it could not be processed.
-    pub reason: String,
-}
-
-/// Dead letter `id`, or `None` when there is no such row.
+/// Dead letter `id` whole (its payload as received, source, attempts), as
+/// `GET /v1/dead-letters/{id}` shows it; `None` when there is no such row.
 ///
 /// # Errors
 /// [`DbError::Sql`] when the query fails or a column cannot be read.
-pub async fn dead_letter(db: &Db, id: i64) -> Result<Option<DeadLetterBrief>, DbError> {
-    let Some(row) = db
+pub async fn dead_letter(db: &Db, id: i64) -> Result<Option<DeadLetterRow>, DbError> {
+    let row = db
         .backend()
-        .query("SELECT order_id, status, reason FROM dead_letter WHERE id = ?")
+        .query_owned(format!("{DEAD_LETTER_COLUMNS} WHERE id = ?"))
         .bind(id)
         .fetch_optional(db.pool())
-        .await?
-    else {
-        return Ok(None);
-    };
-    Ok(Some(DeadLetterBrief {
-        id,
-        order_id: row.try_get(0)?,
-        status: row.try_get(1)?,
-        reason: row.try_get(2)?,
-    }))
+        .await?;
+    Ok(row.as_ref().map(dead_letter_of).transpose()?)
 }
 
 /// A FAILED ledger effect, as `GET /v1/ledger/failed` lists it.

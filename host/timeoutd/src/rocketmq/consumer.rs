@@ -40,7 +40,7 @@ use crate::events::{Event, emit};
 use crate::sources::prefetch::{self, Prefetch};
 
 /// Dead-letter `source` of malformed broker messages.
-pub const SOURCE_ROCKETMQ: &str = "rocketmq";
+pub const SOURCE_ROCKETMQ: &str = crate::db::journal::SOURCE_ROCKETMQ;
 /// Whether the broker should consider a message done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ack {

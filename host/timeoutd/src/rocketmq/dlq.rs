@@ -17,7 +17,7 @@ use crate::db::{Db, DbError};
 use crate::events::{Event, emit};
 
 /// Dead-letter `source` of messages drained from the broker's DLQ.
-pub const SOURCE_DLQ: &str = "rocketmq-dlq";
+pub const SOURCE_DLQ: &str = crate::db::journal::SOURCE_ROCKETMQ_DLQ;
 
 /// The DLQ topic of consumer group `group` (RocketMQ's `MixAll.getDLQTopic`).
 pub fn dlq_topic(group: &str) -> String {

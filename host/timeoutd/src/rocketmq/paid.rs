@@ -26,7 +26,7 @@ use crate::events::{Event, emit};
 use crate::paid::{self, Applied};
 
 /// Dead-letter `source` of malformed paid messages.
-pub const SOURCE_PAID: &str = "rocketmq-paid";
+pub const SOURCE_PAID: &str = crate::db::journal::SOURCE_ROCKETMQ_PAID;
 
 /// `paid_after_close.source` of paid-after-close orders told by a paid message.
 pub const PAID_MESSAGE: &str = "paid-message";

@@ -841,7 +841,7 @@ impl Mapped {
         now_ms: i64,
         grace_ms: i64,
         batch: u32,
-        sources: [&str; 3],
+        sources: [&str; 2],
     ) -> Result<Vec<Due>, DbError> {
         let mut conn = db.pool().acquire().await?;
         let window = self.window_ms(&mut conn).await?;
@@ -873,9 +873,10 @@ impl Mapped {
             .push(")))");
         s.push(&format!(
             " AND NOT EXISTS (SELECT 1 FROM dead_letter d WHERE d.order_id = {id} \
-             AND d.status = 'OPEN' AND d.source <> "
+             AND d.status = 'OPEN' AND d.source NOT IN "
         ));
-        s.bind(sources[2]).push(")");
+        s.bind_list(crate::db::journal::NOT_ABOUT_THE_ORDER.map(Bind::from));
+        s.push(")");
         let order_by = col(self.due_column());
         s.push(&format!(" ORDER BY {order_by} LIMIT "))
             .bind(i64::from(batch));
