@@ -474,8 +474,9 @@ async fn sampled_at(api: &Api) -> i64 {
 
 each_backend! {
     /// Each alert signal fires once while its condition holds and resolves once when it stops
-    /// holding — open dead letters, a ledger effect no executor runs, an outbox row held by a
-    /// dead daemon's lease, a tripped plugin — and a rule with `for = "1h"` never fires. "Once"
+    /// holding — open dead letters, orders open past their deadline (F3), a ledger effect no
+    /// executor runs, an outbox row held by a dead daemon's lease, a tripped plugin — and a rule
+    /// with `for = "1h"` never fires. "Once"
     /// is checked over ten more evaluations after the last change (`sampled_at_ms`).
     async fn each_alert_signal_fires_once_and_resolves_once(env) {
         env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
@@ -484,6 +485,7 @@ each_backend! {
         // trip ends) is not stuck, and must not fire a second time.
         let rules = [
             ("dead-letters", "dead_letters_open", 0, ""),
+            ("overdue", "overdue_open_orders", 0, ""),
             ("overdue-for-an-hour", "overdue_open_orders", 0, "for = \"1h\"\n"),
             ("ledger-stuck", "ledger_oldest_pending_seconds", 1, ""),
             ("outbox-stuck", "outbox_oldest_due_seconds", 2, ""),
@@ -495,7 +497,7 @@ each_backend! {
         let hostile = env.hostile_wasm();
         let config = timeoutd::config::Config::from_toml(
             &format!(
-                "[database]\nurl = \"{}\"\n[admin]\nlisten = \"127.0.0.1:0\"\nsample_interval = \"100ms\"\n[admin.tokens]\nops = \"{TOKEN}\"\n\
+                "[database]\nurl = \"{}\"\n[admin]\nlisten = \"127.0.0.1:0\"\nsample_interval = \"100ms\"\noverdue_margin = \"1s\"\n[admin.tokens]\nops = \"{TOKEN}\"\n\
                  [sweep]\nenabled = false\n[runtime]\ndeadline = \"2s\"\ntrip_after = 1\ntrip_for = \"4s\"\n[dispatch]\nmax_attempts = 100\n\
                  [alerts]\nwebhook = \"{}\"\ninterval = \"100ms\"\n{rules}{ACME}\
                  [merchants.evil]\nplugin = \"{}\"\n[merchants.evil.settings]\nmode = \"panic\"\n",
@@ -525,7 +527,7 @@ each_backend! {
         let api = Api::of(&daemon);
         let firing = |rule: &str| (rule.to_string(), "firing".to_string());
         let resolved = |rule: &str| (rule.to_string(), "resolved".to_string());
-        let live = ["dead-letters", "ledger-stuck", "outbox-stuck", "plugin-tripped"];
+        let live = ["dead-letters", "overdue", "ledger-stuck", "outbox-stuck", "plugin-tripped"];
         // The tripped plugin's order is paid as soon as the trip is reported: when the trip
         // lapses (4 s), the retry finds nothing to decide, so it does not trip again.
         eventually(Duration::from_secs(30), "the tripped plugin is reported", || async { notices(&receiver).contains(&firing("plugin-tripped")) }).await;
@@ -541,6 +543,8 @@ each_backend! {
             env.db.backend().query(sql).bind(id).execute(env.db.pool()).await.unwrap();
         };
         exec("UPDATE dead_letter SET status = 'DISMISSED' WHERE order_id = ?", "unowned").await;
+        // (The unowned order, open past its deadline, is paid at last: nothing is overdue then.)
+        assert!(env.pay("unowned", now).await);
         exec("UPDATE order_timeout_msg SET claim_token = NULL, claim_until_ms = NULL WHERE order_id = ?", "held").await;
         eventually(Duration::from_secs(30), "the released row closes its order", || async { env.status("held").await == "CLOSED" }).await;
         exec("UPDATE effect_ledger SET status = 'DONE' WHERE status = ?", "PENDING").await;
@@ -706,5 +710,73 @@ async fn the_file_watcher_refuses_a_broken_plugin_and_takes_a_good_one_unasked()
         "a bad file is refused once, not on every look"
     );
     daemon.stop().await;
+    env.cleanup().await;
+}
+
+/// The sweep-failure alert (`sweep_consecutive_failures`), on a daemon of its own (the count is
+/// its process's): while the database refuses the sweep's re-arming (a trigger raising an
+/// error), the rule fires once; when the trigger is dropped, the next sweep re-arms the order,
+/// it closes, and the rule resolves once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_failure_alert_fires_while_the_sweep_fails_and_resolves_when_it_works() {
+    let env = Env::new(timeoutd::db::Backend::Sqlite).await;
+    env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+    overdue_order(&env, "swept", "acme").await;
+    let sql = |s: &'static str| {
+        let pool = env.db.pool().clone();
+        async move {
+            sqlx::raw_sql(s).execute(&pool).await.unwrap();
+        }
+    };
+    sql(
+        "CREATE TRIGGER refuse_sweep BEFORE INSERT ON order_timeout_msg WHEN NEW.source = 'sweep' \
+         BEGIN SELECT RAISE(ABORT, 'the sweep is refused'); END",
+    )
+    .await;
+    let receiver = crate::fakes::Receiver::start().await;
+    let file = env.dir.path().join("sweep-alert.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[database]\nurl = \"{}\"\n[sweep]\ninterval = \"100ms\"\ngrace = \"100ms\"\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\nsample_interval = \"100ms\"\n[admin.tokens]\nops = \"{TOKEN}\"\n\
+             [alerts]\nwebhook = \"{}\"\ninterval = \"100ms\"\n\
+             [[alerts.rules]]\nname = \"sweep-failing\"\nsignal = \"sweep_consecutive_failures\"\nabove = 2\n{ACME}",
+            env.url, receiver.url
+        ),
+    )
+    .unwrap();
+    let log = env.dir.path().join("timeoutd.log");
+    let mut daemon = crate::support::started_daemon(&file, &[], &log).await;
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    let rule = |status: &str| ("sweep-failing".to_string(), status.to_string());
+    eventually(
+        Duration::from_secs(30),
+        "the sweep-failure alert fires",
+        || async { notices(&receiver).contains(&rule("firing")) },
+    )
+    .await;
+    assert_eq!(env.status("swept").await, "PENDING", "nothing re-armed it");
+    sql("DROP TRIGGER refuse_sweep").await;
+    eventually(
+        Duration::from_secs(30),
+        "the sweep works again and the alert resolves",
+        || async {
+            notices(&receiver).contains(&rule("resolved")) && env.status("swept").await == "CLOSED"
+        },
+    )
+    .await;
+    let exit = crate::support::sigterm(&mut daemon, Duration::from_secs(10)).await;
+    assert!(exit.success(), "{exit:?}\n{}", read());
+    assert_eq!(
+        notices(&receiver),
+        vec![rule("firing"), rule("resolved")],
+        "once each"
+    );
+    assert_eq!(
+        env.text("SELECT closed_by FROM orders WHERE id = ?", "swept")
+            .await,
+        "sweep"
+    );
     env.cleanup().await;
 }
