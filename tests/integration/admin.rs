@@ -716,7 +716,8 @@ async fn the_file_watcher_refuses_a_broken_plugin_and_takes_a_good_one_unasked()
 /// The sweep-failure alert (`sweep_consecutive_failures`), on a daemon of its own (the count is
 /// its process's): while the database refuses the sweep's re-arming (a trigger raising an
 /// error), the rule fires once; when the trigger is dropped, the next sweep re-arms the order,
-/// it closes, and the rule resolves once.
+/// it closes, and the rule resolves once. `GET /v1/backlog` says the same in its body: the
+/// failures counted and the order overdue, then 0 and nothing overdue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sweep_failure_alert_fires_while_the_sweep_fails_and_resolves_when_it_works() {
     let env = Env::new(timeoutd::db::Backend::Sqlite).await;
@@ -734,12 +735,17 @@ async fn the_sweep_failure_alert_fires_while_the_sweep_fails_and_resolves_when_i
     )
     .await;
     let receiver = crate::fakes::Receiver::start().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let file = env.dir.path().join("sweep-alert.toml");
     std::fs::write(
         &file,
         format!(
             "[database]\nurl = \"{}\"\n[sweep]\ninterval = \"100ms\"\ngrace = \"100ms\"\n\
-             [admin]\nlisten = \"127.0.0.1:0\"\nsample_interval = \"100ms\"\n[admin.tokens]\nops = \"{TOKEN}\"\n\
+             [admin]\nlisten = \"127.0.0.1:{port}\"\nsample_interval = \"100ms\"\noverdue_margin = \"1s\"\n[admin.tokens]\nops = \"{TOKEN}\"\n\
              [alerts]\nwebhook = \"{}\"\ninterval = \"100ms\"\n\
              [[alerts.rules]]\nname = \"sweep-failing\"\nsignal = \"sweep_consecutive_failures\"\nabove = 2\n{ACME}",
             env.url, receiver.url
@@ -757,6 +763,40 @@ async fn the_sweep_failure_alert_fires_while_the_sweep_fails_and_resolves_when_i
     )
     .await;
     assert_eq!(env.status("swept").await, "PENDING", "nothing re-armed it");
+    let backlog = || async move {
+        let answer = reqwest::Client::new()
+            .get(format!("http://127.0.0.1:{port}/v1/backlog"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        answer.json::<Value>().await.unwrap()
+    };
+    let failing = backlog().await;
+    assert!(
+        failing["sweep_consecutive_failures"]
+            .as_u64()
+            .is_some_and(|n| n >= 3),
+        "{failing}"
+    );
+    assert_eq!(
+        failing["overdue_open"],
+        serde_json::json!([["acme", 1]]),
+        "{failing}"
+    );
+    assert_eq!(
+        (
+            failing["dead_letters_open"].as_i64(),
+            failing["outbox_due"].as_i64()
+        ),
+        (Some(0), Some(0)),
+        "{failing}"
+    );
+    assert!(
+        failing["sampled_at_ms"].as_i64().is_some()
+            && failing["plugins_tripped"] == serde_json::json!([]),
+        "{failing}"
+    );
     sql("DROP TRIGGER refuse_sweep").await;
     eventually(
         Duration::from_secs(30),
@@ -765,6 +805,11 @@ async fn the_sweep_failure_alert_fires_while_the_sweep_fails_and_resolves_when_i
             notices(&receiver).contains(&rule("resolved")) && env.status("swept").await == "CLOSED"
         },
     )
+    .await;
+    eventually(Duration::from_secs(30), "the backlog shows it", || async {
+        let now = backlog().await;
+        now["sweep_consecutive_failures"] == 0 && now["overdue_open"] == serde_json::json!([])
+    })
     .await;
     let exit = crate::support::sigterm(&mut daemon, Duration::from_secs(10)).await;
     assert!(exit.success(), "{exit:?}\n{}", read());
