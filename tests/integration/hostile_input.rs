@@ -1,6 +1,6 @@
 //! Hostile input by the thousand, as property tests (proptest, stable Rust): what a stranger can
 //! hand timeoutd — broker message bodies and properties, config files, merchants' cases files,
-//! plugin answers at the WIT boundary. The properties: no panic; a refusal names what is wrong;
+//! plugin answers at the WIT boundary, HTTP requests to both of the daemon's listeners. The properties: no panic; a refusal names what is wrong;
 //! nothing accepted breaks the rule the parser exists for.
 //!
 //! Each property runs `TIMEOUTD_PROPTEST_CASES` cases (default 2,000: seconds in CI). By hand,
@@ -418,5 +418,231 @@ fn a_plugin_answer_beyond_its_order_is_refused_by_name() {
             }
         }
         Ok(())
+    });
+}
+
+/// What a stranger can send the daemon's two listeners: a method, a path (every route's shape
+/// with hostile segments, and paths of no route), a body (bytes or JSON-ish), a content type,
+/// and credentials (none, wrong, or — on the admin API only — the operator's).
+#[derive(Debug, Clone)]
+struct Request {
+    admin: bool,
+    method: &'static str,
+    path: String,
+    body: Vec<u8>,
+    json: bool,
+    token: Option<&'static str>,
+}
+
+/// A path segment: plain, percent-encoded, traversal, numbers out of range, the one order that
+/// exists, and very long ones.
+fn segment() -> BoxedStrategy<String> {
+    prop_oneof![
+        "[a-zA-Z0-9._~-]{0,40}",
+        "(%[0-9A-Fa-f]{2}){1,12}",
+        Just("..".to_string()),
+        Just("%2e%2e%2f%2e%2e".to_string()),
+        Just("%00".to_string()),
+        Just("99999999999999999999999".to_string()),
+        Just("-1".to_string()),
+        Just("o-1".to_string()),
+        "[a-z]{300,600}",
+    ]
+    .boxed()
+}
+
+fn request() -> impl Strategy<Value = Request> {
+    let http_paths = prop_oneof![
+        segment().prop_map(|s| format!("/v1/payments/{s}/paid")),
+        segment().prop_map(|s| format!("/v1/orders/{s}/payment-attempts")),
+        Just("/v1/providers/stripe/webhook".to_string()),
+        segment().prop_map(|s| format!("/v1/providers/alipay/notify/{s}")),
+        segment().prop_map(|s| format!("/v1/providers/wechatpay/notify/{s}")),
+        (segment(), segment()).prop_map(|(a, b)| format!("/{a}/{b}")),
+    ];
+    let admin_paths = prop_oneof![
+        segment().prop_map(|s| format!("/v1/orders/{s}")),
+        segment().prop_map(|s| format!("/v1/orders/{s}/close")),
+        segment().prop_map(|s| format!("/v1/dead-letters/{s}")),
+        segment().prop_map(|s| format!("/v1/dead-letters/{s}/redrive")),
+        segment().prop_map(|s| format!("/v1/ledger/{s}/retry")),
+        (segment(), segment())
+            .prop_map(|(a, b)| format!("/v1/orders/overdue?limit={a}&offset={b}")),
+        (segment(), segment()).prop_map(|(a, b)| format!("/v1/dead-letters?status={a}&limit={b}")),
+        Just("/v1/sweep".to_string()),
+        Just("/v1/backlog".to_string()),
+        (segment(), segment()).prop_map(|(a, b)| format!("/{a}/{b}")),
+    ];
+    let body = prop_oneof![
+        proptest::collection::vec(any::<u8>(), 0..2_048),
+        (id_json(), "[a-z_]{1,12}", id_json()).prop_map(|(a, k, b)| {
+            format!("{{\"orderId\": {a}, \"{k}\": {b}, \"interval\": {b}}}").into_bytes()
+        }),
+        Just(b"{not json".to_vec()),
+    ];
+    (
+        any::<bool>(),
+        prop::sample::select(vec!["GET", "POST", "PUT", "DELETE", "PATCH"]),
+        http_paths,
+        admin_paths,
+        body,
+        any::<bool>(),
+        prop::sample::select(vec![
+            None,
+            Some("wrong-token-0123456789"),
+            Some(crate::admin::TOKEN),
+        ]),
+    )
+        .prop_map(
+            |(admin, method, http_path, admin_path, body, json, token)| {
+                // The operator's token only where a call writes nothing the property checks: not
+                // the sweep's tuning, not on the payment listener.
+                let writes = admin_path.starts_with("/v1/sweep") && method == "PUT";
+                let token = match token {
+                    Some(t) if t == crate::admin::TOKEN && (!admin || writes) => {
+                        Some("wrong-token-0123456789")
+                    }
+                    other => other,
+                };
+                Request {
+                    admin,
+                    method,
+                    path: if admin { admin_path } else { http_path },
+                    body,
+                    json,
+                    token,
+                }
+            },
+        )
+}
+
+/// Column `i` of `row` as text, whatever its type.
+fn cell(row: &sqlx::any::AnyRow, i: usize) -> String {
+    use sqlx::Row;
+    if let Ok(v) = row.try_get::<Option<i64>, _>(i) {
+        return format!("{v:?}");
+    }
+    if let Ok(v) = row.try_get::<Option<String>, _>(i) {
+        return format!("{v:?}");
+    }
+    if let Ok(v) = row.try_get::<Option<f64>, _>(i) {
+        return format!("{v:?}");
+    }
+    "(unreadable)".to_string()
+}
+
+/// Every table's rows as text, `admin_audit` left out (every call is audited by design).
+async fn tables(env: &crate::support::Env) -> Vec<String> {
+    let mut all = Vec::new();
+    for table in [
+        "orders",
+        "order_timeout_msg",
+        "effect_ledger",
+        "decision_log",
+        "dead_letter",
+        "paid_after_close",
+        "coupons",
+        "sku_stock",
+    ] {
+        let rows = env
+            .db
+            .backend()
+            .query_owned(format!("SELECT * FROM {table}"))
+            .fetch_all(env.db.pool())
+            .await
+            .unwrap();
+        all.push(format!("{table}: {} rows", rows.len()));
+        for row in rows {
+            all.push(format!(
+                "{table}: {:?}",
+                (0..sqlx::Row::len(&row))
+                    .map(|i| cell(&row, i))
+                    .collect::<Vec<_>>()
+            ));
+        }
+    }
+    all
+}
+
+/// Every HTTP request a stranger can make of the payment listener (paid callbacks, payment
+/// attempts, Stripe, Alipay and WeChat Pay notices) and the admin API (with no token, a wrong
+/// one, or the operator's on calls that change no table): never a 5xx or a dropped connection;
+/// every 4xx a JSON body naming the error; and afterwards every table as it was (one order,
+/// PENDING and not yet due, that the generated paths can name).
+#[test]
+fn every_http_request_a_stranger_sends_is_answered_and_changes_nothing() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (env, daemon, http, admin) = rt.block_on(async {
+        let env = crate::support::Env::new(timeoutd::db::Backend::Sqlite).await;
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        env.create(&crate::support::order("o-1", "acme", env.db.now_ms().await.unwrap() + 3_600_000)).await;
+        std::fs::write(env.dir.path().join("stripe.key"), "sk_test_0123456789\n").unwrap();
+        std::fs::write(env.dir.path().join("stripe.whsec"), "whsec_0123456789abcdef\n").unwrap();
+        let config = env.config(
+            &[("acme", "builtin:single-phase", &[])],
+            &format!(
+                "[http]\nlisten = \"127.0.0.1:0\"\ncallback_token = \"callback-token-0123456789\"\n\
+                 [admin]\nlisten = \"127.0.0.1:0\"\n[admin.tokens]\nops = \"{}\"\n[sweep]\nenabled = false\n\
+                 [payment]\nprovider = \"stripe\"\n[payment.stripe]\nbase_url = \"http://127.0.0.1:9\"\n\
+                 api_key = {{ secret_file = \"stripe.key\" }}\nwebhook_secret = {{ secret_file = \"stripe.whsec\" }}\n",
+                crate::admin::TOKEN
+            ),
+        );
+        let daemon = timeoutd::daemon::Daemon::start(&config, timeoutd::clock::Clock::Database).await.unwrap();
+        let (http, admin) = (daemon.http_addr().unwrap(), daemon.admin_addr().unwrap());
+        (env, daemon, http, admin)
+    });
+    let before = rt.block_on(tables(&env));
+    let client = reqwest::Client::new();
+    check(request(), |r| {
+        let base = if r.admin { admin } else { http };
+        let mut req = client
+            .request(
+                r.method.parse().unwrap(),
+                format!("http://{base}{}", r.path),
+            )
+            .body(r.body.clone());
+        if r.json {
+            req = req.header("content-type", "application/json");
+        }
+        if let Some(t) = r.token {
+            req = req.bearer_auth(t);
+        }
+        let (status, body) = rt.block_on(async {
+            let answer = req
+                .send()
+                .await
+                .map_err(|e| TestCaseError::fail(format!("no answer: {e}")))?;
+            let status = answer.status();
+            Ok::<_, TestCaseError>((status, answer.bytes().await.unwrap_or_default()))
+        })?;
+        prop_assert!(
+            !status.is_server_error(),
+            "{status}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        if status.is_client_error() {
+            let text = String::from_utf8_lossy(&body);
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+            // WeChat Pay's own answer to a notification is {"code": "FAIL", "message": …};
+            // Alipay's the text `fail` (anything else and it sends the notification again).
+            let wechat = r.path.starts_with("/v1/providers/wechatpay/")
+                && v["code"] == "FAIL"
+                && v["message"].as_str().is_some_and(|m| !m.is_empty());
+            let alipay = r.path.starts_with("/v1/providers/alipay/") && text.trim() == "fail";
+            let named = wechat || alipay || v["error"].as_str().is_some_and(|e| !e.is_empty());
+            prop_assert!(named, "{status} names no error: {text}");
+        }
+        Ok(())
+    });
+    let after = rt.block_on(tables(&env));
+    assert_eq!(before, after, "a stranger's request changed a table");
+    rt.block_on(async {
+        daemon.stop().await;
+        env.cleanup().await;
     });
 }
