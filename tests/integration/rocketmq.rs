@@ -1736,9 +1736,18 @@ impl Drop for RestartBrokerOnDrop {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn with_the_broker_down_the_outbox_closes_on_time_and_late_messages_are_no_ops() {
+async fn with_the_broker_down_the_outbox_closes_on_time_and_late_messages_are_no_ops_mariadb() {
+    with_the_broker_down(timeoutd::db::Backend::MySql).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_the_broker_down_the_outbox_closes_on_time_and_late_messages_are_no_ops_postgres() {
+    with_the_broker_down(timeoutd::db::Backend::Postgres).await;
+}
+
+async fn with_the_broker_down(backend: timeoutd::db::Backend) {
     let _broker = broker().await;
-    let env = Env::new(timeoutd::db::Backend::MySql).await;
+    let env = Env::new(backend).await;
     let (topic, group) = names("down");
     let config = env.config(
         ACME,
