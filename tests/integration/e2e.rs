@@ -1299,3 +1299,87 @@ async fn a_burst_of_slow_statements_is_summarised_not_a_log_flood() {
     );
     env.cleanup().await;
 }
+
+/// F10, deterministically: a daemon is SIGKILLed after its close committed and its notice
+/// reached the webhook, before the answer came back and the ledger row was marked DONE (the
+/// receiver records the request and never answers it). The next daemon finds the row PENDING,
+/// takes it once its lease lapses and sends the notice again under the same idempotency key:
+/// two deliveries, one key, the row DONE, the order closed once and its stock given back once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_between_an_effects_delivery_and_its_ledger_row_resends_it_under_the_same_key() {
+    let env = Env::new(Backend::MySql).await;
+    env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+    env.create(&crate::support::order(
+        "killed",
+        "acme",
+        env.db.now_ms().await.unwrap() - 1_000,
+    ))
+    .await;
+    let receiver = crate::fakes::Receiver::start_hanging_first().await;
+    let file = env.dir.path().join("f10.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[database]\nurl = \"{}\"\n[effects]\nlease = \"1s\"\n\
+             [notify.channels.hook]\nkind = \"webhook\"\nurl = \"{}\"\ntimeout = \"30s\"\n\
+             [merchants.acme]\nplugin = \"builtin:single-phase\"\n[merchants.acme.settings]\nchannel = \"hook\"\n",
+            env.url, receiver.url
+        ),
+    )
+    .unwrap();
+    let log = env.dir.path().join("timeoutd.log");
+    let mut first = crate::support::started_daemon(&file, &[], &log).await;
+    crate::support::eventually(
+        Duration::from_secs(30),
+        "the notice reaches the webhook",
+        || async { !receiver.received.lock().unwrap().is_empty() },
+    )
+    .await;
+    first.kill().await.unwrap();
+    first.wait().await.unwrap();
+    let notice = "SELECT status FROM effect_ledger WHERE kind = 'notify' AND order_id = ?";
+    assert_eq!(
+        env.status("killed").await,
+        "CLOSED",
+        "the close had committed"
+    );
+    assert_eq!(
+        env.text(notice, "killed").await,
+        "PENDING",
+        "killed before the row was settled"
+    );
+    let mut second = crate::support::started_daemon(&file, &[], &log).await;
+    crate::support::eventually(
+        Duration::from_secs(30),
+        "the next daemon settles the notice",
+        || async { env.text(notice, "killed").await == "DONE" },
+    )
+    .await;
+    let exit = crate::support::sigterm(&mut second, Duration::from_secs(10)).await;
+    assert!(exit.success(), "{exit:?}");
+    let got = receiver.received.lock().unwrap().clone();
+    assert_eq!(got.len(), 2, "delivered again after the kill: {got:?}");
+    let key = env
+        .text(
+            "SELECT idempotency_key FROM effect_ledger WHERE kind = 'notify' AND order_id = ?",
+            "killed",
+        )
+        .await;
+    assert!(
+        got.iter().all(|(k, _)| *k == key),
+        "both under the ledger row's key {key}: {got:?}"
+    );
+    assert_eq!(
+        env.int(
+            "SELECT COUNT(*) FROM decision_log WHERE order_id = ?",
+            "killed"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        (env.stock("sku-a").await, env.stock("sku-b").await),
+        (10, 10)
+    );
+    env.cleanup().await;
+}

@@ -208,10 +208,20 @@ pub struct Receiver {
 impl Receiver {
     /// Starts one on a free loopback port.
     pub async fn start() -> Receiver {
+        Receiver::start_with(false).await
+    }
+
+    /// Starts one that records its first request and never answers it (the sender's effect
+    /// has arrived, its answer never does); later requests are answered.
+    pub async fn start_hanging_first() -> Receiver {
+        Receiver::start_with(true).await
+    }
+
+    async fn start_with(hang_first: bool) -> Receiver {
         let received = Arc::new(Mutex::new(Vec::new()));
         let app = Router::new()
             .route("/hook", post(hook))
-            .with_state(received.clone());
+            .with_state((received.clone(), Arc::new(AtomicBool::new(hang_first))));
         let addr = serve(app).await;
         Receiver {
             received,
@@ -221,7 +231,7 @@ impl Receiver {
 }
 
 async fn hook(
-    State(received): State<Inbox>,
+    State((received, hang)): State<(Inbox, Arc<AtomicBool>)>,
     headers: HeaderMap,
     Json(body): Json<Value>,
 ) -> StatusCode {
@@ -231,6 +241,9 @@ async fn hook(
         .unwrap_or_default()
         .to_string();
     received.lock().unwrap().push((key, body));
+    if hang.swap(false, Ordering::SeqCst) {
+        std::future::pending::<()>().await;
+    }
     StatusCode::NO_CONTENT
 }
 
