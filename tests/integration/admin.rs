@@ -368,20 +368,7 @@ async fn plugins_reload_refusing_a_broken_file_and_the_served_openapi_lists_ever
             .to_string()
     };
     let old = digest(&api.call("GET", "/v1/plugins", None).await.1);
-    let decided_with = |id: &'static str| {
-        let env = &env;
-        async move {
-            eventually(Duration::from_secs(30), "the order closes", || async {
-                env.status(id).await == "CLOSED"
-            })
-            .await;
-            env.text(
-                "SELECT plugin_digest FROM decision_log WHERE order_id = ?",
-                id,
-            )
-            .await
-        }
-    };
+    let decided_with = |id: &'static str| digest_of_close(&env, id);
     std::fs::write(&path, b"not a component").unwrap();
     let (code, report) = api.call("POST", "/v1/plugins/reload", None).await;
     assert_eq!(code, 200, "{report}");
@@ -671,15 +658,7 @@ async fn the_file_watcher_refuses_a_broken_plugin_and_takes_a_good_one_unasked()
         async move {
             env.create(&order(id, &m, env.db.now_ms().await.unwrap() - 1_000))
                 .await;
-            eventually(Duration::from_secs(30), "the order closes", || async {
-                env.status(id).await == "CLOSED"
-            })
-            .await;
-            env.text(
-                "SELECT plugin_digest FROM decision_log WHERE order_id = ?",
-                id,
-            )
-            .await
+            digest_of_close(env, id).await
         }
     };
     let old = decided_with("first").await;
@@ -824,4 +803,17 @@ async fn the_sweep_failure_alert_fires_while_the_sweep_fails_and_resolves_when_i
         "sweep"
     );
     env.cleanup().await;
+}
+
+/// Waits until order `id` is closed; the digest of the plugin version that decided it.
+async fn digest_of_close(env: &Env, id: &str) -> String {
+    eventually(Duration::from_secs(30), "the order closes", || async {
+        env.status(id).await == "CLOSED"
+    })
+    .await;
+    env.text(
+        "SELECT plugin_digest FROM decision_log WHERE order_id = ?",
+        id,
+    )
+    .await
 }
