@@ -222,10 +222,24 @@ each_backend! {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        // A letter about a message (a poison body) naming an order not yet due: its re-drive
+        // leaves the order to its own row at the deadline (a manual trigger is not held for it).
+        let deadline = env.db.now_ms().await.unwrap() + 600_000;
+        env.create(&order("later", "acme", deadline)).await;
+        env.db.backend()
+            .query("INSERT INTO dead_letter (source, order_id, reason, payload, attempts, status, created_at_ms) VALUES ('rocketmq', ?, 'body is not a timeout JSON', '{', 1, 'OPEN', ?)")
+            .bind("later").bind(deadline - 600_000).execute(env.db.pool()).await.unwrap();
+        let later = env.int("SELECT id FROM dead_letter WHERE order_id = ?", "later").await;
+        let (status, redriven) = api.call("POST", &format!("/v1/dead-letters/{later}/redrive"), None).await;
+        assert_eq!((status, redriven["rearmed"].as_bool(), redriven["due_ms"].as_i64()), (200, Some(false), Some(deadline)), "{redriven}");
+        assert_eq!(env.int("SELECT COUNT(*) FROM order_timeout_msg WHERE source = 'manual' AND order_id = ?", "later").await, 0);
+        assert_eq!(env.int("SELECT MIN(due_ms) FROM order_timeout_msg WHERE order_id = ?", "later").await, deadline);
+        assert_eq!(env.text("SELECT status FROM dead_letter WHERE order_id = ?", "later").await, "REDRIVEN");
         second.stop().await;
+        assert_eq!(env.status("later").await, "PENDING", "not closed before its deadline");
         assert_eq!(env.status("orphan").await, "CLOSED");
         assert_eq!(env.int("SELECT COUNT(*) FROM decision_log WHERE outcome = 'closed' AND order_id = ?", "orphan").await, 1);
-        assert_eq!(env.stock("sku-a").await, 10);
+        assert_eq!(env.stock("sku-a").await, 8, "orphan's units back; later still holds its 2");
         assert_eq!(env.text("SELECT status FROM dead_letter WHERE order_id = ?", "orphan").await, "REDRIVEN");
     }
 }
@@ -662,7 +676,7 @@ async fn the_file_watcher_refuses_a_broken_plugin_and_takes_a_good_one_unasked()
         }
     };
     let old = decided_with("first").await;
-    std::fs::write(&path, b"not a component").unwrap();
+    replace_file(&path, b"not a component");
     eventually(
         Duration::from_secs(30),
         "the watcher refuses the broken file",
@@ -674,7 +688,7 @@ async fn the_file_watcher_refuses_a_broken_plugin_and_takes_a_good_one_unasked()
         old,
         "the old version keeps deciding"
     );
-    std::fs::write(&path, crate::support::HOSTILE_WASM).unwrap();
+    replace_file(&path, crate::support::HOSTILE_WASM);
     eventually(
         Duration::from_secs(30),
         "the watcher takes the good file",
@@ -816,4 +830,12 @@ async fn digest_of_close(env: &Env, id: &str) -> String {
         id,
     )
     .await
+}
+
+/// Replaces the file at `path` whole (written beside it, then renamed over it), as a deploy
+/// does: a watcher never sees it half written.
+fn replace_file(path: &std::path::Path, bytes: &[u8]) {
+    let next = path.with_extension("next");
+    std::fs::write(&next, bytes).unwrap();
+    std::fs::rename(&next, path).unwrap();
 }

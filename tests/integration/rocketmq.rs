@@ -1147,6 +1147,8 @@ with_broker!(
         // F15: the committed half message was delivered as the transactional message it was,
         // with no delay of any kind (a delay on a half message loops between the broker's
         // internal topics); the rolled-back one was never delivered.
+        let arm_seen = || seen.lock().unwrap().iter().any(|m| m.properties.get("TAGS").map(String::as_str) == Some("arm"));
+        eventually(Duration::from_secs(30), "the committed arm message is delivered", || async { arm_seen() }).await;
         let armed: Vec<Received> = seen.lock().unwrap().iter()
             .filter(|m| m.properties.get("TAGS").map(String::as_str) == Some("arm"))
             .cloned()
@@ -1439,12 +1441,13 @@ with_broker!(
 with_broker!(
     async fn a_poison_message_is_dead_lettered_and_others_flow(env) {
         let (topic, group) = names("poison");
-        // The sweep on (F14: an identifiable order still closes by it), the outbox's own rows
-        // removed, and the admin API to look at and re-drive dead letters.
+        // The outbox's own rows removed and the sweep off while the messages are consumed, and
+        // the admin API to look at and re-drive dead letters; a second daemon sweeps afterwards
+        // (F14: an identifiable order still closes by the sweep).
         let config = env.config(
             ACME,
             &format!(
-                "[sweep]\ninterval = \"200ms\"\ngrace = \"3s\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+                "[sweep]\nenabled = false\n[admin]\nlisten = \"127.0.0.1:0\"\n\
                  [admin.tokens]\nops = \"{}\"\n{}",
                 crate::admin::TOKEN,
                 section(&topic, &group, "")
@@ -1481,7 +1484,15 @@ with_broker!(
             .text("SELECT payload FROM dead_letter WHERE order_id = ?", "p-2")
             .await;
         assert!(payload.contains("two words"), "{payload}");
+        assert_eq!(env.status("p-1").await, "PENDING", "its message could not be read");
+        assert_ne!(env.text("SELECT closed_by FROM orders WHERE id = ?", "ok-1").await, "sweep", "closed by its message");
         // The poisoned message's order closes anyway, by the sweep, once.
+        let sweeper = Daemon::start(
+            &env.config(ACME, "[sweep]\ninterval = \"200ms\"\ngrace = \"1s\"\n"),
+            Clock::Database,
+        )
+        .await
+        .unwrap();
         eventually(Duration::from_secs(30), "the sweep closes the poisoned message's order", || async {
             env.status("p-1").await == "CLOSED"
         })
@@ -1511,6 +1522,7 @@ with_broker!(
         assert_eq!(env.text("SELECT status FROM dead_letter WHERE order_id = ?", "p-1").await, "REDRIVEN");
         assert_eq!(api.call("POST", &format!("/v1/dead-letters/{id}/redrive"), None).await.0, 409, "no longer OPEN");
         tx.shutdown().await;
+        sweeper.stop().await;
         daemon.stop().await;
     }
 );

@@ -155,7 +155,7 @@ async fn a_paid_notice_records_the_payment_as_malls_pay_success_would() {
     assert_eq!(closed_state[0], "4");
     // The payment's compare-and-set itself refuses an order no longer pending, whoever asks.
     let mut conn = db.pool().acquire().await.unwrap();
-    let paid_closed = timeoutd::db::orders::pay(&mut conn, db.schema(), "2002", now).await;
+    let paid_closed = timeoutd::db::orders::pay(&mut conn, db.schema(), "2002", now, now).await;
     assert!(!paid_closed.unwrap(), "a closed order was moved to paid");
     drop(conn);
     assert_eq!(shop_state(&mall, 2002, 10, &[201]).await, closed_state);

@@ -268,10 +268,15 @@ impl Env {
     /// Pays an order (reference order service).
     pub async fn pay(&self, id: &str, at_ms: i64) -> bool {
         let mut tx = self.db.begin().await.unwrap();
-        let paid =
-            timeoutd::db::orders::pay(&mut tx, &timeoutd::db::shop::Schema::Canonical, id, at_ms)
-                .await
-                .unwrap();
+        let paid = timeoutd::db::orders::pay(
+            &mut tx,
+            &timeoutd::db::shop::Schema::Canonical,
+            id,
+            at_ms,
+            at_ms,
+        )
+        .await
+        .unwrap();
         tx.commit().await.unwrap();
         paid
     }

@@ -135,7 +135,8 @@ pub enum Event<'a> {
     PaidNotice {
         /// The order's merchant (empty for an order that does not exist).
         merchant: &'a str,
-        /// `callback` (HTTP) or `paid-message` (the paid topic).
+        /// `callback` (the HTTP paid callback), `paid-message` (the paid topic), or a
+        /// provider's notice: `alipay-notify`, `wechatpay-notify`, `stripe-webhook`.
         source: &'a str,
         /// `aligned` (PENDING → paid), `duplicate` (already paid), `after-close` (a
         /// paid-after-close recorded), `after-close-repeat` (recorded before) or `missing`.

@@ -94,7 +94,7 @@ async fn apply_once(
         "PAID" => Ok((merchant_id, Applied::AlreadyPaid)),
         "PENDING" => {
             let mut tx = db.begin().await?;
-            let paid = orders::pay(&mut tx, db.schema(), order_id, now_ms).await?;
+            let paid = orders::pay(&mut tx, db.schema(), order_id, now_ms, now_ms).await?;
             tx.commit().await?;
             if paid {
                 tracing::info!(order = order_id, source, "paid notice: aligned to PAID");

@@ -47,8 +47,9 @@ async fn one(s: &AdminState, id: i64) -> Result<DeadLetterRow, ApiError> {
 }
 
 /// `POST /v1/dead-letters/{id}/redrive`: marks an OPEN dead letter REDRIVEN and re-arms its
-/// order (latest phase, due now, attempts reset); the outbox timer takes it from there. 409 when
-/// it is not OPEN or names no order.
+/// order (latest phase, due now, attempts reset); the outbox timer takes it from there. An order
+/// not yet due is left to its own trigger at its deadline (`rearmed: false`). Answers
+/// `{redriven, order_id, rearmed, due_ms[, phase]}`; 409 when it is not OPEN or names no order.
 pub async fn redrive(State(s): State<AdminState>, Path(id): Path<i64>) -> ApiResult<Value> {
     let letter = one(&s, id).await?;
     let Some(order_id) = letter.order_id else {
@@ -69,6 +70,23 @@ pub async fn redrive(State(s): State<AdminState>, Path(id): Path<i64>) -> ApiRes
             format!("dead letter {id} is no longer OPEN"),
         ));
     }
+    // An order not yet due is not re-armed: a re-driven trigger is an operator's (`manual`),
+    // which is not held for the deadline, and a letter about a message (a poison body) can
+    // name such an order. Its own row, or the sweep, closes it at its deadline.
+    let mut conn =
+        s.db.pool()
+            .acquire()
+            .await
+            .map_err(|e| ApiError::query(e.into()))?;
+    let deadline = crate::db::orders::load(&mut conn, s.db.schema(), &order_id)
+        .await?
+        .map(|o| o.deadline_ms);
+    drop(conn);
+    if let Some(due_ms) = deadline.filter(|d| *d > now) {
+        return Ok(Json(json!({
+            "redriven": id, "order_id": order_id, "rearmed": false, "due_ms": due_ms,
+        })));
+    }
     let orphan = Orphan {
         order_id: order_id.clone(),
         phase: outbox::latest_phase(&s.db, &order_id).await?,
@@ -77,6 +95,6 @@ pub async fn redrive(State(s): State<AdminState>, Path(id): Path<i64>) -> ApiRes
     outbox::rearm_as(&s.db, std::slice::from_ref(&orphan), now, SOURCE_MANUAL).await?;
     s.waker.notify_one();
     Ok(Json(
-        json!({ "redriven": id, "order_id": order_id, "phase": orphan.phase }),
+        json!({ "redriven": id, "order_id": order_id, "rearmed": true, "phase": orphan.phase, "due_ms": now }),
     ))
 }

@@ -117,11 +117,12 @@ pub const SOURCE_ROCKETMQ: &str = "rocketmq";
 /// exist ([`crate::rocketmq::paid`]).
 pub const SOURCE_ROCKETMQ_PAID: &str = "rocketmq-paid";
 
-/// `dead_letter.source` of a message drained from the broker's own DLQ
+/// `dead_letter.source` of a message the broker gave up redelivering, drained from its own DLQ
 /// ([`crate::rocketmq::dlq`]).
 pub const SOURCE_ROCKETMQ_DLQ: &str = "rocketmq-dlq";
 
-/// Dead letters about one trigger or message, not about the order it names: an OPEN one does
+/// Dead letters about one trigger row or broker message, not about the order it names (a row
+/// due at no clock's time, a message that could not be read or was given up on): an OPEN one does
 /// not keep the sweep off its order (FAILURES.md F14: a poison message's order still closes by
 /// the sweep). Every other OPEN dead letter of an order (its decision failed, its times were
 /// implausible) leaves the order to an operator, so the sweep does not re-arm it in a loop.

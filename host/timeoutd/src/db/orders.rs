@@ -575,9 +575,10 @@ pub async fn create(conn: &mut AnyConnection, o: &Order) -> Result<(), DbError> 
     Ok(())
 }
 
-/// A payment: PENDING → PAID (a compare-and-set of its own) and the coupon marked USED; on a
-/// shop's schema, what the profile's `[paid]` says ([`crate::db::shop::Mapped::pay`]). Returns
-/// false when the order was no longer pending (closed or paid first).
+/// A payment made at `paid_at_ms`, recorded at `now_ms` (epoch ms): PENDING → PAID (a
+/// compare-and-set of its own) and the coupon marked USED; on a shop's schema, what the
+/// profile's `[paid]` says ([`crate::db::shop::Mapped::pay`]). Returns false when the order was
+/// no longer pending (closed or paid first).
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure; on a shop's schema, [`DbError::Config`] when its profile
@@ -587,16 +588,17 @@ pub async fn pay(
     conn: &mut AnyConnection,
     schema: &Schema,
     id: &str,
+    paid_at_ms: i64,
     now_ms: i64,
 ) -> Result<bool, DbError> {
     if let Some(m) = schema.mapped() {
-        return m.pay(conn, id, now_ms).await;
+        return m.pay(conn, id, paid_at_ms, now_ms).await;
     }
     let done = Backend::of(conn)
         .query(
             "UPDATE orders SET status = 'PAID', paid_at_ms = ? WHERE id = ? AND status = 'PENDING'",
         )
-        .bind(now_ms)
+        .bind(paid_at_ms)
         .bind(id)
         .execute(&mut *conn)
         .await?;

@@ -116,6 +116,7 @@ impl Shop {
                     &crate::db::shop::Schema::Canonical,
                     &order.id,
                     paid_at,
+                    paid_at,
                 )
                 .await?;
                 tx.commit().await?;

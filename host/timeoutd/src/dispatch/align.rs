@@ -154,7 +154,7 @@ impl Dispatcher {
             return Ok(Outcome::NoOp { reason });
         }
         let mut tx = self.db.begin().await?;
-        if !orders::pay(&mut tx, self.db.schema(), &order.id, paid_at_ms).await? {
+        if !orders::pay(&mut tx, self.db.schema(), &order.id, paid_at_ms, now_ms).await? {
             tx.rollback().await?;
             let reason = "order left PENDING before it could be aligned".to_string();
             if let Some(row) = trigger.row() {

@@ -442,6 +442,47 @@ impl Profile {
                         .into(),
                 );
             }
+            // A payment writes each of its columns once, and none the compare-and-set reads.
+            let o = &self.orders;
+            let mut guarded: Vec<(&str, &str)> =
+                vec![("orders.id", &o.id), ("orders.status", &o.status)];
+            guarded.extend(
+                o.soft_delete
+                    .as_ref()
+                    .map(|d| ("orders.soft_delete.column", d.column.as_str())),
+            );
+            guarded.extend(o.modified.as_deref().map(|m| ("orders.modified", m)));
+            let mut written: Vec<(String, &str)> = Vec::new();
+            written.extend(paid.time.as_deref().map(|t| ("paid.time".to_string(), t)));
+            written.extend(
+                paid.set
+                    .keys()
+                    .map(|c| (format!("paid.set.{c}"), c.as_str())),
+            );
+            for (k, (key, column)) in written.iter().enumerate() {
+                if let Some((other, _)) =
+                    guarded.iter().find(|(_, g)| g.eq_ignore_ascii_case(column))
+                {
+                    problems.push(format!(
+                        "`{key}` = `{column}` is `{other}`, which timeoutd writes or checks itself"
+                    ));
+                }
+                if let Some((other, _)) = written[..k]
+                    .iter()
+                    .find(|(_, c)| c.eq_ignore_ascii_case(column))
+                {
+                    problems.push(format!("`{key}` = `{column}` is also `{other}`"));
+                }
+            }
+            if let Some(sold) = &paid.stock
+                && (sold.eq_ignore_ascii_case(&self.stock.column)
+                    || sold.eq_ignore_ascii_case(&self.stock.sku))
+            {
+                problems.push(format!(
+                    "`paid.stock` = `{sold}` must be the on-hand column, not `stock.column` (the \
+                     lock) or `stock.sku`"
+                ));
+            }
         }
         problems
     }
@@ -641,12 +682,18 @@ mod tests {
             .expect("the shipped profile records payments");
         paid.status = StatusValue::Int(4);
         paid.set.insert("pay type".into(), StatusValue::Int(1));
+        paid.set.insert("status".into(), StatusValue::Int(0));
+        paid.set.insert("payment_time".into(), StatusValue::Int(0));
+        paid.stock = Some("lock_stock".into());
         p.stock.release = StockRelease::Add;
         let problems = p.problems().join("\n");
         for want in [
             "`paid.status` = `4` is not one of `orders.paid`",
             "`paid.stock` sells locked units, but `stock.release` is not \"unlock\"",
             "`paid.set.pay type` = `pay type` is not a plain table or column name",
+            "`paid.set.status` = `status` is `orders.status`, which timeoutd writes or checks itself",
+            "`paid.set.payment_time` = `payment_time` is also `paid.time`",
+            "`paid.stock` = `lock_stock` must be the on-hand column",
         ] {
             assert!(problems.contains(want), "{want} missing from:\n{problems}");
         }

@@ -14,11 +14,12 @@ impl Mapped {
         self.profile.paid.is_some()
     }
 
-    /// Records the payment of `id` at `now_ms` (epoch ms): `status` pending → `paid.status`
-    /// where still pending and live, `paid.time` and `orders.modified` stamped, `paid.set`
-    /// written; then, with `paid.stock`, each line lowers that column and `stock.column` by its
-    /// units. Returns false when the order was no longer pending (closed or paid first), or
-    /// `id` cannot be one of its ids.
+    /// Records the payment of `id`, made at `paid_at_ms`, at `now_ms` (epoch ms): `status`
+    /// pending → `paid.status` where still pending and live, `paid.time` stamped with
+    /// `paid_at_ms` and `orders.modified` with `now_ms`, `paid.set` written; then, with
+    /// `paid.stock`, each line lowers that column and `stock.column` by its units. Returns
+    /// false when the order was no longer pending (closed or paid first) or is soft-deleted,
+    /// or `id` cannot be one of its ids.
     ///
     /// # Errors
     /// [`DbError::Config`] when the profile has no `[paid]` (the shop's payment service records
@@ -29,6 +30,7 @@ impl Mapped {
         &self,
         conn: &mut AnyConnection,
         id: &str,
+        paid_at_ms: i64,
         now_ms: i64,
     ) -> Result<bool, DbError> {
         let Some(paid) = &self.profile.paid else {
@@ -49,9 +51,10 @@ impl Mapped {
             col(&o.status)
         ));
         s.bind(&paid.status);
-        for stamp in paid.time.iter().chain(&o.modified) {
+        let stamps = paid.time.iter().map(|c| (c, paid_at_ms));
+        for (stamp, at_ms) in stamps.chain(o.modified.iter().map(|c| (c, now_ms))) {
             s.push(&format!(", {} = ", col(stamp)));
-            self.bind_time(&mut s, now_ms);
+            self.bind_time(&mut s, at_ms);
         }
         for (column, value) in &paid.set {
             s.push(&format!(", {} = ", col(column))).bind(value);
