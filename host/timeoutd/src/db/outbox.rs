@@ -803,7 +803,16 @@ pub async fn find_orphans(
 ) -> Result<Vec<Orphan>, DbError> {
     if let Some(m) = db.schema().mapped() {
         let sources = [SOURCE_SWEEP, SOURCE_MANUAL];
-        let due = m.find_orphans(db, now_ms, grace_ms, batch, sources).await?;
+        let due = m
+            .find_orphans(
+                db,
+                now_ms,
+                grace_ms,
+                batch,
+                sources,
+                &super::journal::NOT_ABOUT_THE_ORDER,
+            )
+            .await?;
         return Ok(due
             .into_iter()
             .map(|d| Orphan {

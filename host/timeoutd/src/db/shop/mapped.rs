@@ -829,9 +829,11 @@ impl Mapped {
     }
 
     /// Pending, live orders due by `now - grace` with no live trigger in timeoutd's outbox
-    /// and no open dead letter (the sweep's rule, `db::outbox::find_orphans`, on the shop's
-    /// table), oldest first. A row the order service wrote due late counts as live here: shops
-    /// on a profile write no outbox rows of their own.
+    /// and no open dead letter but those whose source is in `not_about_the_order` (the sweep's
+    /// rule, `db::outbox::find_orphans`, on the shop's table), oldest first. A row the order
+    /// service wrote due late counts as live here: shops on a profile write no outbox rows of
+    /// their own. `sources` are the outbox row sources that count as live whatever their due
+    /// time (the sweep's and an operator's).
     ///
     /// # Errors
     /// [`DbError::Sql`] on query failure.
@@ -842,6 +844,7 @@ impl Mapped {
         grace_ms: i64,
         batch: u32,
         sources: [&str; 2],
+        not_about_the_order: &[&str],
     ) -> Result<Vec<Due>, DbError> {
         let mut conn = db.pool().acquire().await?;
         let window = self.window_ms(&mut conn).await?;
@@ -875,7 +878,7 @@ impl Mapped {
             " AND NOT EXISTS (SELECT 1 FROM dead_letter d WHERE d.order_id = {id} \
              AND d.status = 'OPEN' AND d.source NOT IN "
         ));
-        s.bind_list(crate::db::journal::NOT_ABOUT_THE_ORDER.map(Bind::from));
+        s.bind_list(not_about_the_order.iter().map(|source| Bind::from(*source)));
         s.push(")");
         let order_by = col(self.due_column());
         s.push(&format!(" ORDER BY {order_by} LIMIT "))
