@@ -136,13 +136,12 @@ each_backend! {
             let (base, m) = (api.base.clone(), m.clone());
             async move {
                 let page = reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap();
-                let series = name.replace("{m}", &m);
-                page.lines().find_map(|l| l.strip_prefix(&format!("{series} ")).map(str::to_string)).unwrap_or_default()
+                crate::support::sample(&page, &name.replace("{m}", &m))
             }
         };
         let overdue_gauge = "timeoutd_overdue_open_orders{merchant=\"{m}\"}";
         crate::support::eventually(Duration::from_secs(30), "the overdue gauge counts the stuck order", || async {
-            metric(overdue_gauge).await == "1"
+            metric(overdue_gauge).await == Some(1.0)
         })
         .await;
         let (status, overdue) = api.call("GET", "/v1/orders/overdue", None).await;
@@ -168,9 +167,9 @@ each_backend! {
         // next backlog sample. The rest by name: this process's recorder is shared by every
         // test's daemon (values are checked on a daemon of its own,
         // `e2e::a_daemons_metric_values_agree_with_its_rows…`).
-        assert_eq!(metric("timeoutd_decisions_total{merchant=\"{m}\",decision=\"cancel\"}").await, "1");
+        assert_eq!(metric("timeoutd_decisions_total{merchant=\"{m}\",decision=\"cancel\"}").await, Some(1.0));
         crate::support::eventually(Duration::from_secs(30), "the overdue gauge returns to 0", || async {
-            metric(overdue_gauge).await == "0"
+            metric(overdue_gauge).await == Some(0.0)
         })
         .await;
         let needles = [
@@ -650,12 +649,8 @@ async fn the_file_watcher_refuses_a_broken_plugin_and_takes_a_good_one_unasked()
     let recorder = timeoutd::events::metrics_handle();
     let reloads = |outcome: &str| {
         let series =
-            format!("timeoutd_plugin_reloads_total{{merchant=\"{m}\",outcome=\"{outcome}\"}} ");
-        recorder
-            .render()
-            .lines()
-            .find_map(|l| l.strip_prefix(&series).map(str::to_string))
-            .unwrap_or_default()
+            format!("timeoutd_plugin_reloads_total{{merchant=\"{m}\",outcome=\"{outcome}\"}}");
+        crate::support::sample(&recorder.render(), &series)
     };
     let path = env.dir.path().join("watched.wasm");
     std::fs::write(&path, timeoutd::policies::builtin("single-phase").unwrap()).unwrap();
@@ -680,7 +675,7 @@ async fn the_file_watcher_refuses_a_broken_plugin_and_takes_a_good_one_unasked()
     eventually(
         Duration::from_secs(30),
         "the watcher refuses the broken file",
-        || async { reloads("refused") == "1" },
+        || async { reloads("refused") == Some(1.0) },
     )
     .await;
     assert_eq!(
@@ -692,14 +687,14 @@ async fn the_file_watcher_refuses_a_broken_plugin_and_takes_a_good_one_unasked()
     eventually(
         Duration::from_secs(30),
         "the watcher takes the good file",
-        || async { reloads("taken") == "1" },
+        || async { reloads("taken") == Some(1.0) },
     )
     .await;
     let new = decided_with("after").await;
     assert_ne!(new, old, "the next decision is the new version's");
     assert_eq!(
         reloads("refused"),
-        "1",
+        Some(1.0),
         "a bad file is refused once, not on every look"
     );
     daemon.stop().await;

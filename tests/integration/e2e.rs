@@ -149,15 +149,7 @@ fn validate_lists_every_problem_and_exits_64() {
 /// The value of the sample `series` (name and labels exactly as exported) in a Prometheus text
 /// page; 0 when absent.
 fn metric(page: &str, series: &str) -> f64 {
-    page.lines()
-        .find_map(|l| {
-            l.strip_prefix(series)?
-                .strip_prefix(' ')?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0.0)
+    crate::support::sample(page, series).unwrap_or(0.0)
 }
 
 /// A daemon in its own process (so its metrics recorder counts only its own work) serves

@@ -105,7 +105,7 @@ each_backend! {
         let (clock, _) = Clock::manual(T0 + 10);
         let d = env.dispatcher(&env.config(&[(merchant.as_str(), "builtin:single-phase", &[])], ""), clock).await;
         let trigger = env.claim(T0 + 10).await.remove(0);
-        let decided = format!("timeoutd_decisions_total{{merchant=\"{merchant}\",decision=\"cancel\"}} ");
+        let decided = format!("timeoutd_decisions_total{{merchant=\"{merchant}\",decision=\"cancel\"}}");
         let recorder = timeoutd::events::metrics_handle();
         // The payment is under way (row locked, not committed) while the host reads and decides.
         let mut payment = env.db.begin().await.unwrap();
@@ -118,7 +118,7 @@ each_backend! {
         // The host has read the order (PENDING) and its plugin decided to cancel: commit the
         // payment now, before (or while it waits on the lock for) the compare-and-set.
         let started = std::time::Instant::now();
-        while !recorder.render().lines().any(|l| l.starts_with(&decided)) {
+        while crate::support::sample(&recorder.render(), &decided).is_none() {
             assert!(started.elapsed() < Duration::from_secs(30), "the plugin never decided");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }

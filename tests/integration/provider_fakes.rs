@@ -92,17 +92,11 @@ pub async fn listen(env: &Env, config: &timeoutd::config::Config) -> String {
 
 /// How many of `provider`'s notices were refused for `reason` so far (the metric).
 pub fn refused(provider: &str, reason: &str) -> u64 {
-    let prefix = format!(
-        "timeoutd_payment_notices_refused_total{{provider=\"{provider}\",reason=\"{reason}\"}} "
+    let series = format!(
+        "timeoutd_payment_notices_refused_total{{provider=\"{provider}\",reason=\"{reason}\"}}"
     );
-    timeoutd::events::metrics_handle()
-        .render()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(&prefix)
-                .map(|v| v.trim().parse::<f64>().unwrap() as u64)
-        })
-        .unwrap_or(0)
+    crate::support::sample(&timeoutd::events::metrics_handle().render(), &series)
+        .map_or(0, |n| n as u64)
 }
 
 /// `timeoutd doctor`'s findings on `provider` (`payment.{provider}…`) for `config`, once no

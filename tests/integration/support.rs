@@ -692,3 +692,16 @@ pub async fn stdout_of_success(command: &mut tokio::process::Command) -> String 
     );
     stdout
 }
+
+/// The value of the sample `series` (name and labels exactly as exported, e.g.
+/// `timeoutd_decisions_total{merchant="m",decision="cancel"}`) in a Prometheus text page;
+/// `None` when the page has no such sample.
+pub fn sample(page: &str, series: &str) -> Option<f64> {
+    page.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}

@@ -823,31 +823,32 @@ pub async fn find_orphans(
             .collect());
     }
     let cutoff = now_ms - grace_ms;
-    let rows = db.backend().query(
-        "SELECT o.id, (SELECT MAX(m.phase) FROM order_timeout_msg m WHERE m.order_id = o.id) AS phase, \
-         o.deadline_ms \
-         FROM orders o WHERE o.status = 'PENDING' AND o.deadline_ms <= ? \
-         AND NOT EXISTS (SELECT 1 FROM order_timeout_msg m WHERE m.order_id = o.id \
-             AND m.status IN ('PENDING', 'SENT') AND ((m.due_ms > ? AND NOT (m.phase = 0 AND m.attempts = 0 \
-                 AND m.last_error IS NULL AND m.due_ms > o.deadline_ms + ?)) \
-                 OR m.claim_until_ms >= ? OR m.source IN (?, ?))) \
-         AND NOT EXISTS (SELECT 1 FROM dead_letter d WHERE d.order_id = o.id AND d.status = 'OPEN' \
-             AND d.source NOT IN (?, ?, ?, ?)) \
-         ORDER BY o.deadline_ms LIMIT ?",
-    )
-    .bind(cutoff)
-    .bind(cutoff)
-    .bind(grace_ms)
-    .bind(now_ms)
-    .bind(SOURCE_SWEEP)
-    .bind(SOURCE_MANUAL)
-    .bind(super::journal::NOT_ABOUT_THE_ORDER[0])
-    .bind(super::journal::NOT_ABOUT_THE_ORDER[1])
-    .bind(super::journal::NOT_ABOUT_THE_ORDER[2])
-    .bind(super::journal::NOT_ABOUT_THE_ORDER[3])
-    .bind(i64::from(batch))
-    .fetch_all(db.pool())
-    .await?;
+    let not_about_the_order = &super::journal::NOT_ABOUT_THE_ORDER;
+    let mut q = db
+        .backend()
+        .query_owned(format!(
+            "SELECT o.id, (SELECT MAX(m.phase) FROM order_timeout_msg m WHERE m.order_id = o.id) AS phase, \
+             o.deadline_ms \
+             FROM orders o WHERE o.status = 'PENDING' AND o.deadline_ms <= ? \
+             AND NOT EXISTS (SELECT 1 FROM order_timeout_msg m WHERE m.order_id = o.id \
+                 AND m.status IN ('PENDING', 'SENT') AND ((m.due_ms > ? AND NOT (m.phase = 0 AND m.attempts = 0 \
+                     AND m.last_error IS NULL AND m.due_ms > o.deadline_ms + ?)) \
+                     OR m.claim_until_ms >= ? OR m.source IN (?, ?))) \
+             AND NOT EXISTS (SELECT 1 FROM dead_letter d WHERE d.order_id = o.id AND d.status = 'OPEN' \
+                 AND d.source NOT IN ({})) \
+             ORDER BY o.deadline_ms LIMIT ?",
+            super::orders::marks(not_about_the_order.len())
+        ))
+        .bind(cutoff)
+        .bind(cutoff)
+        .bind(grace_ms)
+        .bind(now_ms)
+        .bind(SOURCE_SWEEP)
+        .bind(SOURCE_MANUAL);
+    for source in not_about_the_order {
+        q = q.bind(*source);
+    }
+    let rows = q.bind(i64::from(batch)).fetch_all(db.pool()).await?;
     rows.iter()
         .map(|r| {
             Ok(Orphan {
