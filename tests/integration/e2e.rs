@@ -827,6 +827,9 @@ fn bench_runs_a_burst_against_its_baseline_and_audits_it() {
     );
     assert!(json["closes_per_s"].as_f64().unwrap() > 0.0);
     assert!(json["baseline_closes_per_s"].as_f64().unwrap() > 0.0);
+    assert!(json["set_based_closes_per_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(json["set_based_run"]["closes"], 300);
+    assert!(stdout.contains("set-based limit"), "{stdout}");
     assert!(
         json["lateness_ms"]["min"].as_i64().unwrap() >= 0,
         "closed before the deadline: {json}"
@@ -868,9 +871,15 @@ async fn a_ten_thousand_order_burst_on_mariadb_closes_each_order_once_by_its_own
             sqlx::Row::try_get::<i64, _>(&row, 0).unwrap()
         }
     };
-    // The daemon's orders are `d-…`; the baseline's `b-…` were closed by its client loop.
+    // The daemon's orders are `d-…`; the baselines' `b-…` and `s-…` were closed by the client
+    // loop and by the set-based groups.
     assert_eq!(
         int("SELECT COUNT(*) FROM orders WHERE id LIKE 'd-%' AND status = 'CLOSED'").await,
+        N
+    );
+    assert_eq!(
+        int("SELECT COUNT(*) FROM orders WHERE id LIKE 's-%' AND closed_by = 'bench-set-based'")
+            .await,
         N
     );
     assert_eq!(

@@ -4,8 +4,6 @@
 //! there: it needs a cluster); here the abort is a deadlock, which ends a transaction the same
 //! way.
 
-use std::time::{Duration, Instant};
-
 use timeoutd::db::orders;
 use timeoutd::db::shop::Schema;
 use timeoutd::db::{Backend, DbError, journal};
@@ -15,26 +13,6 @@ use crate::support::{Env, T0, closed_record, order};
 /// Whether `e` is the server's `1213 Deadlock found` (SQLSTATE 40001).
 fn is_deadlock(e: &DbError) -> bool {
     matches!(e, DbError::Sql(sqlx::Error::Database(d)) if d.code().as_deref() == Some("40001"))
-}
-
-/// Waits until some transaction of the server waits for a row lock (deadline 10 s).
-async fn until_a_lock_wait(env: &Env) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while env
-        .int(
-            "SELECT COUNT(*) FROM information_schema.INNODB_TRX \
-             WHERE trx_state = 'LOCK WAIT' AND trx_mysql_thread_id <> ?",
-            "0",
-        )
-        .await
-        == 0
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the second close never waited for the lock"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// A close is made the victim of a deadlock (the server rolls it back whole) and carries on as
@@ -69,7 +47,7 @@ async fn a_deadlock_victim_that_carries_on_commits_nothing_and_its_commit_names_
         orders::lock_pending(&mut survivor, &Schema::Canonical, &["v"], Some(T0)).await?;
         survivor.commit().await
     });
-    until_a_lock_wait(&env).await;
+    env.until_waiting_on_a_lock().await;
     let e = orders::lock_pending(&mut victim, &Schema::Canonical, &["w"], Some(T0))
         .await
         .expect_err("the victim of the deadlock");

@@ -357,3 +357,255 @@ async fn paid_notices_racing_the_closes_sell_or_release_each_order_once() {
     eprintln!("race: {} paid first, {closed} closed first", paid.len());
     mall.cleanup().await;
 }
+
+/// `POST /v1/orders/{id}/payment-attempts` on mall's orders (seed 002's aggregated payment, as
+/// mall's `tradeQrCode` would call it before asking Alipay): a pending order not yet due is
+/// held for `http.payment_lease` (a row of timeoutd's `payment_leases`); one past its deadline,
+/// a paid one and a closed one are refused with their state; no order is 404. Past the deadline
+/// the held orders' closes, in one group with an unheld order that closes, are deferred to the
+/// lease's end with their locks kept. One of them is paid meanwhile. When the lease lapses the
+/// other closes, once, and the paid one is left paid. Retention then deletes the lapsed leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_payment_attempt_holds_a_mall_order_against_its_close_until_the_lease_lapses() {
+    let mall = Mall::new().await;
+    // Whole seconds: mall's DATETIMEs hold no more.
+    let now = mall.env.db.now_ms().await.unwrap() / 1_000 * 1_000;
+    mall.stock_up(&[501, 502, 503], 100).await;
+    for member in [51, 52, 53, 54] {
+        mall.member(member, 100, &[5]).await;
+    }
+    let due_ms = now + 30_000;
+    place(&mall, 5001, 51, &[(501, 2, "5.00")], due_ms - WINDOW_MS).await;
+    place(&mall, 5002, 52, &[(502, 1, "5.00")], due_ms - WINDOW_MS).await;
+    place(
+        &mall,
+        5003,
+        53,
+        &[(501, 1, "5.00")],
+        now - WINDOW_MS - 60_000,
+    )
+    .await;
+    mall.place(&Placed {
+        id: 5004,
+        member: 54,
+        coupon: None,
+        points: None,
+        lines: &[(503, 1, "5.00")],
+        created_ms: now - 60_000,
+        status: 1,
+        deleted: 0,
+    })
+    .await;
+    let config = mall.config(
+        "[http]\nlisten = \"127.0.0.1:0\"\ncallback_token = \"cb-secret\"\npayment_lease = \"90s\"\n",
+    );
+    let db = mall.mapped(&config);
+    let (clock, at) = Clock::manual(now);
+    let runner = mall.env.runner(&config, clock.clone()).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let state = timeoutd::http::HttpState::new(db.clone(), runner, &config);
+    let server = tokio::spawn(timeoutd::http::serve(listener, state, stopped));
+    let client = reqwest::Client::new();
+    let attempt = |id: &str| {
+        let request = client
+            .post(format!("http://{addr}/v1/orders/{id}/payment-attempts"))
+            .bearer_auth("cb-secret");
+        async move {
+            let answer = request.send().await.unwrap();
+            let status = answer.status().as_u16();
+            (status, answer.json::<serde_json::Value>().await.unwrap())
+        }
+    };
+    let lease_end = now + 90_000;
+    for id in ["5001", "5002"] {
+        let (status, body) = attempt(id).await;
+        assert_eq!(
+            (status, body["lease_until_ms"].as_i64()),
+            (200, Some(lease_end)),
+            "{id}: {body}"
+        );
+    }
+    let refused = |state: &str, deadline: i64| (409, Some(state.to_string()), Some(deadline));
+    let read = |(status, body): (u16, serde_json::Value)| {
+        (
+            status,
+            body["status"].as_str().map(String::from),
+            body["deadline_ms"].as_i64(),
+        )
+    };
+    assert_eq!(
+        read(attempt("5003").await),
+        refused("PENDING", now - 60_000),
+        "past its deadline"
+    );
+    assert_eq!(
+        read(attempt("5004").await),
+        refused("PAID", now - 60_000 + WINDOW_MS)
+    );
+    assert_eq!(attempt("5999").await.0, 404);
+    assert_eq!(attempt("not-a-mall-id").await.0, 404);
+    let leases = |sql: &'static str| {
+        let pool = mall.env.db.pool().clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(leases("SELECT COUNT(*) FROM payment_leases").await, 2);
+    assert_eq!(
+        leases("SELECT MIN(until_ms) FROM payment_leases WHERE order_id IN ('5001', '5002')").await,
+        lease_end
+    );
+
+    // Past the deadline, inside the lease: the sweep re-arms the three pending orders, and
+    // their group close leaves the held two, deferred to the lease's end.
+    let past = due_ms + 20_000;
+    at.store(past, std::sync::atomic::Ordering::SeqCst);
+    let swept = timeoutd::sources::sweep::sweep_once(&db, &clock, &config.sweep)
+        .await
+        .unwrap();
+    assert_eq!(swept.rearmed, 3);
+    let d = mall.env.dispatcher(&config, clock.clone()).await;
+    let mut group = mall.env.claim(past).await;
+    group.sort_by(|a, b| a.order_id.cmp(&b.order_id));
+    let outcomes = d.handle_group(&group).await;
+    let deferred = Outcome::Deferred {
+        until_ms: lease_end,
+    };
+    assert_eq!(outcomes[..2], [deferred.clone(), deferred], "{outcomes:?}");
+    assert!(
+        matches!(outcomes[2], Outcome::Closed { .. }),
+        "{outcomes:?}"
+    );
+    assert_eq!(
+        [
+            mall.status(5001).await,
+            mall.status(5002).await,
+            mall.status(5003).await
+        ],
+        [0, 0, 4]
+    );
+    assert_eq!(
+        (mall.locked(501).await, mall.locked(502).await),
+        (2, 1),
+        "the held orders' locks kept"
+    );
+    assert_eq!(
+        mall.env
+            .int(
+                "SELECT due_ms FROM order_timeout_msg WHERE order_id = ?",
+                "5001"
+            )
+            .await,
+        lease_end
+    );
+    assert_eq!(
+        read(attempt("5003").await),
+        refused("CLOSED", now - 60_000),
+        "a closed order cannot be paid"
+    );
+
+    // The buyer of 5002 pays within the lease; 5001's lease lapses unpaid.
+    let applied = paid::apply(&db, &clock, &HashMap::new(), "5002", "callback").await;
+    assert_eq!(applied.unwrap(), Applied::Aligned);
+    at.store(lease_end, std::sync::atomic::Ordering::SeqCst);
+    let mut group = mall.env.claim(lease_end).await;
+    group.sort_by(|a, b| a.order_id.cmp(&b.order_id));
+    let outcomes = d.handle_group(&group).await;
+    assert!(
+        matches!(outcomes[0], Outcome::Closed { .. }),
+        "{outcomes:?}"
+    );
+    assert!(matches!(outcomes[1], Outcome::NoOp { .. }), "{outcomes:?}");
+    assert_eq!([mall.status(5001).await, mall.status(5002).await], [4, 1]);
+    assert_eq!(
+        (mall.locked(501).await, mall.locked(502).await),
+        (0, 0),
+        "released once, sold once"
+    );
+    assert_eq!(on_hand(&mall, 502).await, 99, "5002's unit sold");
+    assert_eq!(read(attempt("5001").await), refused("CLOSED", due_ms));
+    assert_eq!(
+        leases("SELECT COUNT(*) FROM decision_log WHERE outcome = 'deferred'").await,
+        2
+    );
+
+    // A day and a second later, retention deletes the lapsed leases.
+    let (later, _) = Clock::manual(lease_end + 86_401_000);
+    timeoutd::retention::pass(&db, &later, &config.retention, "test", None)
+        .await
+        .unwrap()
+        .expect("the retention lease was free");
+    assert_eq!(leases("SELECT COUNT(*) FROM payment_leases").await, 0);
+    stop.send(true).unwrap();
+    server.await.unwrap();
+    mall.cleanup().await;
+}
+
+/// The race the lease guards, made deterministic: a payment attempt holds mall's order row
+/// (its lease written, not yet committed) while a close that found the order due waits for
+/// that row. The attempt commits; the close must see the lease and defer to its end, the
+/// order and its lock untouched (a close that read the lease before the row was its own would
+/// close an order a cashier is taking money for).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_committed_while_the_close_waits_for_the_order_row_holds_the_close() {
+    let mall = Mall::new().await;
+    let now = mall.env.db.now_ms().await.unwrap() / 1_000 * 1_000;
+    mall.stock_up(&[601], 100).await;
+    mall.member(61, 100, &[5]).await;
+    let due_ms = now - 30_000;
+    place(&mall, 6001, 61, &[(601, 3, "5.00")], due_ms - WINDOW_MS).await;
+    let config = mall.config("");
+    let db = mall.mapped(&config);
+    let (clock, _) = Clock::manual(now);
+    let swept = timeoutd::sources::sweep::sweep_once(&db, &clock, &config.sweep)
+        .await
+        .unwrap();
+    assert_eq!(swept.rearmed, 1);
+    let d = mall.env.dispatcher(&config, clock).await;
+
+    // The cashier's attempt, as the HTTP handler makes it, a second before the deadline.
+    let mut attempt = db.begin().await.unwrap();
+    let held = timeoutd::db::orders::take_payment_lease(
+        &mut attempt,
+        db.schema(),
+        "6001",
+        due_ms - 1_000,
+        due_ms + 60_000,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        held,
+        timeoutd::db::orders::Attempt::Held {
+            until_ms: due_ms + 60_000
+        }
+    );
+    let group = mall.env.claim(now).await;
+    assert_eq!(group.len(), 1);
+    let closing = tokio::spawn(async move { d.handle_group(&group).await });
+    mall.env.until_waiting_on_a_lock().await;
+    attempt.commit().await.unwrap();
+    let outcomes = closing.await.unwrap();
+    assert_eq!(
+        outcomes,
+        [Outcome::Deferred {
+            until_ms: due_ms + 60_000
+        }]
+    );
+    assert_eq!((mall.status(6001).await, mall.locked(601).await), (0, 3));
+    assert_eq!(
+        mall.env
+            .int(
+                "SELECT due_ms FROM order_timeout_msg WHERE order_id = ?",
+                "6001"
+            )
+            .await,
+        due_ms + 60_000
+    );
+    mall.cleanup().await;
+}

@@ -297,6 +297,33 @@ impl Env {
         file
     }
 
+    /// Waits until a transaction of this test's database waits for a row lock, whatever its
+    /// statement: PostgreSQL `pg_stat_activity`, MariaDB `INNODB_TRX` (`LOCK WAIT`). Polled
+    /// every 150 ms: InnoDB refreshes the `INNODB_TRX` cache only when it was last read more
+    /// than 100 ms ago (`CACHE_MIN_IDLE_TIME_US` in `trx0i_s.cc`), so polling faster keeps
+    /// showing the first reading forever.
+    pub async fn until_waiting_on_a_lock(&self) {
+        let database = self.url.rsplit('/').next().unwrap().to_string();
+        let sql = match self.db.backend() {
+            Backend::Postgres => {
+                "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = ?"
+            }
+            _ => {
+                "SELECT COUNT(*) FROM information_schema.INNODB_TRX t \
+                 JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id \
+                 WHERE t.trx_state = 'LOCK WAIT' AND p.DB = ?"
+            }
+        };
+        let started = std::time::Instant::now();
+        while self.int(sql, &database).await < 1 {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(30),
+                "nothing ever waited on the held row"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        }
+    }
+
     /// One integer from `sql` (with `?` bound to `arg`).
     pub async fn int(&self, sql: &'static str, arg: &str) -> i64 {
         let row = self

@@ -334,6 +334,10 @@ pub struct RetentionConfig {
     /// REDRIVEN or DISMISSED `dead_letter` rows, by `created_at_ms` (default 30d).
     #[serde(default = "defaults::thirty_days", with = "duration")]
     pub dead_letters: Duration,
+    /// `payment_leases` rows (the payment attempts on a schema profile's orders), by when the
+    /// lease lapsed, `until_ms` (default 1d): a lapsed lease holds nothing.
+    #[serde(default = "defaults::one_day", with = "duration")]
+    pub payment_leases: Duration,
 }
 
 /// `[dispatch]`.
@@ -893,6 +897,9 @@ pub(crate) mod defaults {
     }
     pub fn retention_pause() -> Duration {
         Duration::from_millis(20)
+    }
+    pub fn one_day() -> Duration {
+        Duration::from_secs(86_400)
     }
     pub fn seven_days() -> Duration {
         Duration::from_secs(7 * 86_400)

@@ -283,16 +283,18 @@ async fn payment_attempt(
     };
     let attempt = async {
         let now_ms = effects.clock().now_ms(db).await?;
-        let mut conn = db.pool().acquire().await?;
+        // One transaction: on a schema profile the lease is written while the shop's order
+        // row is held locked (`db::shop::mapped::lease`).
+        let mut tx = db.begin().await?;
         let attempt = orders::take_payment_lease(
-            &mut conn,
+            &mut tx,
             db.schema(),
             &order_id,
             now_ms,
             now_ms + state.lease_ms,
         )
         .await?;
-        conn.commit().await?;
+        tx.commit().await?;
         Ok::<_, crate::db::DbError>(attempt)
     };
     match attempt.await {

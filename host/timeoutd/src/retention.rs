@@ -104,6 +104,7 @@ fn age(config: &RetentionConfig, rule: &Rule) -> Duration {
         "retention.decision_log" => config.decision_log,
         "retention.audit" => config.audit,
         "retention.dead_letters" => config.dead_letters,
+        "retention.payment_leases" => config.payment_leases,
         other => unreachable!("{other} is not a [retention] key"),
     }
 }

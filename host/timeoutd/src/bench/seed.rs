@@ -1,5 +1,6 @@
-//! The bench's database and orders: a fresh database on the configured server, and 2 × N orders
-//! written as an order service writes them (`b-…` for the baseline, `d-…` for the daemon).
+//! The bench's database and orders: a fresh database on the configured server, and 3 × N orders
+//! written as an order service writes them (`b-…` for the client-loop baseline, `s-…` for the
+//! set-based one, `d-…` for the daemon).
 
 use crate::db::{Backend, Db, fixtures};
 
@@ -14,11 +15,11 @@ pub(super) const DATABASE: &str = "timeoutd_bench";
 /// What was seeded, for the audit.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct Shape {
-    /// Order lines over both sets.
+    /// Order lines over the three sets.
     pub lines: u64,
-    /// Orders holding a coupon, over both sets.
+    /// Orders holding a coupon, over the three sets.
     pub coupons: u64,
-    /// Orders in a flash-sale activity, over both sets.
+    /// Orders in a flash-sale activity, over the three sets.
     pub flash: u64,
     /// Stock units over all SKUs before any order.
     pub initial_units: i64,
@@ -66,8 +67,8 @@ fn with_database(url: &str, name: &str) -> String {
     out
 }
 
-/// Seeds the SKUs and 2 × `n` PENDING orders of `merchant` (the baseline's overdue, the
-/// daemon's due a day from now until [`set_deadline`]): ids `b-<i>` and `d-<i>`, one or two lines on the
+/// Seeds the SKUs and 3 × `n` PENDING orders of `merchant` (the baselines' overdue, the
+/// daemon's due a day from now until [`set_deadline`]): ids `b-<i>`, `s-<i>` and `d-<i>`, one or two lines on the
 /// `skus` hot SKUs, a LOCKED coupon on every fifth, an activity on every other, a payment
 /// reference on each, and with `outbox` their phase-0 outbox row.
 ///
@@ -84,12 +85,9 @@ pub(super) async fn seed(
     let far = now + 86_400_000;
     // The baseline's orders are overdue already (it runs before the daemon starts); the
     // daemon's wait a day until `set_deadline` puts them all at one instant.
+    let baseline = |id: &str| id.starts_with("b-") || id.starts_with("s-");
     let due_of = |id: &str| {
-        if id.starts_with("b-") {
-            now - 60_000
-        } else {
-            far
-        }
+        if baseline(id) { now - 60_000 } else { far }
     };
     let mut shape = Shape {
         initial_units: i64::from(skus) * UNITS_PER_SKU,
@@ -98,6 +96,7 @@ pub(super) async fn seed(
     let mut locked = vec![0i64; skus as usize];
     let ids: Vec<String> = (0..n)
         .map(|i| format!("b-{i:07}"))
+        .chain((0..n).map(|i| format!("s-{i:07}")))
         .chain((0..n).map(|i| format!("d-{i:07}")))
         .collect();
     for chunk in ids.chunks(CHUNK) {
@@ -140,10 +139,10 @@ pub(super) async fn seed(
         fixtures::insert_pending_orders(&mut tx, merchant, &orders).await?;
         fixtures::insert_lines(&mut tx, &lines).await?;
         fixtures::insert_locked_coupons(&mut tx, &coupons).await?;
-        // The baseline's orders always have their row: it marks it PROCESSED like the daemon.
+        // The baselines' orders always have their row: they mark it PROCESSED like the daemon.
         let rows: Vec<(String, i64)> = chunk
             .iter()
-            .filter(|id| outbox || id.starts_with("b-"))
+            .filter(|id| outbox || baseline(id))
             .map(|id| (id.clone(), due_of(id)))
             .collect();
         fixtures::insert_pending_outbox_rows(&mut tx, &rows).await?;

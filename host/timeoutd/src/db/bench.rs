@@ -8,14 +8,16 @@ use sqlx::Row;
 
 use super::{Backend, Db, DbError};
 
-/// The baseline orders' (`b-…`) outbox rows: order id → row id.
+/// The outbox rows of the orders whose ids start with `prefix` (a baseline's: `b-` for the
+/// client loop, `s-` for the set-based one): order id → row id.
 ///
 /// # Errors
 /// [`DbError::Sql`] when the query fails or a column cannot be read.
-pub async fn baseline_outbox_rows(db: &Db) -> Result<HashMap<String, i64>, DbError> {
+pub async fn baseline_outbox_rows(db: &Db, prefix: &str) -> Result<HashMap<String, i64>, DbError> {
     Ok(db
         .backend()
-        .query("SELECT order_id, id FROM order_timeout_msg WHERE order_id LIKE 'b-%'")
+        .query("SELECT order_id, id FROM order_timeout_msg WHERE order_id LIKE ?")
+        .bind(format!("{prefix}%"))
         .fetch_all(db.pool())
         .await?
         .iter()
@@ -138,7 +140,7 @@ pub async fn open_daemon_orders(db: &Db) -> Result<i64, DbError> {
 /// What the exactly-once audit counts after the burst.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct AuditCounts {
-    /// CLOSED bench orders, baseline (`b-…`) and daemon (`d-…`).
+    /// CLOSED bench orders: both baselines' (`b-…`, `s-…`) and the daemon's (`d-…`).
     pub closed: i64,
     /// Daemon orders closed before their deadline.
     pub closed_early: i64,
@@ -161,7 +163,8 @@ pub struct AuditCounts {
 pub async fn audit_counts(db: &Db) -> Result<AuditCounts, DbError> {
     let closed = scalar(
         db,
-        "SELECT COUNT(*) FROM orders WHERE status = 'CLOSED' AND (id LIKE 'b-%' OR id LIKE 'd-%')",
+        "SELECT COUNT(*) FROM orders WHERE status = 'CLOSED' \
+         AND (id LIKE 'b-%' OR id LIKE 's-%' OR id LIKE 'd-%')",
     )
     .await?;
     let closed_early = scalar(

@@ -48,6 +48,7 @@ pub const TABLES: &[&str] = &[
     "paid_after_close",
     "maintenance_lease",
     "write_fence",
+    "payment_leases",
 ];
 
 /// What the server is.

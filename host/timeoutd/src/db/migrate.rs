@@ -158,6 +158,12 @@ const SQLITE: &[Step] = &[
         include_str!("../../migrations/sqlite/0011_schema_window.sql"),
         Change::Breaking,
     ),
+    (
+        13,
+        "payment leases",
+        include_str!("../../migrations/sqlite/0013_payment_leases.sql"),
+        Change::Additive,
+    ),
 ];
 const MYSQL: &[Step] = &[
     (
@@ -232,6 +238,12 @@ const MYSQL: &[Step] = &[
         include_str!("../../migrations/mysql/0012_write_fence.sql"),
         Change::Additive,
     ),
+    (
+        13,
+        "payment leases",
+        include_str!("../../migrations/mysql/0013_payment_leases.sql"),
+        Change::Additive,
+    ),
 ];
 const POSTGRES: &[Step] = &[
     (
@@ -293,6 +305,12 @@ const POSTGRES: &[Step] = &[
         "schema window",
         include_str!("../../migrations/postgres/0011_schema_window.sql"),
         Change::Breaking,
+    ),
+    (
+        13,
+        "payment leases",
+        include_str!("../../migrations/postgres/0013_payment_leases.sql"),
+        Change::Additive,
     ),
 ];
 
@@ -1026,7 +1044,7 @@ mod tests {
             .map(|&(_, _, sql, _)| statements(sql).len())
             .collect();
         // Counted by hand: the lines ending a statement, outside comments.
-        assert_eq!(counts, [13, 3, 1, 6, 2, 1, 3, 1, 11, 5, 2, 1]);
+        assert_eq!(counts, [13, 3, 1, 6, 2, 1, 3, 1, 11, 5, 2, 1, 1]);
         for &(version, _, sql, _) in MYSQL {
             for s in statements(sql) {
                 assert!(!s.contains("--") && !s.ends_with(';'), "{version}: {s}");
@@ -1040,11 +1058,12 @@ mod tests {
 
     #[test]
     fn a_newer_schema_runs_inside_its_window_and_is_refused_outside() {
-        // MariaDB/MySQL's 12 (the write fence) is additive: its window still starts at 11.
-        assert_eq!(latest(Backend::MySql), 12);
+        // MariaDB/MySQL's 12 (the write fence) and every backend's 13 (payment leases) are additive:
+        // the window still starts at 11.
+        assert_eq!(latest(Backend::MySql), 13);
         assert_eq!(compatible_from(Backend::MySql), 11);
         assert_eq!(
-            assess(Some(&state(12, Some((12, 11)))), Backend::MySql).unwrap(),
+            assess(Some(&state(13, Some((13, 11)))), Backend::MySql).unwrap(),
             Fit::Current
         );
         assert_eq!(
@@ -1052,10 +1071,10 @@ mod tests {
             Fit::Behind(Some(11))
         );
         let build = latest(Backend::Postgres);
-        assert_eq!(build, 11);
+        assert_eq!(build, 13);
         assert_eq!(compatible_from(Backend::Postgres), 11);
         assert_eq!(
-            assess(Some(&state(11, Some((11, 11)))), Backend::Postgres).unwrap(),
+            assess(Some(&state(13, Some((13, 11)))), Backend::Postgres).unwrap(),
             Fit::Current
         );
         assert_eq!(
@@ -1064,29 +1083,29 @@ mod tests {
         );
         assert_eq!(assess(None, Backend::Postgres).unwrap(), Fit::Behind(None));
         assert!(matches!(
-            assess(Some(&state(12, Some((12, 11)))), Backend::Postgres),
+            assess(Some(&state(14, Some((14, 11)))), Backend::Postgres),
             Ok(Fit::Newer {
-                database: 12,
+                database: 14,
                 compatible_from: 11,
                 ..
             })
         ));
-        let refused = assess(Some(&state(12, Some((12, 12)))), Backend::Postgres).unwrap_err();
+        let refused = assess(Some(&state(14, Some((14, 14)))), Backend::Postgres).unwrap_err();
         assert!(refused.needs_operator());
         let line = refused.to_string();
         assert!(!line.contains('\n'), "{line}");
         for part in [
-            "version 12",
-            "at least 12",
-            "this build's is 11",
+            "version 14",
+            "at least 14",
+            "this build's is 13",
             "upgrade this daemon",
         ] {
             assert!(line.contains(part), "{part}: {line}");
         }
         assert!(matches!(
-            assess(Some(&state(12, None)), Backend::Postgres),
+            assess(Some(&state(14, None)), Backend::Postgres),
             Err(SchemaError::TooNew {
-                compatible_from: 12,
+                compatible_from: 14,
                 ..
             })
         ));
@@ -1113,10 +1132,10 @@ mod tests {
             assess(Some(&s), Backend::MySql).unwrap(),
             Fit::Behind(Some(9))
         );
-        s.half_applied.as_mut().unwrap().version = 13;
+        s.half_applied.as_mut().unwrap().version = 14;
         assert!(matches!(
             assess(Some(&s), Backend::MySql),
-            Err(SchemaError::HalfApplied { version: 13, .. })
+            Err(SchemaError::HalfApplied { version: 14, .. })
         ));
     }
 }

@@ -624,9 +624,11 @@ pub async fn live_leases(
     ids: &[&str],
     now_ms: i64,
 ) -> Result<std::collections::HashMap<String, i64>, DbError> {
-    // A shop's table has no lease column: payment attempts are not held there.
-    if ids.is_empty() || schema.mapped().is_some() {
+    if ids.is_empty() {
         return Ok(Default::default());
+    }
+    if let Some(m) = schema.mapped() {
+        return m.live_leases(conn, ids, now_ms).await;
     }
     let backend = Backend::of(conn);
     let mut q = backend.query_owned(format!(
@@ -665,6 +667,9 @@ pub enum Attempt {
 
 /// A payment attempt on `id` at `now_ms`: holds a PENDING order not past its deadline until
 /// `until_ms` (a live lease is extended, never shortened), so its close waits for the payment.
+/// Run it in a write transaction ([`crate::db::Db::begin`]): on a schema profile the lease is
+/// a row of `payment_leases` written while the shop's order row is locked
+/// ([`crate::db::shop::Mapped::take_payment_lease`]).
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
@@ -676,10 +681,18 @@ pub async fn take_payment_lease(
     until_ms: i64,
 ) -> Result<Attempt, DbError> {
     if let Some(m) = schema.mapped() {
-        return Err(DbError::Config(format!(
-            "payment leases need timeoutd's own order table; schema profile `{}` has no lease column",
-            m.name()
-        )));
+        return Ok(
+            match m.take_payment_lease(conn, id, now_ms, until_ms).await? {
+                None => Attempt::Missing,
+                Some(found) => match found.held_until_ms {
+                    Some(until_ms) => Attempt::Held { until_ms },
+                    None => Attempt::Refused {
+                        status: found.status.as_str().to_string(),
+                        deadline_ms: found.deadline_ms,
+                    },
+                },
+            },
+        );
     }
     let backend = Backend::of(conn);
     let done = backend

@@ -51,6 +51,12 @@ pub const RULES: &[Rule] = &[
         of_order: false,
     },
     Rule {
+        table: "payment_leases",
+        key: "retention.payment_leases",
+        condition: "t.until_ms < ?",
+        of_order: false,
+    },
+    Rule {
         table: "dead_letter",
         key: "retention.dead_letters",
         condition: "t.status IN ('REDRIVEN', 'DISMISSED') AND t.created_at_ms < ?",

@@ -17,7 +17,10 @@ use super::profile::{
 };
 use crate::db::{Backend, Db, DbError};
 
+mod lease;
 mod pay;
+
+pub use lease::Found;
 
 /// A value bound to a `?`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -575,8 +578,10 @@ impl Mapped {
         Ok(found)
     }
 
-    /// The pending orders among `ids` (due by `deadline_by` when given), locked `FOR UPDATE` in
-    /// id order: exactly those the close then moves.
+    /// The pending orders among `ids` (due by `deadline_by` when given, and then not held by a
+    /// payment attempt's lease at that time), locked `FOR UPDATE` in id order: exactly those the
+    /// close then moves. A held order's row stays locked too, so its lease cannot change before
+    /// the caller commits ([`Mapped::locked_leases`]).
     ///
     /// # Errors
     /// [`DbError::Sql`] on query failure.
@@ -602,9 +607,16 @@ impl Mapped {
             col(&self.profile.orders.id)
         ));
         let rows = s.query().fetch_all(&mut *conn).await?;
-        rows.iter()
-            .map(|r| Ok(r.try_get::<String, _>(0)?))
-            .collect()
+        let mut locked: Vec<String> = rows
+            .iter()
+            .map(|r| r.try_get::<String, _>(0))
+            .collect::<Result<_, _>>()?;
+        if let Some(by) = deadline_by {
+            let ids: Vec<&str> = locked.iter().map(String::as_str).collect();
+            let held = self.locked_leases(conn, &ids, by).await?;
+            locked.retain(|id| !held.contains_key(id));
+        }
+        Ok(locked)
     }
 
     /// The compare-and-set of a group: `status` pending → closed (and the `modified` stamp)
