@@ -45,8 +45,45 @@ pub(super) async fn run(
     skus: u32,
     connections: u32,
 ) -> anyhow::Result<Baseline> {
-    let rows: HashMap<String, i64> = crate::db::bench::baseline_outbox_rows(db, "b-").await?;
-    let rows = Arc::new(rows);
+    drive(Way::ClientLoop, db, merchant, n, skus, connections).await
+}
+
+/// How a baseline closes its orders.
+#[derive(Debug, Clone, Copy)]
+enum Way {
+    /// One transaction per order (`b-…`).
+    ClientLoop,
+    /// One transaction per group of this many (`s-…`).
+    SetBased(u32),
+}
+
+impl Way {
+    fn prefix(self) -> &'static str {
+        match self {
+            Way::ClientLoop => "b-",
+            Way::SetBased(_) => "s-",
+        }
+    }
+
+    fn step(self) -> u32 {
+        match self {
+            Way::ClientLoop => 1,
+            Way::SetBased(group) => group.max(1),
+        }
+    }
+}
+
+/// Closes the `n` orders of `way` over `connections` concurrent loops, each taking the next
+/// `way.step()` numbers at a time, and times it.
+async fn drive(
+    way: Way,
+    db: &Db,
+    merchant: &str,
+    n: u32,
+    skus: u32,
+    connections: u32,
+) -> anyhow::Result<Baseline> {
+    let rows = Arc::new(crate::db::bench::baseline_outbox_rows(db, way.prefix()).await?);
     let next = Arc::new(AtomicU32::new(0));
     let watch = Stopwatch::start();
     let mut loops = JoinSet::new();
@@ -55,11 +92,15 @@ pub(super) async fn run(
             (db.clone(), rows.clone(), next.clone(), merchant.to_string());
         loops.spawn(async move {
             loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= n {
+                let first = next.fetch_add(way.step(), Ordering::Relaxed);
+                if first >= n {
                     return anyhow::Ok(());
                 }
-                close_one(&db, &merchant, i, skus, &rows).await?;
+                let numbers = first..(first + way.step()).min(n);
+                match way {
+                    Way::ClientLoop => close_one(&db, &merchant, first, skus, &rows).await?,
+                    Way::SetBased(_) => close_group(&db, &merchant, numbers, skus, &rows).await?,
+                }
             }
         });
     }
@@ -224,35 +265,7 @@ pub(super) async fn run_set_based(
     connections: u32,
     group: u32,
 ) -> anyhow::Result<Baseline> {
-    let group = group.max(1);
-    let rows = Arc::new(crate::db::bench::baseline_outbox_rows(db, "s-").await?);
-    let next = Arc::new(AtomicU32::new(0));
-    let watch = Stopwatch::start();
-    let mut loops = JoinSet::new();
-    for _ in 0..connections {
-        let (db, rows, next, merchant) =
-            (db.clone(), rows.clone(), next.clone(), merchant.to_string());
-        loops.spawn(async move {
-            loop {
-                let first = next.fetch_add(group, Ordering::Relaxed);
-                if first >= n {
-                    return anyhow::Ok(());
-                }
-                let last = (first + group).min(n);
-                close_group(&db, &merchant, first..last, skus, &rows).await?;
-            }
-        });
-    }
-    while let Some(done) = loops.join_next().await {
-        done??;
-    }
-    let elapsed_ms = watch.elapsed_ms().max(1);
-    Ok(Baseline {
-        closes: n,
-        connections,
-        elapsed_ms,
-        closes_per_s: f64::from(n) * 1000.0 / elapsed_ms as f64,
-    })
+    drive(Way::SetBased(group), db, merchant, n, skus, connections).await
 }
 
 async fn close_group(
