@@ -227,3 +227,67 @@ async fn two_daemons_and_a_row_lock_longer_than_the_lease_mariadb() {
 async fn two_daemons_and_a_row_lock_longer_than_the_lease_postgres() {
     two_daemons_and_a_row_lock_longer_than_the_lease(Backend::Postgres).await;
 }
+
+/// A claim locks only the rows it returns (#48), on the servers where claimers run side by
+/// side: among 2,000 due rows, a claim of 256 held open in one transaction leaves a second
+/// claimer 256 others, and the daemon's own claim, made meanwhile, takes 256 more, none of them
+/// held. (The earlier single `OR` over PENDING and SENT rows made MariaDB read and lock every
+/// due row for its filesort: the second claim found none.)
+async fn a_claim_locks_only_the_rows_it_returns(env: &Env) {
+    let rows: Vec<(String, i64)> = (0..2_000)
+        .map(|k| (format!("o-{k:05}"), T0 - 60_000 + k))
+        .collect();
+    let mut tx = env.db.begin().await.unwrap();
+    timeoutd::db::fixtures::insert_pending_outbox_rows(&mut tx, &rows)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let candidates = format!("{} FOR UPDATE SKIP LOCKED", outbox::PENDING_DUE);
+    let backend = env.db.backend();
+    let mut first = env.db.begin().await.unwrap();
+    let mut second = env.db.begin().await.unwrap();
+    let mut held = Vec::new();
+    for tx in [&mut first, &mut second] {
+        let ids: Vec<i64> = backend
+            .query_owned(candidates.clone())
+            .bind(T0)
+            .bind(T0)
+            .bind(256i64)
+            .fetch_all(&mut **tx)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.try_get(0).unwrap())
+            .collect();
+        assert_eq!(ids.len(), 256, "a claimer found {} free rows", ids.len());
+        held.extend(ids);
+    }
+    let claimed = outbox::claim_due(&env.db, T0, 256, 30_000).await.unwrap();
+    assert_eq!(claimed.len(), 256);
+    held.extend(claimed.iter().map(|r| r.id));
+    let distinct: std::collections::HashSet<i64> = held.iter().copied().collect();
+    assert_eq!(
+        distinct.len(),
+        3 * 256,
+        "the three claims took disjoint rows"
+    );
+    // Earliest first: the daemon's claim took the next due rows after the two held ones.
+    let due: Vec<i64> = claimed.iter().map(|r| r.due_ms).collect();
+    assert!(due.windows(2).all(|w| w[0] <= w[1]), "{due:?}");
+    assert_eq!(due[0], T0 - 60_000 + 512);
+    drop((first, second));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_locks_only_the_rows_it_returns_mariadb() {
+    let env = Env::new(Backend::MySql).await;
+    a_claim_locks_only_the_rows_it_returns(&env).await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_locks_only_the_rows_it_returns_postgres() {
+    let env = Env::new(Backend::Postgres).await;
+    a_claim_locks_only_the_rows_it_returns(&env).await;
+    env.cleanup().await;
+}

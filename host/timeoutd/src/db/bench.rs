@@ -232,9 +232,8 @@ pub async fn explain_hot_queries(db: &Db, now_ms: i64) -> Vec<(String, String)> 
         (
             "outbox claim",
             format!(
-                "{explain} SELECT id FROM order_timeout_msg WHERE ((status = 'PENDING' AND due_ms <= {now_ms}) \
-                 OR (status = 'SENT' AND due_ms <= {now_ms})) AND (claim_until_ms IS NULL OR claim_until_ms < {now_ms}) \
-                 ORDER BY due_ms LIMIT 256"
+                "{explain} {}",
+                inline(super::outbox::PENDING_DUE, &[now_ms, now_ms, 256])
             ),
         ),
         (
@@ -286,4 +285,16 @@ fn flatten(rows: Result<Vec<sqlx::any::AnyRow>, sqlx::Error>) -> String {
             .join(" | "),
         Err(e) => format!("(no plan: {e})"),
     }
+}
+
+/// `sql` with its `?` placeholders replaced by `values` in order (integers only: for `EXPLAIN`
+/// of a statement the daemon binds).
+fn inline(sql: &str, values: &[i64]) -> String {
+    let mut values = values.iter();
+    sql.chars()
+        .map(|c| match c {
+            '?' => values.next().map_or("?".to_string(), i64::to_string),
+            c => c.to_string(),
+        })
+        .collect()
 }

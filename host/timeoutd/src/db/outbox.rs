@@ -167,20 +167,42 @@ pub async fn claim_due_with_sent(
     batch: u32,
     lease_ms: i64,
 ) -> Result<Vec<DueRow>, DbError> {
-    // i64::MIN: no SENT row qualifies (no broker configured).
-    let sent_cutoff = sent_due_before_ms.unwrap_or(i64::MIN);
     let token = super::claim_token("");
-    claim(
-        db,
-        "SELECT id FROM order_timeout_msg WHERE ((status = 'PENDING' AND due_ms <= ?) \
-         OR (status = 'SENT' AND due_ms <= ?)) \
-         AND (claim_until_ms IS NULL OR claim_until_ms < ?) ORDER BY due_ms LIMIT ?",
-        &[now_ms, sent_cutoff, now_ms, i64::from(batch)],
-        &token,
-        now_ms + lease_ms,
-    )
-    .await
+    let until_ms = now_ms + lease_ms;
+    let batch = i64::from(batch);
+    // The late broker rows first (they are the older), then due PENDING rows up to the batch:
+    // one status per statement, so each reads its index in due order and stops at its LIMIT
+    // ([`PENDING_DUE`]).
+    let mut taken = 0;
+    if let Some(cutoff) = sent_due_before_ms {
+        taken = mark(db, SENT_DUE, &[cutoff, now_ms, batch], &token, until_ms).await?;
+    }
+    if taken < batch {
+        mark(
+            db,
+            PENDING_DUE,
+            &[now_ms, now_ms, batch - taken],
+            &token,
+            until_ms,
+        )
+        .await?;
+    }
+    held_by(db, &token).await
 }
+
+/// The due claim's candidates: PENDING rows due by `?` that nobody holds at `?`, earliest first,
+/// `LIMIT ?`. One status, so the `(status, due_ms)` index gives the rows already in due order:
+/// the server reads (and, `FOR UPDATE SKIP LOCKED`, locks) only the rows it returns. The
+/// earlier form took PENDING and SENT rows in one `OR`, whose two index ranges MariaDB merged
+/// with a filesort: it read and locked every due row (about 40,000 record locks for a claim of
+/// 256 among 20,000 due rows, #48) and a second daemon's concurrent claim found none free.
+pub const PENDING_DUE: &str = "SELECT id FROM order_timeout_msg WHERE status = 'PENDING' \
+     AND due_ms <= ? AND (claim_until_ms IS NULL OR claim_until_ms < ?) ORDER BY due_ms LIMIT ?";
+
+/// As [`PENDING_DUE`] for SENT rows (relayed to the broker) due by `?`: their message is late
+/// or lost, so the outbox timer takes them back.
+pub const SENT_DUE: &str = "SELECT id FROM order_timeout_msg WHERE status = 'SENT' \
+     AND due_ms <= ? AND (claim_until_ms IS NULL OR claim_until_ms < ?) ORDER BY due_ms LIMIT ?";
 
 /// Claims up to `batch` PENDING rows nobody holds that fall due after `now_ms` and at or before
 /// `horizon_ms`, for `lease_ms` from now, earliest first: the outbox timer's prefetch
@@ -375,7 +397,22 @@ pub(crate) async fn claim(
     token: &str,
     until_ms: i64,
 ) -> Result<Vec<DueRow>, DbError> {
-    match db.backend() {
+    mark(db, candidates, binds, token, until_ms).await?;
+    held_by(db, token).await
+}
+
+/// The work of [`claim`] without reading the rows back: returns how many rows it claimed.
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+async fn mark(
+    db: &Db,
+    candidates: &str,
+    binds: &[i64],
+    token: &str,
+    until_ms: i64,
+) -> Result<i64, DbError> {
+    let claimed = match db.backend() {
         Backend::Sqlite => {
             let _gate = db.write_gate().await;
             let mut q = db
@@ -389,7 +426,7 @@ pub(crate) async fn claim(
             for b in binds {
                 q = q.bind(*b);
             }
-            q.execute(db.pool()).await?;
+            q.execute(db.pool()).await?.rows_affected()
         }
         Backend::MySql | Backend::Postgres => {
             let mut tx = db.begin().await?;
@@ -407,7 +444,7 @@ pub(crate) async fn claim(
                 .collect::<Result<_, _>>()?;
             if ids.is_empty() {
                 tx.rollback().await?;
-                return Ok(Vec::new());
+                return Ok(0);
             }
             let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
             db.backend()
@@ -420,9 +457,10 @@ pub(crate) async fn claim(
                 .execute(&mut *tx)
                 .await?;
             tx.commit().await?;
+            ids.len() as u64
         }
-    }
-    held_by(db, token).await
+    };
+    Ok(i64::try_from(claimed).unwrap_or(i64::MAX))
 }
 
 /// The rows claimed under `token`, by due time.
