@@ -380,3 +380,74 @@ fn the_sdk_releases_everything_as_the_host_fallback_does() {
         .collect();
     assert_eq!(from_sdk, Effect::release_everything(&o));
 }
+
+each_backend! {
+    /// A 0.2.0 plugin that cancels (merchant `eager`) or ignores (`lazy`) at its first look,
+    /// before the deadline, as a merchant's bug would. Only a wait takes effect before the
+    /// deadline: both answers are held, the orders stay PENDING with their stock and coupons
+    /// locked, and their rows keep their due time (the deadline). At the deadline the plugin is
+    /// asked again: the cancel closes its order, once, giving its stock back; the ignore leaves
+    /// its order open.
+    async fn an_early_cancel_or_ignore_of_a_0_2_0_plugin_waits_for_the_deadline(env) {
+        env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
+        env.create(&order("e-cancel", "eager", T0)).await;
+        env.create(&order("e-ignore", "lazy", T0)).await;
+        let merchants: [MerchantSpec<'_>; 2] = [
+            ("eager", "eager", &[("answer", "cancel")]),
+            ("lazy", "eager", &[("answer", "ignore")]),
+        ];
+        let config = env.config(&merchants, "");
+        let created = T0 - 15 * MIN;
+        let (clock, now) = Clock::manual(created + 1_000);
+        let d = env.dispatcher(&config, clock).await;
+        let stock = (env.stock("sku-a").await, env.stock("sku-b").await);
+
+        let first = early_look(env, &d, created + 1_000).await;
+        let held = Outcome::Deferred { until_ms: T0 };
+        assert_eq!(
+            first,
+            [("e-cancel".into(), held.clone()), ("e-ignore".into(), held)],
+            "both answers held until the deadline"
+        );
+        for id in ["e-cancel", "e-ignore"] {
+            assert_eq!(env.status(id).await, "PENDING", "{id}");
+            assert_eq!(
+                env.int("SELECT due_ms FROM order_timeout_msg WHERE order_id = ?", id).await,
+                T0,
+                "{id}'s row keeps the deadline"
+            );
+        }
+        assert_eq!((env.stock("sku-a").await, env.stock("sku-b").await), stock);
+        assert_eq!(
+            env.int("SELECT COUNT(*) FROM decision_log WHERE outcome = ?", "closed").await,
+            0
+        );
+        assert!(
+            early_look(env, &d, created + 2_000).await.is_empty(),
+            "a row is looked at once"
+        );
+
+        // At the deadline the plugin is asked again.
+        now.store(T0, std::sync::atomic::Ordering::SeqCst);
+        let mut outcomes = Vec::new();
+        for row in outbox::claim_due(&env.db, T0, 100, 30_000).await.unwrap() {
+            let trigger = timeoutd::sources::outbox::trigger_of(&row).unwrap();
+            outcomes.push((trigger.order_id.clone(), d.handle(&trigger).await));
+        }
+        outcomes.sort_by(|a, b| a.0.cmp(&b.0));
+        assert!(matches!(outcomes[0], (ref id, Outcome::Closed { lateness_ms: 0 }) if id == "e-cancel"), "{outcomes:?}");
+        assert!(matches!(outcomes[1], (ref id, Outcome::Ignored) if id == "e-ignore"), "{outcomes:?}");
+        assert_eq!(
+            (env.status("e-cancel").await, env.status("e-ignore").await),
+            ("CLOSED".to_string(), "PENDING".to_string())
+        );
+        assert_eq!(
+            (env.stock("sku-a").await, env.stock("sku-b").await),
+            (stock.0 + 2, stock.1 + 1),
+            "e-cancel's lines back once"
+        );
+        let coupon = |id: &'static str| env.text("SELECT status FROM coupons WHERE id = ?", id);
+        assert_eq!(coupon("cpn-e-cancel").await, "AVAILABLE");
+        assert_ne!(coupon("cpn-e-ignore").await, "AVAILABLE", "the ignored order keeps its coupon");
+    }
+}

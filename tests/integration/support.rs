@@ -25,6 +25,10 @@ pub const FUTURE_API_WASM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fut
 /// The API 0.2.0 example plugin (`plugins/tea-house`), built by `build.rs`.
 pub const TEA_HOUSE_WASM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/tea_house.wasm"));
 
+/// A 0.2.0 plugin that cancels or ignores at its first look (`plugins/eager`), built by
+/// `build.rs`.
+pub const EAGER_WASM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/eager.wasm"));
+
 /// Runs `$body` once per backend: `mod $name { sqlite, mariadb, postgres }`.
 macro_rules! each_backend {
     ($(#[$m:meta])* async fn $name:ident($env:ident) $body:block) => {
@@ -56,7 +60,7 @@ macro_rules! each_backend {
 pub(crate) use each_backend;
 
 /// A merchant for [`Env::config`]: `(id, plugin, settings)`; plugin `hostile` is the test
-/// plugin, `tea-house` the API 0.2.0 example (`tea-house-js`, `tea-house-py`: its JavaScript and
+/// plugin, `eager` the 0.2.0 one that answers at first sight, `tea-house` the API 0.2.0 example (`tea-house-js`, `tea-house-py`: its JavaScript and
 /// Python components, from `scripts/build-polyglot-plugins`).
 pub type MerchantSpec<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
 
@@ -167,6 +171,8 @@ impl Env {
         let hostile = self.hostile_wasm();
         let tea_house = self.dir.path().join("tea-house.wasm");
         std::fs::write(&tea_house, TEA_HOUSE_WASM).unwrap();
+        let eager = self.dir.path().join("eager.wasm");
+        std::fs::write(&eager, EAGER_WASM).unwrap();
         let mut toml = format!(
             "{}\n[database]\nurl = \"{}\"\n",
             generous_deadline(extra),
@@ -176,6 +182,7 @@ impl Env {
             let plugin = match *plugin {
                 "hostile" => hostile.display().to_string(),
                 "tea-house" => tea_house.display().to_string(),
+                "eager" => eager.display().to_string(),
                 "tea-house-js" | "tea-house-py" => {
                     crate::polyglot::polyglot_wasm(plugin).display().to_string()
                 }
