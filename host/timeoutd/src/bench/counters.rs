@@ -1,6 +1,7 @@
 //! What the server and this process counted: commits and statements (MariaDB/MySQL `SHOW GLOBAL
 //! STATUS` `Com_commit` and `Questions`; PostgreSQL `pg_stat_database.xact_commit`, which counts
-//! every transaction including single-statement ones), CPU seconds and peak RSS (`/proc/self`).
+//! every transaction including single-statement ones), row lock waits (MariaDB/MySQL
+//! `Innodb_row_lock_waits` and `Innodb_row_lock_time`), CPU seconds and peak RSS (`/proc/self`).
 
 use crate::db::Db;
 use crate::db::bench::server_counters;
@@ -10,6 +11,7 @@ use crate::db::bench::server_counters;
 pub(super) struct Counters {
     commits: Option<i64>,
     statements: Option<i64>,
+    lock_waits: Option<(i64, i64)>,
 }
 
 /// Counts over a stretch of the run, per close.
@@ -19,6 +21,19 @@ pub struct PerClose {
     pub commits: Option<f64>,
     /// Statements per close (MariaDB `Questions`; not counted on PostgreSQL and SQLite).
     pub statements: Option<f64>,
+    /// Row lock waits over the whole stretch, not per close: how many, and the milliseconds
+    /// spent in them (MariaDB; the server's total, so anything else it served meanwhile counts
+    /// too). `None` on PostgreSQL and SQLite.
+    pub lock_waits: Option<LockWaits>,
+}
+
+/// Row lock waits over a stretch of the run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LockWaits {
+    /// Waits for a row lock.
+    pub waits: i64,
+    /// Time spent in them, ms.
+    pub wait_ms: i64,
 }
 
 impl Counters {
@@ -28,6 +43,7 @@ impl Counters {
         Counters {
             commits: c.commits,
             statements: c.statements,
+            lock_waits: c.lock_waits,
         }
     }
 
@@ -35,9 +51,17 @@ impl Counters {
     pub(super) fn since(&self, before: &Counters, closes: u32) -> PerClose {
         let per =
             |a: Option<i64>, b: Option<i64>| Some((a? - b?) as f64 / f64::from(closes.max(1)));
+        let lock_waits = match (self.lock_waits, before.lock_waits) {
+            (Some((waits, ms)), Some((waits_before, ms_before))) => Some(LockWaits {
+                waits: waits - waits_before,
+                wait_ms: ms - ms_before,
+            }),
+            _ => None,
+        };
         PerClose {
             commits: per(self.commits, before.commits),
             statements: per(self.statements, before.statements),
+            lock_waits,
         }
     }
 }

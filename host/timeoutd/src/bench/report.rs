@@ -230,6 +230,19 @@ impl Report {
             opt(self.baseline.statements),
             opt(self.set_based.statements)
         ));
+        if let Some(daemon) = self.daemon.lock_waits {
+            let waits = |w: Option<super::counters::LockWaits>| {
+                w.map_or("-".to_string(), |w| {
+                    format!("{} ({} ms)", w.waits, w.wait_ms)
+                })
+            };
+            out.push_str(&format!(
+                "  row lock waits      daemon {} · baseline {} · set-based {}\n",
+                waits(Some(daemon)),
+                waits(self.baseline.lock_waits),
+                waits(self.set_based.lock_waits)
+            ));
+        }
         out.push_str(&format!(
             "  cpu s / 1000 closes {:.3}   peak RSS {:.0} MiB (daemon phase {})   ledger rows/close {:.2}\n",
             self.cpu_s_per_1000,

@@ -34,6 +34,9 @@ pub struct ServerCounters {
     pub commits: Option<i64>,
     /// Statements (MariaDB/MySQL `Questions`); `None` on PostgreSQL and SQLite.
     pub statements: Option<i64>,
+    /// Row lock waits and the time spent in them, ms (MariaDB/MySQL `Innodb_row_lock_waits`,
+    /// `Innodb_row_lock_time`); `None` on PostgreSQL (no such counter) and SQLite.
+    pub lock_waits: Option<(i64, i64)>,
 }
 
 /// Reads the server's counters (nothing is read on SQLite, which has none: all `None`).
@@ -46,20 +49,25 @@ pub async fn server_counters(db: &Db) -> Result<ServerCounters, DbError> {
         Backend::Sqlite => Ok(ServerCounters::default()),
         Backend::MySql => {
             let rows = sqlx::query(
-                "SHOW GLOBAL STATUS WHERE Variable_name IN ('Com_commit', 'Questions')",
+                "SHOW GLOBAL STATUS WHERE Variable_name IN ('Com_commit', 'Questions', \
+                 'Innodb_row_lock_waits', 'Innodb_row_lock_time')",
             )
             .fetch_all(db.pool())
             .await?;
             let mut c = ServerCounters::default();
+            let (mut waits, mut wait_ms) = (None, None);
             for r in rows {
                 let name: String = r.try_get(0)?;
                 let value: String = r.try_get(1)?;
                 let value = value.parse().ok();
                 match name.as_str() {
                     "Com_commit" => c.commits = value,
-                    _ => c.statements = value,
+                    "Questions" => c.statements = value,
+                    "Innodb_row_lock_waits" => waits = value,
+                    _ => wait_ms = value,
                 }
             }
+            c.lock_waits = waits.zip(wait_ms);
             Ok(c)
         }
         Backend::Postgres => {
@@ -75,6 +83,7 @@ pub async fn server_counters(db: &Db) -> Result<ServerCounters, DbError> {
             Ok(ServerCounters {
                 commits: row.try_get(0).ok(),
                 statements: None,
+                lock_waits: None,
             })
         }
     }

@@ -1,7 +1,7 @@
 //! A payment recorded in the shop's own tables, as the profile's `[paid]` says (mall's
 //! `paySuccess`): one compare-and-set from a pending status to the paid one, with its stamps,
-//! then each line's locked units sold. The caller's transaction holds it all: a line that
-//! cannot be sold fails the payment whole.
+//! then the locked units of its lines sold, per SKU in SKU order. The caller's transaction holds
+//! it all: a SKU that cannot be sold fails the payment whole.
 
 use sqlx::{AnyConnection, Row};
 
@@ -17,7 +17,8 @@ impl Mapped {
     /// Records the payment of `id`, made at `paid_at_ms`, at `now_ms` (epoch ms): `status`
     /// pending → `paid.status` where still pending and live, `paid.time` stamped with
     /// `paid_at_ms` and `orders.modified` with `now_ms`, `paid.set` written; then, with
-    /// `paid.stock`, each line lowers that column and `stock.column` by its units. Returns
+    /// `paid.stock`, each SKU of its lines (in SKU order, as a group close takes them) lowers
+    /// that column and `stock.column` by the lines' units. Returns
     /// false when the order was no longer pending (closed or paid first) or is soft-deleted,
     /// or `id` cannot be one of its ids.
     ///
@@ -77,12 +78,18 @@ impl Mapped {
             quote(&i.order),
         ));
         lines.bind(key);
-        lines.push(&format!(" ORDER BY {}", col(&i.line)));
+        // Units per SKU, sold in SKU order: the order a group close takes the same stock rows
+        // in (`dispatch/close.rs`), so a payment and a close never wait on each other in a
+        // circle.
+        let mut per_sku: std::collections::BTreeMap<String, i64> = Default::default();
+        for line in lines.query().fetch_all(&mut *conn).await? {
+            let sku: Option<String> = line.try_get("sku")?;
+            let units: i64 = line.try_get::<Option<i64>, _>("quantity")?.unwrap_or(0);
+            *per_sku.entry(sku.unwrap_or_default()).or_default() += units;
+        }
         let st = &self.profile.stock;
         let (lock, sold) = (col(&st.column), col(sold));
-        for line in lines.query().fetch_all(&mut *conn).await? {
-            let sku: String = line.try_get("sku")?;
-            let units: i64 = line.try_get::<Option<i64>, _>("quantity")?.unwrap_or(0);
+        for (sku, units) in per_sku {
             let mut s = Stmt::new(format!(
                 "UPDATE {} a SET {lock} = COALESCE({lock}, 0) - ",
                 self.stock
