@@ -168,11 +168,6 @@ impl Env {
         merchant_keys: &str,
         extra: &str,
     ) -> Config {
-        let hostile = self.hostile_wasm();
-        let tea_house = self.dir.path().join("tea-house.wasm");
-        std::fs::write(&tea_house, TEA_HOUSE_WASM).unwrap();
-        let eager = self.dir.path().join("eager.wasm");
-        std::fs::write(&eager, EAGER_WASM).unwrap();
         let mut toml = format!(
             "{}\n[database]\nurl = \"{}\"\n",
             generous_deadline(extra),
@@ -180,9 +175,9 @@ impl Env {
         );
         for (id, plugin, settings) in merchants {
             let plugin = match *plugin {
-                "hostile" => hostile.display().to_string(),
-                "tea-house" => tea_house.display().to_string(),
-                "eager" => eager.display().to_string(),
+                "hostile" => self.hostile_wasm().display().to_string(),
+                "tea-house" => self.plugin_file("tea-house.wasm", TEA_HOUSE_WASM),
+                "eager" => self.plugin_file("eager.wasm", EAGER_WASM),
                 "tea-house-js" | "tea-house-py" => {
                     crate::polyglot::polyglot_wasm(plugin).display().to_string()
                 }
@@ -203,6 +198,14 @@ impl Env {
         let path = self.dir.path().join("hostile.wasm");
         std::fs::write(&path, HOSTILE_WASM).unwrap();
         path
+    }
+
+    /// A test plugin's component written as `name` in the scratch directory (when a merchant
+    /// of the config names it); its path as config text.
+    fn plugin_file(&self, name: &str, wasm: &[u8]) -> String {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, wasm).unwrap();
+        path.display().to_string()
     }
 
     /// An effect runner like a daemon's, over its own pool.

@@ -230,7 +230,7 @@ impl Report {
             opt(self.baseline.statements),
             opt(self.set_based.statements)
         ));
-        if let Some(daemon) = self.daemon.lock_waits {
+        if self.daemon.lock_waits.is_some() {
             let waits = |w: Option<super::counters::LockWaits>| {
                 w.map_or("-".to_string(), |w| {
                     format!("{} ({} ms)", w.waits, w.wait_ms)
@@ -238,7 +238,7 @@ impl Report {
             };
             out.push_str(&format!(
                 "  row lock waits      daemon {} · baseline {} · set-based {}\n",
-                waits(Some(daemon)),
+                waits(self.daemon.lock_waits),
                 waits(self.baseline.lock_waits),
                 waits(self.set_based.lock_waits)
             ));

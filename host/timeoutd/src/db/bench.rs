@@ -64,7 +64,8 @@ pub async fn server_counters(db: &Db) -> Result<ServerCounters, DbError> {
                     "Com_commit" => c.commits = value,
                     "Questions" => c.statements = value,
                     "Innodb_row_lock_waits" => waits = value,
-                    _ => wait_ms = value,
+                    "Innodb_row_lock_time" => wait_ms = value,
+                    _ => {}
                 }
             }
             c.lock_waits = waits.zip(wait_ms);
