@@ -37,14 +37,14 @@ use crate::fakes::{Provider, Proxy};
 use crate::redis_server::PrivateRedis;
 use crate::support::{Env, free_port, timeoutd_bin};
 
-const SKUS: usize = 20;
-const UNITS_PER_SKU: i64 = 1_000_000;
-const FLASH_ACTIVITY: &str = "chaos-sale";
-const FLASH_UNITS: i64 = 1_000_000;
+pub(crate) const SKUS: usize = 20;
+pub(crate) const UNITS_PER_SKU: i64 = 1_000_000;
+pub(crate) const FLASH_ACTIVITY: &str = "chaos-sale";
+pub(crate) const FLASH_UNITS: i64 = 1_000_000;
 /// The two-phase merchants' grace (`flashy`, and `swap` once swapped).
-const GRACE_MS: i64 = 2_000;
+pub(crate) const GRACE_MS: i64 = 2_000;
 
-fn knob(name: &str, default: u64) -> u64 {
+pub(crate) fn knob(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
@@ -159,7 +159,11 @@ impl Topology {
 // The webhook receiver: 20 % fail, 5 % hang.
 
 #[derive(Default)]
-struct Deliveries {
+pub(crate) struct Deliveries {
+    /// Share of requests answered 500, percent.
+    fail_percent: u8,
+    /// Share of requests left hanging for 5 s and then answered 503, percent.
+    hang_percent: u8,
     /// Requests answered 2xx, by idempotency key: how many times.
     accepted: HashMap<String, u32>,
     /// Logical notices accepted: (order, template) → the distinct keys they came under.
@@ -168,10 +172,16 @@ struct Deliveries {
     hung: u32,
 }
 
-type Inbox = Arc<Mutex<Deliveries>>;
+pub(crate) type Inbox = Arc<Mutex<Deliveries>>;
 
-async fn start_receiver() -> (String, Inbox) {
-    let inbox: Inbox = Arc::default();
+/// A webhook receiver on a free loopback port that fails `fail_percent` of requests and hangs
+/// on `hang_percent`; returns its URL and what it accepted.
+pub(crate) async fn start_receiver(fail_percent: u8, hang_percent: u8) -> (String, Inbox) {
+    let inbox: Inbox = Arc::new(Mutex::new(Deliveries {
+        fail_percent,
+        hang_percent,
+        ..Deliveries::default()
+    }));
     let app = Router::new()
         .route("/hook", post(flaky_hook))
         .with_state(inbox.clone());
@@ -187,13 +197,20 @@ async fn flaky_hook(
     Json(body): Json<Value>,
 ) -> StatusCode {
     let roll = fastrand::u8(0..100);
-    if roll < 5 {
+    let (hang, fail) = {
+        let d = inbox.lock().unwrap();
+        (
+            d.hang_percent,
+            d.hang_percent.saturating_add(d.fail_percent),
+        )
+    };
+    if roll < hang {
         inbox.lock().unwrap().hung += 1;
         tokio::time::sleep(Duration::from_secs(5)).await;
         return StatusCode::SERVICE_UNAVAILABLE;
     }
     let mut d = inbox.lock().unwrap();
-    if roll < 25 {
+    if roll < fail {
         d.failed += 1;
         return StatusCode::INTERNAL_SERVER_ERROR;
     }
@@ -212,16 +229,16 @@ async fn flaky_hook(
 // ---------------------------------------------------------------------------------------------
 // The daemons.
 
-struct Daemons {
-    configs: Vec<PathBuf>,
-    http_ports: Vec<u16>,
-    children: Vec<Option<Child>>,
-    logs: PathBuf,
-    kills: u32,
+pub(crate) struct Daemons {
+    pub(crate) configs: Vec<PathBuf>,
+    pub(crate) http_ports: Vec<u16>,
+    pub(crate) children: Vec<Option<Child>>,
+    pub(crate) logs: PathBuf,
+    pub(crate) kills: u32,
 }
 
 impl Daemons {
-    fn start(&mut self, i: usize) {
+    pub(crate) fn start(&mut self, i: usize) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -246,7 +263,7 @@ impl Daemons {
         }
     }
 
-    async fn stop_all(&mut self) {
+    pub(crate) async fn stop_all(&mut self) {
         for child in self.children.iter_mut().filter_map(Option::take) {
             if let Some(pid) = child.id() {
                 let _ = std::process::Command::new("kill")
@@ -287,15 +304,19 @@ async fn broker_script(verb: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// A daemon's config: `database` (its `url` line or shard tables), the run's Redis, provider
+/// and webhook receiver, its HTTP port, the three merchants (`swap` on the file
+/// `swap_plugin`), then `extra`: more `[redis]` keys up to its first header, then sections (a
+/// broker's; the soak's marker TTL, retention and admin).
 #[allow(clippy::too_many_arguments)]
-fn daemon_config(
+pub(crate) fn daemon_config(
     database: &str,
     redis_url: &str,
     provider: &str,
     receiver: &str,
     http_port: u16,
     swap_plugin: &Path,
-    broker: &str,
+    extra: &str,
 ) -> String {
     format!(
         r#"[database]
@@ -315,8 +336,6 @@ lease = "5s"
 [dispatch]
 retry_initial = "100ms"
 retry_max = "1s"
-[redis]
-url = "{redis_url}"
 [payment]
 base_url = "{provider}"
 timeout = "1s"
@@ -344,7 +363,9 @@ plugin = "{swap}"
 [merchants.swap.settings]
 grace = "2s"
 channel = "hook"
-{broker}"#,
+[redis]
+url = "{redis_url}"
+{extra}"#,
         swap = swap_plugin.display()
     )
 }
@@ -354,7 +375,7 @@ channel = "hook"
 
 /// How an order's buyer behaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fate {
+pub(crate) enum Fate {
     /// Paid through the paid callback at a random moment in the window.
     CallbackEarly,
     /// Paid through the paid callback right at the deadline, racing the close.
@@ -365,7 +386,7 @@ enum Fate {
     Abandon,
 }
 
-fn fate() -> Fate {
+pub(crate) fn fate() -> Fate {
     match fastrand::u8(0..100) {
         0..22 => Fate::CallbackEarly,
         22..30 => Fate::CallbackAtDeadline,
@@ -374,7 +395,7 @@ fn fate() -> Fate {
     }
 }
 
-fn new_order(n: usize, now: i64) -> Order {
+pub(crate) fn new_order(n: usize, now: i64) -> Order {
     let merchant = ["solo", "flashy", "swap"][n % 3];
     let flash = merchant == "flashy" && fastrand::bool();
     let id = format!("c-{n:06}");
@@ -413,7 +434,7 @@ fn new_order(n: usize, now: i64) -> Order {
 /// new. Retried across a Redis restart, and a retry must not take the units twice: with
 /// `appendfsync always` a script can be applied and persisted and its reply lost to the SIGKILL
 /// (a plain `DECRBY` retried that way left the stock 5 units low in one chaos run).
-async fn reserve_flash(redis: &redis::Client, order: &Order) {
+pub(crate) async fn reserve_flash(redis: &redis::Client, order: &Order) {
     const RESERVE_ONCE: &str = r"
 if redis.call('SADD', KEYS[2], ARGV[1]) == 1 then
   redis.call('DECRBY', KEYS[1], ARGV[2])
@@ -446,7 +467,7 @@ return 1
 /// database picks it as a deadlock victim (its stock rows against a close giving the same SKUs
 /// back; on Galera, a certification conflict), and while a Galera node or a Patroni primary is
 /// replaced. A commit whose answer was lost may have landed: a retry first looks for the order.
-async fn create(env: &Env, order: &Order) {
+pub(crate) async fn create(env: &Env, order: &Order) {
     let mut last = None;
     let until = Instant::now() + Duration::from_secs(60);
     let mut attempt = 0u64;
@@ -495,7 +516,7 @@ async fn create(env: &Env, order: &Order) {
 
 /// The database clock, retried for up to a minute (across a Galera node's or a primary's
 /// replacement).
-async fn db_now(env: &Env) -> i64 {
+pub(crate) async fn db_now(env: &Env) -> i64 {
     let until = Instant::now() + Duration::from_secs(60);
     loop {
         match env.db.now_ms().await {
@@ -507,7 +528,7 @@ async fn db_now(env: &Env) -> i64 {
 }
 
 /// The payment system's paid callback to any live daemon, retried until one answers.
-async fn paid_callback(http: &reqwest::Client, ports: &[u16], id: &str) {
+pub(crate) async fn paid_callback(http: &reqwest::Client, ports: &[u16], id: &str) {
     for round in 0..200 {
         let port = ports[(round + fastrand::usize(..)) % ports.len()];
         let answer = http
@@ -529,7 +550,7 @@ async fn paid_callback(http: &reqwest::Client, ports: &[u16], id: &str) {
 async fn run(backend: Backend, topology: Topology) {
     let seconds = knob("TIMEOUTD_CHAOS_SECONDS", 120);
     let orders = knob("TIMEOUTD_CHAOS_ORDERS", 3_000) as usize;
-    let settle = Duration::from_secs(knob("TIMEOUTD_CHAOS_SETTLE_SECONDS", 180));
+    let settle_limit = Duration::from_secs(knob("TIMEOUTD_CHAOS_SETTLE_SECONDS", 180));
     let with_broker = knob("TIMEOUTD_CHAOS_BROKER", 0) == 1;
     let broker = if with_broker {
         let namesrv =
@@ -604,7 +625,7 @@ async fn run(backend: Backend, topology: Topology) {
         .await
         .unwrap();
     let provider = Provider::start().await;
-    let (receiver_url, inbox) = start_receiver().await;
+    let (receiver_url, inbox) = start_receiver(20, 5).await;
     let swap_plugin = dir.join("swap.wasm");
     std::fs::write(
         &swap_plugin,
@@ -651,63 +672,16 @@ async fn run(backend: Backend, topology: Topology) {
     let creation = Duration::from_secs(seconds) * 3 / 5;
     let fates: Arc<Mutex<BTreeMap<String, Fate>>> = Arc::default();
     let shards = Arc::new(shards);
-    let shop = {
-        let shards = shards.clone();
-        let fates = fates.clone();
-        let books = provider.books.clone();
-        let ports = daemons.http_ports.clone();
-        let redis_client = redis::Client::open(redis.url()).unwrap();
-        tokio::spawn(async move {
-            let http = reqwest::Client::new();
-            let mut payments = tokio::task::JoinSet::new();
-            let gap = creation / orders.max(1) as u32;
-            let mut next = tokio::time::Instant::now();
-            for n in 0..orders {
-                tokio::time::sleep_until(next).await;
-                next += gap;
-                let now = db_now(&shards[0]).await;
-                let order = new_order(n, now);
-                if order.flash_activity.is_some() {
-                    reserve_flash(&redis_client, &order).await;
-                }
-                // Where the order service puts it (the daemons route by the same rule).
-                let at = timeoutd::config::routing::shard_of(
-                    timeoutd::config::Routing::HashMod,
-                    &order.id,
-                    shards.len(),
-                )
-                .unwrap();
-                create(&shards[at], &order).await;
-                let f = fate();
-                fates.lock().unwrap().insert(order.id.clone(), f);
-                let window = order.deadline_ms - now;
-                let pay_in = match f {
-                    Fate::Abandon => continue,
-                    Fate::CallbackEarly | Fate::AtProvider => fastrand::i64(100..window - 100),
-                    Fate::CallbackAtDeadline => window + fastrand::i64(-30..=30),
-                };
-                let (http, ports, books) = (http.clone(), ports.clone(), books.clone());
-                let fates = fates.clone();
-                let id = order.id.clone();
-                let reference = order.payment_ref.clone().unwrap();
-                payments.spawn(async move {
-                    tokio::time::sleep(Duration::from_millis(pay_in as u64)).await;
-                    // A provider refuses a payment it has closed. Under load this task can wake
-                    // after the daemon closed the order and its payment; the buyer then never
-                    // paid (before, the books took the payment anyway and the audit found a
-                    // paid-at-the-provider order closed unseen).
-                    if !books.lock().unwrap().pay(&reference, now + pay_in) {
-                        fates.lock().unwrap().insert(id, Fate::Abandon);
-                        return;
-                    }
-                    if f != Fate::AtProvider {
-                        paid_callback(&http, &ports, &id).await;
-                    }
-                });
-            }
-            while payments.join_next().await.is_some() {}
-        })
-    };
+    let shop = spawn_shop(Shop {
+        shards: shards.clone(),
+        fates: fates.clone(),
+        books: provider.books.clone(),
+        ports: daemons.http_ports.clone(),
+        redis: redis::Client::open(redis.url()).unwrap(),
+        orders,
+        over: creation,
+        writers: 1,
+    });
 
     // The faults, on a schedule relative to the faulted time.
     let at = |share: f64| started + Duration::from_secs_f64(seconds as f64 * share);
@@ -777,34 +751,11 @@ async fn run(backend: Backend, topology: Topology) {
     );
 
     // Settle: every daemon up, no faults, until nothing is left to do.
-    let settle_start = Instant::now();
-    loop {
-        let mut left = 0i64;
-        for env in shards.iter() {
-            left = left.saturating_add(
-                env.db
-                    .backend()
-                    .query(
-                        "SELECT (SELECT COUNT(*) FROM orders WHERE status = 'PENDING') \
-                         + (SELECT COUNT(*) FROM effect_ledger WHERE status = 'PENDING') \
-                         + (SELECT COUNT(*) FROM order_timeout_msg WHERE status <> 'PROCESSED')",
-                    )
-                    .fetch_one(env.db.pool())
-                    .await
-                    .map(|r| sqlx::Row::get::<i64, _>(&r, 0))
-                    .unwrap_or(i64::MAX),
-            );
-        }
-        if left == 0 || settle_start.elapsed() > settle {
-            break;
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    let settled_s = settle_start.elapsed().as_secs_f64();
+    let settled_s = settle(&shards, settle_limit).await;
     daemons.stop_all().await;
 
     let fates = fates.lock().unwrap().clone();
-    let report = audit(&shards, &redis, &provider, &inbox, &fates).await;
+    let report = audit(&shards, &redis, &provider, &inbox, &fates, 0).await;
     let summary = json!({
         "chaos": {
             "backend": format!("{backend:?}"),
@@ -840,6 +791,118 @@ async fn run(backend: Backend, topology: Topology) {
         dir.display(),
         report.violations.join("\n")
     );
+}
+
+/// The shop's side of a run: `orders` orders placed evenly over `over` (each written by one of
+/// at most `writers` concurrent writers), their flash-sale slots taken first, and each buyer's
+/// fate ([`fate`]) played out; every order's fate lands in `fates`. Ends when every order is
+/// written and every payment made.
+pub(crate) struct Shop {
+    pub(crate) shards: Arc<Vec<Env>>,
+    pub(crate) fates: Arc<Mutex<BTreeMap<String, Fate>>>,
+    pub(crate) books: Arc<Mutex<crate::fakes::Books>>,
+    /// The daemons' HTTP ports, for paid callbacks.
+    pub(crate) ports: Vec<u16>,
+    pub(crate) redis: redis::Client,
+    pub(crate) orders: usize,
+    pub(crate) over: Duration,
+    pub(crate) writers: usize,
+}
+
+/// Starts `shop` (see [`Shop`]).
+pub(crate) fn spawn_shop(shop: Shop) -> tokio::task::JoinHandle<()> {
+    let Shop {
+        shards,
+        fates,
+        books,
+        ports,
+        redis,
+        orders,
+        over,
+        writers,
+    } = shop;
+    tokio::spawn(async move {
+        let http = reqwest::Client::new();
+        let writers = Arc::new(tokio::sync::Semaphore::new(writers.max(1)));
+        let mut lives = tokio::task::JoinSet::new();
+        let gap = over / orders.max(1) as u32;
+        let mut next = tokio::time::Instant::now();
+        for n in 0..orders {
+            tokio::time::sleep_until(next).await;
+            next += gap;
+            let writer = writers.clone().acquire_owned().await.unwrap();
+            let (shards, fates, books) = (shards.clone(), fates.clone(), books.clone());
+            let (http, ports, redis) = (http.clone(), ports.clone(), redis.clone());
+            lives.spawn(async move {
+                let now = db_now(&shards[0]).await;
+                let order = new_order(n, now);
+                if order.flash_activity.is_some() {
+                    reserve_flash(&redis, &order).await;
+                }
+                // Where the order service puts it (the daemons route by the same rule).
+                let at = timeoutd::config::routing::shard_of(
+                    timeoutd::config::Routing::HashMod,
+                    &order.id,
+                    shards.len(),
+                )
+                .unwrap();
+                create(&shards[at], &order).await;
+                drop(writer);
+                let f = fate();
+                fates.lock().unwrap().insert(order.id.clone(), f);
+                let window = order.deadline_ms - now;
+                let pay_in = match f {
+                    Fate::Abandon => return,
+                    Fate::CallbackEarly | Fate::AtProvider => fastrand::i64(100..window - 100),
+                    Fate::CallbackAtDeadline => window + fastrand::i64(-30..=30),
+                };
+                let reference = order.payment_ref.clone().unwrap();
+                tokio::time::sleep(Duration::from_millis(pay_in as u64)).await;
+                // A provider refuses a payment it has closed. Under load this task can wake
+                // after the daemon closed the order and its payment; the buyer then never
+                // paid (before, the books took the payment anyway and the audit found a
+                // paid-at-the-provider order closed unseen).
+                if !books.lock().unwrap().pay(&reference, now + pay_in) {
+                    fates.lock().unwrap().insert(order.id, Fate::Abandon);
+                    return;
+                }
+                if f != Fate::AtProvider {
+                    paid_callback(&http, &ports, &order.id).await;
+                }
+            });
+            // Finished lives are reaped as the shop goes (an hour's soak places a million).
+            while lives.try_join_next().is_some() {}
+        }
+        while lives.join_next().await.is_some() {}
+    })
+}
+
+/// Waits until no order is PENDING, no ledger row PENDING and every outbox row PROCESSED on
+/// every shard, or `limit` passed; returns the seconds waited.
+pub(crate) async fn settle(shards: &[Env], limit: Duration) -> f64 {
+    let start = Instant::now();
+    loop {
+        let mut left = 0i64;
+        for env in shards {
+            left = left.saturating_add(
+                env.db
+                    .backend()
+                    .query(
+                        "SELECT (SELECT COUNT(*) FROM orders WHERE status = 'PENDING') \
+                         + (SELECT COUNT(*) FROM effect_ledger WHERE status = 'PENDING') \
+                         + (SELECT COUNT(*) FROM order_timeout_msg WHERE status <> 'PROCESSED')",
+                    )
+                    .fetch_one(env.db.pool())
+                    .await
+                    .map(|r| sqlx::Row::get::<i64, _>(&r, 0))
+                    .unwrap_or(i64::MAX),
+            );
+        }
+        if left == 0 || start.elapsed() > limit {
+            return start.elapsed().as_secs_f64();
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }
 
 /// The run's one database fault; returns the event line.
@@ -878,13 +941,13 @@ async fn database_fault(topology: Topology, proxy: Option<&Proxy>, t: f64) -> St
 // ---------------------------------------------------------------------------------------------
 // The audit.
 
-struct Report {
-    figures: BTreeMap<&'static str, Value>,
-    violations: Vec<String>,
+pub(crate) struct Report {
+    pub(crate) figures: BTreeMap<&'static str, Value>,
+    pub(crate) violations: Vec<String>,
 }
 
 impl Report {
-    fn table(&self) -> String {
+    pub(crate) fn table(&self) -> String {
         let mut out = String::from("chaos audit\n");
         for (k, v) in &self.figures {
             out += &format!("  {k:<34} {v}\n");
@@ -900,7 +963,7 @@ impl Report {
 }
 
 /// `sql`'s rows from every shard (one database but for [`Topology::Shards`]), one after another.
-async fn rows(shards: &[Env], sql: &'static str) -> Vec<sqlx::any::AnyRow> {
+pub(crate) async fn rows(shards: &[Env], sql: &'static str) -> Vec<sqlx::any::AnyRow> {
     let mut out = Vec::new();
     for env in shards {
         out.extend(
@@ -915,8 +978,25 @@ async fn rows(shards: &[Env], sql: &'static str) -> Vec<sqlx::any::AnyRow> {
     out
 }
 
+/// A `COUNT(*)`-like `sql` with one `?`, bound to `since`, summed over the shards.
+async fn count_since(shards: &[Env], sql: &'static str, since: i64) -> i64 {
+    let mut n = 0;
+    for env in shards {
+        let row = env
+            .db
+            .backend()
+            .query(sql)
+            .bind(since)
+            .fetch_one(env.db.pool())
+            .await
+            .unwrap();
+        n += sqlx::Row::get::<i64, _>(&row, 0);
+    }
+    n
+}
+
 /// A `COUNT(*)`-like `sql`, summed over the shards.
-async fn count(shards: &[Env], sql: &'static str) -> i64 {
+pub(crate) async fn count(shards: &[Env], sql: &'static str) -> i64 {
     rows(shards, sql)
         .await
         .iter()
@@ -924,19 +1004,23 @@ async fn count(shards: &[Env], sql: &'static str) -> i64 {
         .sum()
 }
 
-fn percentile(sorted: &[i64], p: f64) -> i64 {
+pub(crate) fn percentile(sorted: &[i64], p: f64) -> i64 {
     if sorted.is_empty() {
         return 0;
     }
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
-async fn audit(
+/// The exactly-once audit of a run over `env` (its shards), after it settled: each violation
+/// named, with the run's figures. Decisions are checked whole for orders closed at or after
+/// `retained_since_ms` (0: every order; a soak's retention deletes older ones).
+pub(crate) async fn audit(
     env: &[Env],
     redis: &PrivateRedis,
     provider: &Provider,
     inbox: &Inbox,
     fates: &BTreeMap<String, Fate>,
+    retained_since_ms: i64,
 ) -> Report {
     let mut v = Vec::new();
     let mut f: BTreeMap<&'static str, Value> = BTreeMap::new();
@@ -1003,14 +1087,31 @@ async fn audit(
     if doubled > 0 {
         v.push(format!("{doubled} orders closed more than once"));
     }
-    let close_decisions = count(
+    // Each CLOSED order has its closed decision, and no other order has one. Retention (the
+    // soak's) deletes decisions older than its window: orders closed before `retained_since_ms`
+    // are judged by the conservation checks below alone.
+    let undecided = count_since(
         env,
-        "SELECT COUNT(DISTINCT order_id) FROM decision_log WHERE outcome = 'closed'",
+        "SELECT COUNT(*) FROM orders o WHERE o.status = 'CLOSED' AND o.closed_at_ms >= ? \
+         AND NOT EXISTS (SELECT 1 FROM decision_log d \
+                         WHERE d.order_id = o.id AND d.outcome = 'closed')",
+        retained_since_ms,
     )
     .await;
-    if close_decisions != closed as i64 {
+    if undecided > 0 {
         v.push(format!(
-            "{closed} CLOSED orders but {close_decisions} closed decisions"
+            "{undecided} CLOSED orders without a closed decision"
+        ));
+    }
+    let decided_open = count(
+        env,
+        "SELECT COUNT(DISTINCT d.order_id) FROM decision_log d JOIN orders o ON o.id = d.order_id \
+         WHERE d.outcome = 'closed' AND o.status <> 'CLOSED'",
+    )
+    .await;
+    if decided_open > 0 {
+        v.push(format!(
+            "{decided_open} orders with a closed decision are not CLOSED"
         ));
     }
     // Paid at the provider: aligned, or closed only as a paid-after-close with its refund.

@@ -964,7 +964,18 @@ async fn a_small_address_space_falls_back_to_the_on_demand_allocator() {
 /// be reached — is an error with how to fix it, and the exit status is 1. Fixed, it exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn doctor_names_what_is_wrong_and_how_to_fix_it() {
-    let env = Env::new(Backend::MySql).await;
+    doctor_names_what_is_wrong(Backend::MySql).await;
+}
+
+/// The same on PostgreSQL: its server version, schema, write probe and encoding checked, the
+/// same two errors named with their fixes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_names_what_is_wrong_on_postgresql() {
+    doctor_names_what_is_wrong(Backend::Postgres).await;
+}
+
+async fn doctor_names_what_is_wrong(backend: Backend) {
+    let env = Env::new(backend).await;
     let receiver = crate::fakes::Receiver::start().await;
     let closed_port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -993,15 +1004,21 @@ async fn doctor_names_what_is_wrong_and_how_to_fix_it() {
     let run = crate::support::doctor;
     let (code, report) = run(broken).await;
     assert_eq!(code, Some(1), "{report}");
+    let server = crate::support::server_url(backend);
+    let database = format!("ok    database: {}/", server.rsplit_once('/').unwrap().0);
+    let schema = format!(
+        "ok    database.schema: version {}",
+        timeoutd::db::latest_schema_version(backend)
+    );
     for line in [
-        "ok    database: mysql://root@127.0.0.1:3306/",
+        database.as_str(),
         "(SKIP LOCKED: yes)",
-        &format!(
-            "ok    database.schema: version {}",
-            timeoutd::db::latest_schema_version(Backend::MySql)
-        ),
+        schema.as_str(),
         "ok    database.privileges",
-        "ok    database.charset: utf8mb4",
+        match backend {
+            Backend::MySql => "ok    database.charset: utf8mb4",
+            Backend::Postgres | Backend::Sqlite => "ok    database.charset: UTF-8",
+        },
         "ok    clock",
         "ok    merchants.acme: plugin builtin:single-phase loads, timeout:policy@0.1.0 accepted",
         "ok    notify.channels.sms.url",

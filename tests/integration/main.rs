@@ -34,6 +34,7 @@ mod shards;
 mod shop;
 mod shop_payments;
 mod skew;
+mod soak;
 mod stripe;
 mod support;
 mod wechatpay;

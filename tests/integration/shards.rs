@@ -1,5 +1,6 @@
-//! Application-level sharding (`[[database.shards]]`): two MariaDB databases as the shards of one
-//! order database, shared by `timeoutd run` daemons through each shard's lease.
+//! Application-level sharding (`[[database.shards]]`): two MariaDB (and, for the lease and the
+//! take-over, two PostgreSQL) databases as the shards of one order database, shared by
+//! `timeoutd run` daemons through each shard's lease.
 
 use std::time::Duration;
 
@@ -36,12 +37,9 @@ async fn count(env: &Env, sql: &'static str) -> i64 {
     )
 }
 
-/// Two fresh MariaDB databases, each stocked with `units` of `sku-a` and `sku-b`.
-async fn two_shards(units: i64) -> [Env; 2] {
-    let shards = [
-        Env::new(Backend::MySql).await,
-        Env::new(Backend::MySql).await,
-    ];
+/// Two fresh databases of `backend`, each stocked with `units` of `sku-a` and `sku-b`.
+async fn two_shards_of(backend: Backend, units: i64) -> [Env; 2] {
+    let shards = [Env::new(backend).await, Env::new(backend).await];
     for env in &shards {
         env.stock_up(&[("sku-a", units), ("sku-b", units)]).await;
     }
@@ -68,14 +66,30 @@ fn ids(prefix: &str, per: usize) -> [Vec<String>; 2] {
     out
 }
 
-/// Two daemons over two shard databases: the first takes both shards, hands one to the second
-/// when it appears (⌈2 ÷ 2⌉ each), and when the holder of a shard is SIGKILLed the other takes
-/// it over within the lease; every order — routed to its shard by `hash_mod` as the order
+/// Two fresh MariaDB databases, each stocked with `units` of `sku-a` and `sku-b`.
+async fn two_shards(units: i64) -> [Env; 2] {
+    two_shards_of(Backend::MySql, units).await
+}
+
+/// Two daemons over two MariaDB shard databases: the first takes both shards, hands one to the
+/// second when it appears (⌈2 ÷ 2⌉ each), and when the holder of a shard is SIGKILLed the other
+/// takes it over within the lease; every order — routed to its shard by `hash_mod` as the order
 /// service writes it — is closed exactly once by its own shard (stock and coupons back once,
 /// one decision each), and a paid callback sent to either daemon lands in the order's shard.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn daemons_share_shards_by_lease_and_take_over_a_killed_holders_shard() {
-    let shards = two_shards(1_000).await;
+    shards_shared_and_taken_over(Backend::MySql).await;
+}
+
+/// The same on two PostgreSQL shard databases: the shard lease (`maintenance_lease`), the
+/// hand-over, the take-over after a SIGKILL and each order closed once in its own shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemons_share_postgresql_shards_by_lease_and_take_over_a_killed_holders_shard() {
+    shards_shared_and_taken_over(Backend::Postgres).await;
+}
+
+async fn shards_shared_and_taken_over(backend: Backend) {
+    let shards = two_shards_of(backend, 1_000).await;
     let dir = tempfile::tempdir().unwrap();
     let ports = [free_port(), free_port()];
     let config = |port: u16| {

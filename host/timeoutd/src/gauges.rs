@@ -107,6 +107,31 @@ pub fn publish(s: &Sample, merchants: &[String]) {
     );
 }
 
+/// Publishes what a soak watches for growth, read from this process rather than the database:
+/// tokio's live tasks (`timeoutd_runtime_alive_tasks`) and the connections of `db`'s pool
+/// (`timeoutd_db_pool_connections{state="open"|"idle"}`: open counts idle ones too). Called on
+/// the sampling loop's runtime.
+pub fn publish_process(db: &Db) {
+    gauge_set(
+        "timeoutd_runtime_alive_tasks",
+        &[],
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks() as f64,
+    );
+    let pool = db.pool();
+    gauge_set(
+        "timeoutd_db_pool_connections",
+        &[("state", "open".to_string())],
+        f64::from(pool.size()),
+    );
+    gauge_set(
+        "timeoutd_db_pool_connections",
+        &[("state", "idle".to_string())],
+        pool.num_idle() as f64,
+    );
+}
+
 /// What looks at each sample besides the gauges and `/v1/backlog`: the alert rules
 /// ([`crate::alerts::AlertFeed`], which hands it to the rules' own task and returns at once:
 /// a watcher must never hold up the sampling loop).
@@ -134,6 +159,7 @@ pub async fn run<W: Watcher>(
         ..
     } = ctx;
     loop {
+        publish_process(&db);
         match sample(&db, &clock, margin, &policies).await {
             Ok(s) => {
                 publish(&s, &merchants);
