@@ -42,7 +42,7 @@ pub(crate) const UNITS_PER_SKU: i64 = 1_000_000;
 pub(crate) const FLASH_ACTIVITY: &str = "chaos-sale";
 pub(crate) const FLASH_UNITS: i64 = 1_000_000;
 /// The two-phase merchants' grace (`flashy`, and `swap` once swapped).
-pub(crate) const GRACE_MS: i64 = 2_000;
+const GRACE_MS: i64 = 2_000;
 
 pub(crate) fn knob(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -870,10 +870,15 @@ pub(crate) fn spawn_shop(shop: Shop) -> tokio::task::JoinHandle<()> {
                     paid_callback(&http, &ports, &order.id).await;
                 }
             });
-            // Finished lives are reaped as the shop goes (an hour's soak places a million).
-            while lives.try_join_next().is_some() {}
+            // Finished lives are reaped as the shop goes (an hour's soak places a million); a
+            // life that panicked (an order the shop could not write) fails the run.
+            while let Some(life) = lives.try_join_next() {
+                life.unwrap();
+            }
         }
-        while lives.join_next().await.is_some() {}
+        while let Some(life) = lives.join_next().await {
+            life.unwrap();
+        }
     })
 }
 
@@ -1011,9 +1016,45 @@ pub(crate) fn percentile(sorted: &[i64], p: f64) -> i64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
+/// Each CLOSED order whose deadline is at or after `deadline_since_ms` has its closed decision,
+/// and no closed decision names an order that is not CLOSED (or no order at all); a violation
+/// line for each kind found. Retention deletes decisions older than its window; no order is
+/// closed before its deadline (manual closes aside, which these runs do not make), so with
+/// `deadline_since_ms` = the clock less the window every order checked still has its decision.
+/// 0: every order.
+pub(crate) async fn decision_violations(env: &[Env], deadline_since_ms: i64) -> Vec<String> {
+    let mut v = Vec::new();
+    let undecided = count_since(
+        env,
+        "SELECT COUNT(*) FROM orders o WHERE o.status = 'CLOSED' AND o.deadline_ms >= ? \
+         AND NOT EXISTS (SELECT 1 FROM decision_log d \
+                         WHERE d.order_id = o.id AND d.outcome = 'closed')",
+        deadline_since_ms,
+    )
+    .await;
+    if undecided > 0 {
+        v.push(format!(
+            "{undecided} CLOSED orders without a closed decision"
+        ));
+    }
+    let decided_open = count(
+        env,
+        "SELECT COUNT(DISTINCT d.order_id) FROM decision_log d \
+         LEFT JOIN orders o ON o.id = d.order_id \
+         WHERE d.outcome = 'closed' AND (o.id IS NULL OR o.status <> 'CLOSED')",
+    )
+    .await;
+    if decided_open > 0 {
+        v.push(format!(
+            "{decided_open} closed decisions name an order that is not CLOSED"
+        ));
+    }
+    v
+}
+
 /// The exactly-once audit of a run over `env` (its shards), after it settled: each violation
-/// named, with the run's figures. Decisions are checked whole for orders closed at or after
-/// `retained_since_ms` (0: every order; a soak's retention deletes older ones).
+/// named, with the run's figures. Decisions are checked whole for orders due at or after
+/// `retained_since_ms` ([`decision_violations`]; 0: every order).
 pub(crate) async fn audit(
     env: &[Env],
     redis: &PrivateRedis,
@@ -1087,33 +1128,7 @@ pub(crate) async fn audit(
     if doubled > 0 {
         v.push(format!("{doubled} orders closed more than once"));
     }
-    // Each CLOSED order has its closed decision, and no other order has one. Retention (the
-    // soak's) deletes decisions older than its window: orders closed before `retained_since_ms`
-    // are judged by the conservation checks below alone.
-    let undecided = count_since(
-        env,
-        "SELECT COUNT(*) FROM orders o WHERE o.status = 'CLOSED' AND o.closed_at_ms >= ? \
-         AND NOT EXISTS (SELECT 1 FROM decision_log d \
-                         WHERE d.order_id = o.id AND d.outcome = 'closed')",
-        retained_since_ms,
-    )
-    .await;
-    if undecided > 0 {
-        v.push(format!(
-            "{undecided} CLOSED orders without a closed decision"
-        ));
-    }
-    let decided_open = count(
-        env,
-        "SELECT COUNT(DISTINCT d.order_id) FROM decision_log d JOIN orders o ON o.id = d.order_id \
-         WHERE d.outcome = 'closed' AND o.status <> 'CLOSED'",
-    )
-    .await;
-    if decided_open > 0 {
-        v.push(format!(
-            "{decided_open} orders with a closed decision are not CLOSED"
-        ));
-    }
+    v.extend(decision_violations(env, retained_since_ms).await);
     // Paid at the provider: aligned, or closed only as a paid-after-close with its refund.
     let late_paid: BTreeSet<String> = rows(env, "SELECT order_id FROM paid_after_close")
         .await

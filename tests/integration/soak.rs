@@ -4,22 +4,25 @@
 //! slots taken in Redis, about 40 % of buyers paying through the paid callback or only at the
 //! provider, the rest lapsing 4–12 s after creation) places `RATE` orders a second; the daemons
 //! close the lapsed ones, give Redis stock back, tell a webhook receiver (failing 2 % of
-//! requests) and close payments at a provider stub. Retention runs every minute with a window of
-//! `RETAIN` seconds on every table of timeoutd's own.
+//! requests) and close payments at a provider stub. Retention runs every minute: a window of
+//! `RETAIN` seconds on the outbox, the decision log and dead letters, and of an hour on the
+//! ledger (the floor config validation sets it: `redis.marker_ttl`).
 //!
 //! Every `REPORT` seconds it reads, per daemon: resident memory, threads, open file
 //! descriptors and CPU (`/proc`), live tokio tasks and pooled connections (`/metrics`); and from
 //! the database: its connections, the rows of each table, and the lateness of the orders
-//! closed in the interval (`closed_at_ms − deadline_ms`, over the policy's own close instant).
-//! After the run it settles, runs the chaos run's exactly-once audit, and judges growth: from
-//! the first reading after a full retention window to the last, no per-daemon figure or own
-//! table may grow by more than half (plus a small slack), and lateness p99 may not double. The
-//! readings go to stdout (one JSON line per interval, then the summary), `soak.json` and a plot,
+//! closed in the interval (`closed_at_ms − close_due_ms`). A reading also checks that every
+//! daemon is alive and answering, that the shop kept its rate, and that each CLOSED order due
+//! within the retention window has its decision. After the run it settles, runs the chaos run's
+//! exactly-once audit, and judges growth ([`judge`]: medians of the first and last thirds of the
+//! readings after a retention window). It fails on any fault, violation or growth. The readings
+//! go to stdout (one JSON line per interval, then the summary), `soak.json` and a plot,
 //! `soak.svg`, in `TIMEOUTD_SOAK_OUT` (default: a new directory under the system's temp dir).
 //!
-//! Knobs (environment): `TIMEOUTD_SOAK_MINUTES` (default 60), `TIMEOUTD_SOAK_RATE` (orders a
-//! second, default 300), `TIMEOUTD_SOAK_REPORT_SECONDS` (default 300),
-//! `TIMEOUTD_SOAK_RETAIN_SECONDS` (default 300), `TIMEOUTD_SOAK_OUT`.
+//! Knobs (environment): `TIMEOUTD_SOAK_MINUTES` (default 75: the ledger's hour-long window and
+//! three readings after it), `TIMEOUTD_SOAK_RATE` (orders a second, default 300),
+//! `TIMEOUTD_SOAK_REPORT_SECONDS` (default 300), `TIMEOUTD_SOAK_RETAIN_SECONDS` (default 300),
+//! `TIMEOUTD_SOAK_OUT`; `TIMEOUTD_BIN` names the daemon binary (scripts/soak --release).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -31,8 +34,8 @@ use serde_json::json;
 use timeoutd::db::Backend;
 
 use crate::chaos::{
-    Daemons, FLASH_ACTIVITY, FLASH_UNITS, GRACE_MS, SKUS, Shop, UNITS_PER_SKU, audit,
-    daemon_config, knob, percentile, settle, spawn_shop, start_receiver,
+    Daemons, FLASH_ACTIVITY, FLASH_UNITS, SKUS, Shop, UNITS_PER_SKU, audit, daemon_config,
+    decision_violations, knob, percentile, settle, spawn_shop, start_receiver,
 };
 use crate::fakes::Provider;
 use crate::redis_server::PrivateRedis;
@@ -63,16 +66,23 @@ const OWN_TABLES: [&str; 4] = [
 /// `retention.ledger` may not be shorter. The ledger grows through a run's first hour by design.
 const LEDGER_RETAIN_S: u64 = 3_600;
 
-/// One daemon at one reading.
+/// One daemon at one reading (`/proc/PID` and its `/metrics`).
 #[derive(Debug, Clone, Default, serde::Serialize)]
 struct DaemonReading {
+    /// Resident memory (`VmRSS`), MiB.
     rss_mib: f64,
+    /// OS threads.
     threads: u64,
+    /// Open file descriptors (sockets included).
     fds: u64,
-    /// CPU over the interval, core-seconds.
+    /// CPU over the interval, core-seconds (user + system).
     cpu_s: f64,
+    /// Live tokio tasks (`timeoutd_runtime_alive_tasks`).
     tasks: f64,
+    /// The database pool's connections, open and of those in use (`open − idle`), capped by
+    /// `database.max_connections`.
     pool_open: f64,
+    pool_in_use: f64,
 }
 
 /// One interval's reading.
@@ -81,20 +91,25 @@ struct Reading {
     /// Seconds since the load began.
     at_s: u64,
     daemons: Vec<DaemonReading>,
-    /// The database server's connections to the run's database.
+    /// The database server's connections to the run's database, less the soak's own pool.
     db_connections: i64,
     /// Rows per table.
     rows: BTreeMap<&'static str, i64>,
     /// Orders created, closed in the interval.
     created: i64,
     closed: i64,
+    /// Lateness of the interval's closes, ms: `closed_at_ms − close_due_ms` (the deadline, or
+    /// the closing phase's due time for a two-phase policy).
     lateness_p50_ms: i64,
     lateness_p99_ms: i64,
     lateness_max_ms: i64,
+    /// What went wrong at this reading: a daemon gone or not answering, the shop behind its
+    /// rate, a decision missing (checked while retention still keeps it).
+    faults: Vec<String>,
 }
 
 async fn run(backend: Backend) {
-    let minutes = knob("TIMEOUTD_SOAK_MINUTES", 60);
+    let minutes = knob("TIMEOUTD_SOAK_MINUTES", 75);
     let rate = knob("TIMEOUTD_SOAK_RATE", 300).max(1);
     let report = Duration::from_secs(knob("TIMEOUTD_SOAK_REPORT_SECONDS", 300).max(5));
     let retain = knob("TIMEOUTD_SOAK_RETAIN_SECONDS", 300).max(60);
@@ -177,8 +192,9 @@ async fn run(backend: Backend) {
         admin_ports.push(admin);
     }
     eprintln!(
-        "soak: {backend:?}, {rate} orders/s for {minutes} min, 3 daemons, a reading every {} s, \
+        "soak: {backend:?}, {rate} orders/s for {minutes} min, 3 daemons ({}), a reading every {} s, \
          retention window {retain} s (daemon logs in {}, readings to {})",
+        crate::support::timeoutd_bin().display(),
         report.as_secs(),
         dir.display(),
         out.display()
@@ -218,20 +234,61 @@ async fn run(backend: Backend) {
             ..Reading::default()
         };
         for (i, pid) in pids.iter().enumerate() {
+            // A daemon that exited (a leak ends in the OOM killer) or stopped answering is a
+            // fault, never a reading of zero.
+            let exited = daemons.children[i]
+                .as_mut()
+                .is_none_or(|c| !matches!(c.try_wait(), Ok(None)));
             let cpu = cpu_ticks(*pid);
             let metrics = scrape(&http, admin_ports[i]).await;
+            let sample = (
+                status_field(*pid, "VmRSS:"),
+                status_field(*pid, "Threads:"),
+                metric(&metrics, "timeoutd_runtime_alive_tasks "),
+                metric(&metrics, "timeoutd_db_pool_connections{state=\"open\"} "),
+                metric(&metrics, "timeoutd_db_pool_connections{state=\"idle\"} "),
+            );
+            let (Some(rss_kib), Some(threads), Some(tasks), Some(open), Some(idle)) = sample else {
+                reading.faults.push(format!(
+                    "daemon {i} {} at {} s",
+                    if exited {
+                        "exited"
+                    } else {
+                        "did not answer /proc or /metrics"
+                    },
+                    reading.at_s
+                ));
+                reading.daemons.push(DaemonReading::default());
+                continue;
+            };
             reading.daemons.push(DaemonReading {
-                rss_mib: status_field(*pid, "VmRSS:") as f64 / 1024.0,
-                threads: status_field(*pid, "Threads:"),
+                rss_mib: rss_kib as f64 / 1024.0,
+                threads,
                 fds: std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count() as u64),
                 cpu_s: cpu.saturating_sub(cpu_before[i]) as f64 / ticks,
-                tasks: metric(&metrics, "timeoutd_runtime_alive_tasks "),
-                pool_open: metric(&metrics, "timeoutd_db_pool_connections{state=\"open\"} "),
+                tasks,
+                pool_open: open,
+                pool_in_use: open - idle,
             });
             cpu_before[i] = cpu;
         }
         database_reading(&env[0], window_start, now_ms, &mut reading).await;
         window_start = now_ms;
+        // The load is what the run claims: the shop kept up with its rate (within 10 %).
+        let due = rate as f64 * report.as_secs_f64();
+        if (reading.created as f64) < due * 0.9 {
+            reading.faults.push(format!(
+                "the shop fell behind at {} s: {} orders created in the interval, {due:.0} due",
+                reading.at_s, reading.created
+            ));
+        }
+        // Every order due within the retention window that is CLOSED has its decision (the
+        // final audit sees only the last window; this sees each one while it is kept).
+        for fault in decision_violations(&env, now_ms - retain as i64 * 1_000).await {
+            reading
+                .faults
+                .push(format!("{fault} (at {} s)", reading.at_s));
+        }
         let line = json!({ "soak_reading": &reading });
         println!("{line}");
         eprintln!("{}", row(&reading));
@@ -246,15 +303,19 @@ async fn run(backend: Backend) {
     daemons.stop_all().await;
 
     // Retention deletes decisions older than its window (the daemons are stopped: no pass runs
-    // after this reading of the clock). Orders closed before it, less 10 s for a close's stamp
-    // and its decision's, are judged by the conservation checks alone.
-    let retained_since = env[0].db.now_ms().await.unwrap() - (retain as i64 - 10) * 1_000;
+    // after this reading of the clock); no order closes before its deadline, so every order due
+    // since the clock less the window still has its decision.
+    let retained_since = env[0].db.now_ms().await.unwrap() - retain as i64 * 1_000;
     let fates = fates.lock().unwrap().clone();
-    let audited = audit(&env, &redis, &provider, &inbox, &fates, retained_since).await;
+    let mut audited = audit(&env, &redis, &provider, &inbox, &fates, retained_since).await;
+    audited
+        .violations
+        .extend(readings.iter().flat_map(|r| r.faults.iter().cloned()));
     let growth = judge(&readings, retain + 120, LEDGER_RETAIN_S + 120);
     let summary = json!({
         "soak": {
             "backend": format!("{backend:?}"),
+            "daemon": crate::support::timeoutd_bin().display().to_string(),
             "minutes": minutes,
             "rate": rate,
             "orders": fates.len(),
@@ -313,7 +374,7 @@ async fn database_reading(env: &Env, from_ms: i64, to_ms: i64, reading: &mut Rea
             one("SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database()").await
         }
         Backend::Sqlite => 0,
-    };
+    } - i64::from(env.db.pool().size());
     for table in ["orders"].into_iter().chain(OWN_TABLES) {
         let sql = format!("SELECT COUNT(*) FROM {table}");
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -338,7 +399,7 @@ async fn database_reading(env: &Env, from_ms: i64, to_ms: i64, reading: &mut Rea
         .db
         .backend()
         .query(
-            "SELECT merchant_id, closed_at_ms - deadline_ms FROM orders \
+            "SELECT closed_at_ms - COALESCE(close_due_ms, deadline_ms) FROM orders \
              WHERE closed_at_ms >= ? AND closed_at_ms < ?",
         )
         .bind(from_ms)
@@ -346,19 +407,7 @@ async fn database_reading(env: &Env, from_ms: i64, to_ms: i64, reading: &mut Rea
         .fetch_all(env.db.pool())
         .await
         .unwrap();
-    let mut lateness: Vec<i64> = closed
-        .iter()
-        .map(|r| {
-            let merchant: String = sqlx::Row::get(r, 0);
-            let late: i64 = sqlx::Row::get(r, 1);
-            // `flashy` (two-phase) closes its grace after the deadline.
-            if merchant == "flashy" {
-                late - GRACE_MS
-            } else {
-                late
-            }
-        })
-        .collect();
+    let mut lateness: Vec<i64> = closed.iter().map(|r| sqlx::Row::get(r, 0)).collect();
     lateness.sort_unstable();
     reading.closed = lateness.len() as i64;
     reading.lateness_p50_ms = percentile(&lateness, 0.5);
@@ -366,11 +415,35 @@ async fn database_reading(env: &Env, from_ms: i64, to_ms: i64, reading: &mut Rea
     reading.lateness_max_ms = lateness.last().copied().unwrap_or(0);
 }
 
-/// The judgement on growth: a line per figure, `GREW …` for one that grew by more than half
-/// (plus a slack) from the first reading at or after `steady_s` seconds to the last (for the
-/// ledger, `ledger_steady_s`); lateness p99 may not more than double (and stay above 100 ms).
-/// Fewer than three steady readings: too short to judge, said so.
+/// The judgement on growth over the steady readings (those at or after `steady_s` seconds; for
+/// the ledger, `ledger_steady_s`): a line per figure, `GREW …` for one whose median over the last
+/// third of its steady readings exceeds 1.2 × the median over the first third plus a slack in
+/// the figure's own unit (MiB, descriptors, threads, tasks, connections, rows), so one noisy
+/// reading neither hides nor fakes growth. Lateness p99 may not more than double (nor pass
+/// 100 ms). Fewer than three steady readings: too short to judge, said so. The pools are capped
+/// by `database.max_connections` and not judged; the server's connection count is.
 fn judge(readings: &[Reading], steady_s: u64, ledger_steady_s: u64) -> Vec<String> {
+    fn median(mut v: Vec<f64>) -> f64 {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    }
+    /// The medians of the first and the last third of `series`.
+    fn ends(series: &[f64]) -> (f64, f64) {
+        let third = (series.len() / 3).max(1);
+        (
+            median(series[..third].to_vec()),
+            median(series[series.len() - third..].to_vec()),
+        )
+    }
+    let verdict = |what: String, series: &[f64], slack: f64| {
+        let (from, to) = ends(series);
+        let word = if to > from * 1.2 + slack {
+            "GREW"
+        } else {
+            "flat"
+        };
+        format!("{word} {what}: {from:.1} → {to:.1} (medians of the first and last thirds)")
+    };
     let steady: Vec<&Reading> = readings.iter().filter(|r| r.at_s >= steady_s).collect();
     if steady.len() < 3 {
         return vec![format!(
@@ -378,75 +451,63 @@ fn judge(readings: &[Reading], steady_s: u64, ledger_steady_s: u64) -> Vec<Strin
             steady.len()
         )];
     }
-    let (first, last) = (steady[0], steady[steady.len() - 1]);
     let mut out = Vec::new();
-    let check = |what: String, from: f64, to: f64, slack: f64| {
-        let verdict = if to > from * 1.5 + slack {
-            "GREW"
-        } else {
-            "flat"
+    for i in 0..steady[0].daemons.len() {
+        let of = |f: &dyn Fn(&DaemonReading) -> f64| -> Vec<f64> {
+            steady.iter().map(|r| f(&r.daemons[i])).collect()
         };
-        format!("{verdict} {what}: {from:.1} → {to:.1}")
-    };
-    for (i, (a, b)) in first.daemons.iter().zip(&last.daemons).enumerate() {
-        out.push(check(
+        out.push(verdict(
             format!("daemon {i} RSS MiB"),
-            a.rss_mib,
-            b.rss_mib,
-            16.0,
-        ));
-        out.push(check(
-            format!("daemon {i} fds"),
-            a.fds as f64,
-            b.fds as f64,
+            &of(&|d| d.rss_mib),
             8.0,
         ));
-        out.push(check(
+        out.push(verdict(
+            format!("daemon {i} fds"),
+            &of(&|d| d.fds as f64),
+            8.0,
+        ));
+        out.push(verdict(
             format!("daemon {i} threads"),
-            a.threads as f64,
-            b.threads as f64,
+            &of(&|d| d.threads as f64),
             4.0,
         ));
-        out.push(check(format!("daemon {i} tasks"), a.tasks, b.tasks, 64.0));
-        out.push(check(
-            format!("daemon {i} pooled connections"),
-            a.pool_open,
-            b.pool_open,
-            2.0,
+        out.push(verdict(
+            format!("daemon {i} tasks"),
+            &of(&|d| d.tasks),
+            32.0,
         ));
     }
-    out.push(check(
-        "database connections".into(),
-        first.db_connections as f64,
-        last.db_connections as f64,
-        4.0,
-    ));
+    let connections: Vec<f64> = steady.iter().map(|r| r.db_connections as f64).collect();
+    out.push(verdict("database connections".into(), &connections, 2.0));
     for table in OWN_TABLES {
         let since = if table == "effect_ledger" {
             ledger_steady_s
         } else {
             steady_s
         };
-        match readings.iter().find(|r| r.at_s >= since) {
-            Some(from) if last.at_s > from.at_s => out.push(check(
-                format!("{table} rows"),
-                from.rows[table] as f64,
-                last.rows[table] as f64,
-                1_000.0,
-            )),
-            _ => out.push(format!(
-                "not judged: {table} rows (its retention window has not passed: judged from {since} s on)"
-            )),
+        let rows: Vec<f64> = readings
+            .iter()
+            .filter(|r| r.at_s >= since)
+            .map(|r| r.rows[table] as f64)
+            .collect();
+        if rows.len() >= 3 {
+            out.push(verdict(format!("{table} rows"), &rows, 1_000.0));
+        } else {
+            out.push(format!(
+                "NOT JUDGED {table} rows: fewer than 3 readings from {since} s on (its retention \
+                 window and a pass); run longer"
+            ));
         }
     }
-    let (p99_first, p99_last) = (first.lateness_p99_ms as f64, last.lateness_p99_ms as f64);
-    let verdict = if p99_last > (p99_first * 2.0).max(100.0) {
-        "GREW"
-    } else {
-        "flat"
-    };
+    let p99: Vec<f64> = steady.iter().map(|r| r.lateness_p99_ms as f64).collect();
+    let (from, to) = ends(&p99);
     out.push(format!(
-        "{verdict} lateness p99 ms: {p99_first:.0} → {p99_last:.0}"
+        "{} lateness p99 ms: {from:.0} → {to:.0} (medians of the first and last thirds)",
+        if to > (from * 2.0).max(100.0) {
+            "GREW"
+        } else {
+            "flat"
+        }
     ));
     out
 }
@@ -504,14 +565,14 @@ fn cpu_ticks(pid: u32) -> u64 {
         .map_or(0, |f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum())
 }
 
-/// A `Name:  value kB`-style number of `/proc/PID/status`.
-fn status_field(pid: u32, name: &str) -> u64 {
+/// A `Name:  value kB`-style number of `/proc/PID/status` (`None`: the process is gone, or a
+/// zombie, which has no `VmRSS`).
+fn status_field(pid: u32, name: &str) -> Option<u64> {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
+        .ok()?
         .lines()
         .find_map(|l| l.strip_prefix(name))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
 }
 
 /// The daemon's Prometheus page (empty when it does not answer).
@@ -527,12 +588,12 @@ async fn scrape(http: &reqwest::Client, admin_port: u16) -> String {
     }
 }
 
-/// The value of the sample line starting with `prefix` (name, labels and a space), 0 when absent.
-fn metric(page: &str, prefix: &str) -> f64 {
+/// The value of the sample line starting with `prefix` (name, labels and a space); `None` when
+/// the page has none (the daemon did not answer).
+fn metric(page: &str, prefix: &str) -> Option<f64> {
     page.lines()
         .find_map(|l| l.strip_prefix(prefix))
         .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
 }
 
 /// Four charts over the run's minutes: resident memory per daemon, open file descriptors and

@@ -537,12 +537,17 @@ pub fn order(id: &str, merchant: &str, deadline_ms: i64) -> Order {
 }
 
 /// A free loopback port (bound, read, released).
+///
+/// Drawn at random below Linux's ephemeral range (32768–60999): a port the kernel hands out for
+/// `bind(0)` is also what it gives outgoing connections, and under load (the soak's shop) one of
+/// them took a daemon's port between this call and the daemon's bind.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    loop {
+        let port = fastrand::u16(20_000..32_768);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// Fixed epoch ms the manual-clock tests start from (2026-11-29T10:00:00Z).
