@@ -470,3 +470,70 @@ async fn measure_the_provider_load_of_a_10000_order_flash_sale() {
     }
     env.cleanup().await;
 }
+
+/// A payment marks its order's coupon used through the `coupons_order` index (migration 14),
+/// on MariaDB and PostgreSQL, with 5,000 coupons in the table: the plan of the statement the
+/// payment runs ([`timeoutd::db::orders::COUPON_USED`], with an order id bound) names the
+/// index. Without it each payment read every coupon ever issued; the soak found the scan
+/// (docs/performance.md, "the soak").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payment_finds_its_coupon_by_index() {
+    for backend in [
+        timeoutd::db::Backend::MySql,
+        timeoutd::db::Backend::Postgres,
+    ] {
+        let env = crate::support::Env::new(backend).await;
+        let pool = env.db.pool();
+        for chunk in 0..10 {
+            let values: Vec<String> = (0..500)
+                .map(|i| {
+                    let n = chunk * 500 + i;
+                    format!("('c-{n}', 'u-{n}', 'LOCKED', 'o-{n}')")
+                })
+                .collect();
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO coupons (id, user_id, status, order_id) VALUES {}",
+                values.join(", ")
+            )))
+            .execute(pool)
+            .await
+            .unwrap();
+        }
+        sqlx::query("ANALYZE TABLE coupons")
+            .execute(pool)
+            .await
+            .ok();
+        if backend == timeoutd::db::Backend::Postgres {
+            sqlx::query("ANALYZE coupons").execute(pool).await.unwrap();
+        }
+        let plan: Vec<String> = env
+            .db
+            .backend()
+            // The dialect's placeholders are rewritten from a `&'static str`.
+            .query(Box::leak(
+                format!("EXPLAIN {}", timeoutd::db::orders::COUPON_USED).into_boxed_str(),
+            ))
+            .bind("o-2500")
+            .fetch_all(pool)
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| {
+                (0..sqlx::Row::len(row))
+                    .map(|i| {
+                        sqlx::Row::try_get::<Option<String>, _>(row, i)
+                            .ok()
+                            .flatten()
+                            .unwrap_or_default()
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect();
+        assert!(
+            plan.iter().any(|line| line.contains("coupons_order")),
+            "{backend:?}: the payment's coupon update does not use coupons_order: {plan:?}"
+        );
+        env.cleanup().await;
+    }
+}

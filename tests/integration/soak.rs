@@ -116,13 +116,11 @@ async fn run(backend: Backend) {
     let seconds = minutes * 60;
     let out = std::env::var("TIMEOUTD_SOAK_OUT").map_or_else(
         |_| {
-            std::env::temp_dir().join(format!(
-                "timeoutd-soak-{}",
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_secs()
-            ))
+            tempfile::Builder::new()
+                .prefix("timeoutd-soak-")
+                .tempdir()
+                .unwrap()
+                .keep()
         },
         PathBuf::from,
     );

@@ -164,6 +164,12 @@ const SQLITE: &[Step] = &[
         include_str!("../../migrations/sqlite/0013_payment_leases.sql"),
         Change::Additive,
     ),
+    (
+        14,
+        "coupons by order",
+        include_str!("../../migrations/sqlite/0014_coupons_by_order.sql"),
+        Change::Additive,
+    ),
 ];
 const MYSQL: &[Step] = &[
     (
@@ -244,6 +250,12 @@ const MYSQL: &[Step] = &[
         include_str!("../../migrations/mysql/0013_payment_leases.sql"),
         Change::Additive,
     ),
+    (
+        14,
+        "coupons by order",
+        include_str!("../../migrations/mysql/0014_coupons_by_order.sql"),
+        Change::Additive,
+    ),
 ];
 const POSTGRES: &[Step] = &[
     (
@@ -310,6 +322,12 @@ const POSTGRES: &[Step] = &[
         13,
         "payment leases",
         include_str!("../../migrations/postgres/0013_payment_leases.sql"),
+        Change::Additive,
+    ),
+    (
+        14,
+        "coupons by order",
+        include_str!("../../migrations/postgres/0014_coupons_by_order.sql"),
         Change::Additive,
     ),
 ];
@@ -1044,7 +1062,7 @@ mod tests {
             .map(|&(_, _, sql, _)| statements(sql).len())
             .collect();
         // Counted by hand: the lines ending a statement, outside comments.
-        assert_eq!(counts, [13, 3, 1, 6, 2, 1, 3, 1, 11, 5, 2, 1, 1]);
+        assert_eq!(counts, [13, 3, 1, 6, 2, 1, 3, 1, 11, 5, 2, 1, 1, 1]);
         for &(version, _, sql, _) in MYSQL {
             for s in statements(sql) {
                 assert!(!s.contains("--") && !s.ends_with(';'), "{version}: {s}");
@@ -1058,12 +1076,12 @@ mod tests {
 
     #[test]
     fn a_newer_schema_runs_inside_its_window_and_is_refused_outside() {
-        // MariaDB/MySQL's 12 (the write fence) and every backend's 13 (payment leases) are additive:
-        // the window still starts at 11.
-        assert_eq!(latest(Backend::MySql), 13);
+        // MariaDB/MySQL's 12 (the write fence) and every backend's 13 (payment leases) and 14
+        // (coupons by order) are additive: the window still starts at 11.
+        assert_eq!(latest(Backend::MySql), 14);
         assert_eq!(compatible_from(Backend::MySql), 11);
         assert_eq!(
-            assess(Some(&state(13, Some((13, 11)))), Backend::MySql).unwrap(),
+            assess(Some(&state(14, Some((14, 11)))), Backend::MySql).unwrap(),
             Fit::Current
         );
         assert_eq!(
@@ -1071,10 +1089,10 @@ mod tests {
             Fit::Behind(Some(11))
         );
         let build = latest(Backend::Postgres);
-        assert_eq!(build, 13);
+        assert_eq!(build, 14);
         assert_eq!(compatible_from(Backend::Postgres), 11);
         assert_eq!(
-            assess(Some(&state(13, Some((13, 11)))), Backend::Postgres).unwrap(),
+            assess(Some(&state(14, Some((14, 11)))), Backend::Postgres).unwrap(),
             Fit::Current
         );
         assert_eq!(
@@ -1083,29 +1101,29 @@ mod tests {
         );
         assert_eq!(assess(None, Backend::Postgres).unwrap(), Fit::Behind(None));
         assert!(matches!(
-            assess(Some(&state(14, Some((14, 11)))), Backend::Postgres),
+            assess(Some(&state(15, Some((15, 11)))), Backend::Postgres),
             Ok(Fit::Newer {
-                database: 14,
+                database: 15,
                 compatible_from: 11,
                 ..
             })
         ));
-        let refused = assess(Some(&state(14, Some((14, 14)))), Backend::Postgres).unwrap_err();
+        let refused = assess(Some(&state(15, Some((15, 15)))), Backend::Postgres).unwrap_err();
         assert!(refused.needs_operator());
         let line = refused.to_string();
         assert!(!line.contains('\n'), "{line}");
         for part in [
-            "version 14",
-            "at least 14",
-            "this build's is 13",
+            "version 15",
+            "at least 15",
+            "this build's is 14",
             "upgrade this daemon",
         ] {
             assert!(line.contains(part), "{part}: {line}");
         }
         assert!(matches!(
-            assess(Some(&state(14, None)), Backend::Postgres),
+            assess(Some(&state(15, None)), Backend::Postgres),
             Err(SchemaError::TooNew {
-                compatible_from: 14,
+                compatible_from: 15,
                 ..
             })
         ));
@@ -1132,10 +1150,10 @@ mod tests {
             assess(Some(&s), Backend::MySql).unwrap(),
             Fit::Behind(Some(9))
         );
-        s.half_applied.as_mut().unwrap().version = 14;
+        s.half_applied.as_mut().unwrap().version = 15;
         assert!(matches!(
             assess(Some(&s), Backend::MySql),
-            Err(SchemaError::HalfApplied { version: 14, .. })
+            Err(SchemaError::HalfApplied { version: 15, .. })
         ));
     }
 }

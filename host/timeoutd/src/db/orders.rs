@@ -575,6 +575,12 @@ pub async fn create(conn: &mut AnyConnection, o: &Order) -> Result<(), DbError> 
     Ok(())
 }
 
+/// A paid order's locked coupon marked used, found by the order's id (one `?`: the order id).
+/// Index `coupons_order` (migration 14) serves it: without it every payment read the whole
+/// `coupons` table (`orders::a_payment_finds_its_coupon_by_index`).
+pub const COUPON_USED: &str =
+    "UPDATE coupons SET status = 'USED' WHERE order_id = ? AND status = 'LOCKED'";
+
 /// A payment made at `paid_at_ms`, recorded at `now_ms` (epoch ms): PENDING → PAID (a
 /// compare-and-set of its own) and the coupon marked USED; on a shop's schema, what the
 /// profile's `[paid]` says ([`crate::db::shop::Mapped::pay`]). Returns false when the order was
@@ -606,7 +612,7 @@ pub async fn pay(
         return Ok(false);
     }
     Backend::of(conn)
-        .query("UPDATE coupons SET status = 'USED' WHERE order_id = ? AND status = 'LOCKED'")
+        .query(COUPON_USED)
         .bind(id)
         .execute(&mut *conn)
         .await?;
