@@ -1,6 +1,7 @@
 //! A shop's own order tables through a schema profile: macrozheng/mall's, on MariaDB, created
 //! as mall creates them (`tests/data/mall/schema.sql`) and written as mall's `generateOrder`
-//! writes them. Each close must leave exactly what mall's own `cancelOrder` leaves — status 4,
+//! writes them; the core of it again on PostgreSQL, the same tables with PostgreSQL's types
+//! (`tests/data/mall/schema.postgres.sql`) in a schema of their own. Each close must leave exactly what mall's own `cancelOrder` leaves — status 4,
 //! each line's `lock_stock` released, the coupon history row unused again, the points back —
 //! once, under a duplicate trigger, a payment racing the close, and two daemons.
 
@@ -57,36 +58,56 @@ pub struct Placed<'a> {
 }
 
 /// A fresh mall database (mall's tables, its order setting of 15 minutes) on `env`'s server:
-/// its name and a pool on it.
+/// its name and a pool on it. On PostgreSQL a schema of `env`'s database, the pool's
+/// `search_path` set to it.
 pub async fn shop_database(env: &Env) -> (String, Db) {
     let name = format!("mall_t_{:016x}", fastrand::u64(..));
+    let (create, url) = match env.db.backend() {
+        Backend::Postgres => (
+            format!("CREATE SCHEMA {name}"),
+            format!("{}?options=-c%20search_path%3D{name}", env.url),
+        ),
+        _ => (
+            format!("CREATE DATABASE {name} CHARACTER SET utf8"),
+            format!("{}/{name}", env.url.rsplit_once('/').unwrap().0),
+        ),
+    };
     env.db
         .backend()
-        .query_owned(format!("CREATE DATABASE {name} CHARACTER SET utf8"))
+        .query_owned(create)
         .execute(env.db.pool())
         .await
         .unwrap();
-    let base = env.url.rsplit_once('/').unwrap().0;
-    let shop = Db::connect(&format!("{base}/{name}"), 8).await.unwrap();
+    let shop = Db::connect(&url, 8).await.unwrap();
     apply_schema(&shop).await;
     (name, shop)
 }
 
-/// Drops a database of [`shop_database`].
+/// Drops a database (or PostgreSQL schema) of [`shop_database`].
 pub async fn drop_shop_database(env: &Env, name: &str, shop: Db) {
     shop.close().await;
+    let drop = match env.db.backend() {
+        Backend::Postgres => format!("DROP SCHEMA {name} CASCADE"),
+        _ => format!("DROP DATABASE {name}"),
+    };
     env.db
         .backend()
-        .query_owned(format!("DROP DATABASE {name}"))
+        .query_owned(drop)
         .execute(env.db.pool())
         .await
         .unwrap();
 }
 
 impl Mall {
-    /// A fresh timeoutd database and a fresh mall database beside it ([`shop_database`]).
+    /// A fresh timeoutd database on MariaDB and a fresh mall database beside it
+    /// ([`shop_database`]).
     pub async fn new() -> Mall {
-        let env = Env::new(Backend::MySql).await;
+        Self::on(Backend::MySql).await
+    }
+
+    /// As [`Mall::new`], on `backend` (MariaDB or PostgreSQL).
+    pub async fn on(backend: Backend) -> Mall {
+        let env = Env::new(backend).await;
         let (name, shop) = shop_database(&env).await;
         let profile = Profile::load(&profile_path()).unwrap();
         Mall {
@@ -133,25 +154,49 @@ impl Mall {
         }
     }
 
+    /// `sql` (written for MariaDB) in the mall database's dialect, its `?` markers numbered on
+    /// PostgreSQL: the fixture's few casts renamed (`SIGNED` → `BIGINT`, `CHAR` → `TEXT`,
+    /// `DATETIME` → `TIMESTAMP`).
+    pub fn query<'q>(
+        &self,
+        sql: &str,
+    ) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
+        let sql = match self.shop.backend() {
+            Backend::Postgres => sql
+                .replace(" AS SIGNED)", " AS BIGINT)")
+                .replace(" AS CHAR)", " AS TEXT)")
+                .replace(" AS DATETIME)", " AS TIMESTAMP)"),
+            _ => sql.to_string(),
+        };
+        self.shop.backend().query_owned(sql)
+    }
+
     /// SKUs `ids`, each with `stock` units and nothing locked.
     pub async fn stock_up(&self, ids: &[i64], stock: i64) {
         for id in ids {
-            self.exec(
+            self.query(
                 "INSERT INTO pms_sku_stock (id, product_id, sku_code, price, stock, lock_stock) \
-                 VALUES (?, 1, CONCAT('sku-', ?), 10.00, ?, 0)",
-                &[*id, *id, stock],
+                 VALUES (?, 1, ?, 10.00, ?, 0)",
             )
-            .await;
+            .bind(*id)
+            .bind(format!("sku-{id}"))
+            .bind(stock)
+            .execute(self.shop.pool())
+            .await
+            .unwrap();
         }
     }
 
     /// Member `id` with `points`, and `coupons` unused coupon history rows (coupon ids).
     pub async fn member(&self, id: i64, points: i64, coupons: &[i64]) {
-        self.exec(
-            "INSERT INTO ums_member (id, username, phone, integration) VALUES (?, CONCAT('m', ?), CONCAT('p', ?), ?)",
-            &[id, id, id, points],
-        )
-        .await;
+        self.query("INSERT INTO ums_member (id, username, phone, integration) VALUES (?, ?, ?, ?)")
+            .bind(id)
+            .bind(format!("m{id}"))
+            .bind(format!("p{id}"))
+            .bind(points)
+            .execute(self.shop.pool())
+            .await
+            .unwrap();
         for coupon in coupons {
             self.exec(
                 "INSERT INTO sms_coupon_history (coupon_id, member_id, get_type, use_status) VALUES (?, ?, 1, 0)",
@@ -172,7 +217,7 @@ impl Mall {
             match self.try_place(o).await {
                 Ok(()) => return,
                 Err(sqlx::Error::Database(e))
-                    if e.code().as_deref() == Some("40001") && attempt < 20 => {}
+                    if matches!(e.code().as_deref(), Some("40001" | "40P01")) && attempt < 20 => {}
                 Err(e) => panic!("placing order {}: {e}", o.id),
             }
         }
@@ -185,17 +230,17 @@ impl Mall {
             .iter()
             .map(|(_, q, p)| *q as f64 * p.parse::<f64>().unwrap())
             .sum();
-        sqlx::query(
+        self.query(
             "INSERT INTO oms_order (id, member_id, coupon_id, order_sn, create_time, member_username, \
              total_amount, pay_amount, freight_amount, pay_type, source_type, status, order_type, \
              receiver_name, receiver_phone, note, confirm_status, delete_status, use_integration) \
-             VALUES (?, ?, ?, CONCAT('2026120601', LPAD(?, 6, '0')), CAST(? AS DATETIME), 'buyer', \
-             ?, ?, 0, 0, 1, ?, 0, '张三', '18000000000', '请尽快发货', 0, ?, ?)",
+             VALUES (?, ?, ?, ?, CAST(? AS DATETIME), 'buyer', CAST(? AS DECIMAL(10,2)), \
+             CAST(? AS DECIMAL(10,2)), 0, 0, 1, ?, 0, '张三', '18000000000', '请尽快发货', 0, ?, ?)",
         )
         .bind(o.id)
         .bind(o.member)
         .bind(o.coupon)
-        .bind(o.id)
+        .bind(format!("2026120601{:06}", o.id))
         .bind(self.local(o.created_ms))
         .bind(format!("{total:.2}"))
         .bind(format!("{total:.2}"))
@@ -205,7 +250,7 @@ impl Mall {
         .execute(&mut *tx)
         .await?;
         for (sku, quantity, price) in o.lines {
-            sqlx::query(
+            self.query(
                 "INSERT INTO oms_order_item (order_id, product_id, product_price, product_quantity, \
                  product_sku_id, product_name) VALUES (?, 1, CAST(? AS DECIMAL(10,2)), ?, ?, '茶')",
             )
@@ -215,17 +260,17 @@ impl Mall {
             .bind(sku)
             .execute(&mut *tx)
             .await?;
-            sqlx::query("UPDATE pms_sku_stock SET lock_stock = lock_stock + ? WHERE id = ?")
+            self.query("UPDATE pms_sku_stock SET lock_stock = lock_stock + ? WHERE id = ?")
                 .bind(quantity)
                 .bind(sku)
                 .execute(&mut *tx)
                 .await?;
         }
         if let Some(coupon) = o.coupon {
-            sqlx::query(
+            self.query(
                 "UPDATE sms_coupon_history SET use_status = 1, use_time = NOW() WHERE id = \
                  (SELECT id FROM (SELECT MIN(id) AS id FROM sms_coupon_history \
-                  WHERE member_id = ? AND coupon_id = ? AND use_status = 0) first)",
+                  WHERE member_id = ? AND coupon_id = ? AND use_status = 0) AS first_unused)",
             )
             .bind(o.member)
             .bind(coupon)
@@ -233,7 +278,7 @@ impl Mall {
             .await?;
         }
         if let Some(points) = o.points {
-            sqlx::query("UPDATE ums_member SET integration = integration - ? WHERE id = ?")
+            self.query("UPDATE ums_member SET integration = integration - ? WHERE id = ?")
                 .bind(points)
                 .bind(o.member)
                 .execute(&mut *tx)
@@ -282,18 +327,30 @@ impl Mall {
         self.env.dispatcher(&config, clock).await
     }
 
-    /// Runs `sql` on the mall database with `values` bound.
+    /// Runs `sql` ([`Mall::query`]) on the mall database with `values` bound.
     pub async fn exec(&self, sql: &'static str, values: &[i64]) {
-        let mut q = sqlx::query(sql);
+        let mut q = self.query(sql);
         for v in values {
             q = q.bind(*v);
         }
         q.execute(self.shop.pool()).await.unwrap();
     }
 
-    /// One integer of the mall database (`?` bound to `id`).
+    /// One text of the mall database ([`Mall::query`], `?` bound to `id`).
+    pub async fn text(&self, sql: &'static str, id: i64) -> String {
+        self.query(sql)
+            .bind(id)
+            .fetch_one(self.shop.pool())
+            .await
+            .unwrap()
+            .try_get::<Option<String>, _>(0)
+            .unwrap()
+            .unwrap_or_default()
+    }
+
+    /// One integer of the mall database ([`Mall::query`], `?` bound to `id`).
     pub async fn int(&self, sql: &'static str, id: i64) -> i64 {
-        sqlx::query(sql)
+        self.query(sql)
             .bind(id)
             .fetch_one(self.shop.pool())
             .await
@@ -342,9 +399,13 @@ pub fn profile_path() -> std::path::PathBuf {
     repo_root().join("config/profiles/mall.toml")
 }
 
-/// Creates mall's tables (the fixture DDL) on `shop`.
+/// Creates mall's tables (the fixture DDL for `shop`'s backend) on `shop`.
 pub async fn apply_schema(shop: &Db) {
-    let ddl = std::fs::read_to_string(repo_root().join("tests/data/mall/schema.sql")).unwrap();
+    let file = match shop.backend() {
+        Backend::Postgres => "tests/data/mall/schema.postgres.sql",
+        _ => "tests/data/mall/schema.sql",
+    };
+    let ddl = std::fs::read_to_string(repo_root().join(file)).unwrap();
     let body: String = ddl
         .lines()
         .filter(|l| !l.trim_start().starts_with("--"))
@@ -375,7 +436,19 @@ fn trigger(id: i64, kind: TriggerKind) -> Trigger {
 /// trigger (F9) and a second sweep change nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_mall_order_closes_once_as_malls_own_cancel_would() {
-    let mall = Mall::new().await;
+    closes_once_as_malls_own_cancel_would(Backend::MySql).await;
+}
+
+/// The same on PostgreSQL: mall's tables with PostgreSQL's types in a schema of their own
+/// (`database.shop.database` names the schema), the statements in PostgreSQL's dialect (keys
+/// cast to their columns' types, wall times as `timestamp`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mall_order_closes_once_on_postgresql() {
+    closes_once_as_malls_own_cancel_would(Backend::Postgres).await;
+}
+
+async fn closes_once_as_malls_own_cancel_would(backend: Backend) {
+    let mall = Mall::on(backend).await;
     let now = mall.env.db.now_ms().await.unwrap();
     mall.stock_up(&[101, 102], 100).await;
     mall.member(7, 100, &[3, 3]).await;
@@ -461,25 +534,18 @@ async fn a_mall_order_closes_once_as_malls_own_cancel_would() {
         0,
         "the coupon history row is unused again"
     );
-    let stamped: String =
-        sqlx::query("SELECT CAST(modify_time AS CHAR), note FROM oms_order WHERE id = 1001")
-            .fetch_one(mall.shop.pool())
-            .await
-            .unwrap()
-            .try_get(0)
-            .unwrap();
     assert_eq!(
-        stamped,
+        mall.text(
+            "SELECT CAST(modify_time AS CHAR) FROM oms_order WHERE id = ?",
+            1001
+        )
+        .await,
         mall.local(now),
         "modify_time is the close's, in Shanghai time"
     );
     assert_eq!(
-        sqlx::query("SELECT note FROM oms_order WHERE id = 1001")
-            .fetch_one(mall.shop.pool())
-            .await
-            .unwrap()
-            .try_get::<String, _>(0)
-            .unwrap(),
+        mall.text("SELECT note FROM oms_order WHERE id = ?", 1001)
+            .await,
         "请尽快发货",
         "the buyer's note is not touched"
     );
@@ -555,8 +621,18 @@ async fn a_mall_order_closes_once_as_malls_own_cancel_would() {
 /// both, never half.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_payment_racing_the_close_keeps_or_releases_everything_of_its_order() {
+    payment_racing_the_close(Backend::MySql).await;
+}
+
+/// F12 on mall's tables on PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_payment_racing_a_close_on_postgresql_keeps_or_releases_everything() {
+    payment_racing_the_close(Backend::Postgres).await;
+}
+
+async fn payment_racing_the_close(backend: Backend) {
     const N: i64 = 60;
-    let mall = Mall::new().await;
+    let mall = Mall::on(backend).await;
     mall.stock_up(&[201], 1_000).await;
     let now = mall
         .place_due(N, (5_000, 1_000), 9, 10, (201, 2, "5.00"))
@@ -566,9 +642,11 @@ async fn a_payment_racing_the_close_keeps_or_releases_everything_of_its_order() 
     let payer = tokio::spawn(async move {
         let mut paid = Vec::new();
         for k in (0..N).rev() {
-            let took = sqlx::query(
-                "UPDATE oms_order SET status = 1, payment_time = NOW() WHERE id = ? AND status = 0",
-            )
+            let took = shop
+                .backend()
+                .query(
+                    "UPDATE oms_order SET status = 1, payment_time = NOW() WHERE id = ? AND status = 0",
+                )
             .bind(5_000 + k)
             .execute(shop.pool())
             .await
@@ -588,6 +666,14 @@ async fn a_payment_racing_the_close_keeps_or_releases_everything_of_its_order() 
         .filter(|o| matches!(o, Outcome::Closed { .. }))
         .count() as i64;
     assert_eq!(closed + paid.len() as i64, N, "{outcomes:?}");
+    // Every trigger either closed its order or found it paid: none failed (a close that could
+    // not run would hand every order to the payer and still add up).
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, Outcome::Closed { .. } | Outcome::NoOp { .. })),
+        "{outcomes:?}"
+    );
     for k in 0..N {
         let id = 5_000 + k;
         let member = 1_000 + k;
@@ -819,7 +905,19 @@ async fn malls_own_cancel_made_a_compare_and_set_beside_timeoutd_never_closes_tw
 /// lines, naming each `CREATE INDEX`, until they are created.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_profile_is_checked_against_the_live_tables() {
-    let mall = Mall::new().await;
+    profile_checked_against_the_live_tables(Backend::MySql).await;
+}
+
+/// The same on PostgreSQL: its catalog (`information_schema`, `pg_index`) read for the
+/// schema `database.shop.database` names, PostgreSQL's type names in the problems, and the
+/// advice to build each index `CONCURRENTLY`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_profile_is_checked_against_the_live_tables_on_postgresql() {
+    profile_checked_against_the_live_tables(Backend::Postgres).await;
+}
+
+async fn profile_checked_against_the_live_tables(backend: Backend) {
+    let mall = Mall::on(backend).await;
     let dir = mall.env.dir.path();
     let shipped = std::fs::read_to_string(profile_path()).unwrap();
     let broken = shipped
@@ -845,12 +943,18 @@ async fn a_profile_is_checked_against_the_live_tables() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(64), "{stderr}");
+    let varchar = match backend {
+        Backend::Postgres => "character varying",
+        _ => "varchar",
+    };
     for want in [
-        "`orders.total`: table `oms_order` has no column `pay_amount_yuan`",
-        "table `ums_members` (from `points.member`)",
-        "`orders.created`: `oms_order`.`order_sn` is varchar, the profile needs DATETIME or TIMESTAMP",
+        "`orders.total`: table `oms_order` has no column `pay_amount_yuan`".to_string(),
+        "table `ums_members` (from `points.member`)".to_string(),
+        format!(
+            "`orders.created`: `oms_order`.`order_sn` is {varchar}, the profile needs DATETIME or TIMESTAMP"
+        ),
     ] {
-        assert!(stderr.contains(want), "{want} missing from:\n{stderr}");
+        assert!(stderr.contains(&want), "{want} missing from:\n{stderr}");
     }
     let config = Config::from_toml(&config_text("broken.toml"), dir, &|_| None).unwrap();
     let findings = timeoutd::doctor::examine(&config).await;
@@ -871,10 +975,15 @@ async fn a_profile_is_checked_against_the_live_tables() {
                 .collect()
         };
     let before = shop_findings(timeoutd::doctor::examine(&config).await);
+    let (create, q) = match backend {
+        Backend::Postgres => ("CREATE INDEX CONCURRENTLY", '"'),
+        _ => ("CREATE INDEX", '`'),
+    };
+    let name = &mall.name;
     assert!(
         matches!(&before[..], [(timeoutd::doctor::Level::Warn, sweep), (timeoutd::doctor::Level::Warn, lines)]
-            if sweep.contains(&format!("CREATE INDEX idx_timeoutd_sweep ON `{}`.`oms_order` (status, create_time)", mall.name))
-            && lines.contains(&format!("CREATE INDEX idx_timeoutd_lines ON `{}`.`oms_order_item` (order_id)", mall.name))),
+            if sweep.contains(&format!("{create} idx_timeoutd_sweep ON {q}{name}{q}.{q}oms_order{q} (status, create_time)"))
+            && lines.contains(&format!("{create} idx_timeoutd_lines ON {q}{name}{q}.{q}oms_order_item{q} (order_id)"))),
         "{before:#?}"
     );
     for index in [
@@ -1021,6 +1130,7 @@ where
         .args(["run", "--config"])
         .arg(repo_root().join("config").join(file))
         .env("TIMEOUTD_MYSQL_URL", &env.url)
+        .env("TIMEOUTD_POSTGRES_URL", &env.url)
         .env("TIMEOUTD_SHOP_DATABASE", shop_db)
         .env("TIMEOUTD_SWEEP_INTERVAL", "1h")
         .env_remove("RUST_LOG")
@@ -1055,7 +1165,8 @@ where
 /// (two lines and a coupon each; mall's also spend points) drained by the daemon through the
 /// outbox on the canonical tables (`config/mariadb.toml`) and on mall's (`config/mall.toml`),
 /// alternately, twice each; prints closes/s and the ratio. `TIMEOUTD_SHOP_BENCH_ORDERS` sets
-/// the burst (default 4000).
+/// the burst (default 4000); `TIMEOUTD_SHOP_BENCH_BACKEND=postgres` runs it on PostgreSQL
+/// (`config/postgres.toml` against `config/mall-postgres.toml`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a bench: prints figures, run by hand"]
 async fn bench_the_mall_profile_against_the_canonical_tables() {
@@ -1063,9 +1174,14 @@ async fn bench_the_mall_profile_against_the_canonical_tables() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(4_000);
+    let (backend, canonical_file, mall_file) =
+        match std::env::var("TIMEOUTD_SHOP_BENCH_BACKEND").as_deref() {
+            Ok("postgres") => (Backend::Postgres, "postgres.toml", "mall-postgres.toml"),
+            _ => (Backend::MySql, "mariadb.toml", "mall.toml"),
+        };
     let mut rates = Vec::new();
     for round in 0..2 {
-        let env = Env::new(Backend::MySql).await;
+        let env = Env::new(backend).await;
         env.stock_up(&[("sku-a", 10 * n), ("sku-b", 10 * n)]).await;
         let now = env.db.now_ms().await.unwrap();
         for k in 0..n {
@@ -1076,14 +1192,14 @@ async fn bench_the_mall_profile_against_the_canonical_tables() {
             ))
             .await;
         }
-        let canonical = drain_rate("mariadb.toml", &env, "", n, || async {
+        let canonical = drain_rate(canonical_file, &env, "", n, || async {
             env.int("SELECT COUNT(*) FROM orders WHERE status = ?", "CLOSED")
                 .await
         })
         .await;
         env.cleanup().await;
 
-        let mall = Mall::new().await;
+        let mall = Mall::on(backend).await;
         let now = mall.env.db.now_ms().await.unwrap();
         mall.stock_up(&[701, 702], 10 * n).await;
         for k in 0..n {
@@ -1100,17 +1216,18 @@ async fn bench_the_mall_profile_against_the_canonical_tables() {
             })
             .await;
             // The order service (or `timeoutd arm`) arms each order in timeoutd's outbox.
-            sqlx::query(
-                "INSERT INTO order_timeout_msg (order_id, due_ms, phase, status) VALUES (?, ?, 0, 'PENDING')",
-            )
-            .bind((100_000 + k).to_string())
-            .bind(now - 1_000)
-            .execute(mall.env.db.pool())
+            backend
+                .query(
+                    "INSERT INTO order_timeout_msg (order_id, due_ms, phase, status) VALUES (?, ?, 0, 'PENDING')",
+                )
+                .bind((100_000 + k).to_string())
+                .bind(now - 1_000)
+                .execute(mall.env.db.pool())
             .await
             .unwrap();
         }
         let shop = mall.shop.clone();
-        let mapped = drain_rate("mall.toml", &mall.env, &mall.name, n, || async {
+        let mapped = drain_rate(mall_file, &mall.env, &mall.name, n, || async {
             sqlx::query("SELECT COUNT(*) FROM oms_order WHERE status = 4")
                 .fetch_one(shop.pool())
                 .await
@@ -1304,7 +1421,7 @@ async fn a_sharded_mall_is_closed_shard_by_shard() {
 /// `timeoutd validate` checks `[database.shop]` offline with everything else, each problem with
 /// its key, exit 64: a profile file that is missing; one that does not parse; one with a bad
 /// identifier and a bad zone (both named); a fixed merchant with no `[merchants.X]`; a
-/// PostgreSQL URL. The shipped `config/mall.toml` validates.
+/// SQLite URL. The shipped `config/mall.toml` and `config/mall-postgres.toml` validate.
 #[test]
 fn validate_checks_the_shop_profile_offline() {
     let dir = tempfile::tempdir().unwrap();
@@ -1359,10 +1476,10 @@ fn validate_checks_the_shop_profile_offline() {
             "merchant `mall`, which has no [merchants.mall] table",
         ),
         (
-            "postgres://postgres@127.0.0.1:5432/test",
+            "sqlite://shop.db",
             "mall.toml",
             "mall",
-            "shop schemas run on MariaDB/MySQL",
+            "a shop's own tables are read on MariaDB/MySQL or PostgreSQL; database.url is SQLite",
         ),
     ];
     for (url, profile, merchant, want) in cases {
@@ -1376,14 +1493,16 @@ fn validate_checks_the_shop_profile_offline() {
             "{want} missing from:\n{stderr}"
         );
     }
-    let out = std::process::Command::new(crate::support::timeoutd_bin())
-        .args(["validate", "--config"])
-        .arg(repo_root().join("config/mall.toml"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    for shipped in ["config/mall.toml", "config/mall-postgres.toml"] {
+        let out = std::process::Command::new(crate::support::timeoutd_bin())
+            .args(["validate", "--config"])
+            .arg(repo_root().join(shipped))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{shipped}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

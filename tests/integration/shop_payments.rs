@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use timeoutd::clock::Clock;
-use timeoutd::db::DbError;
+use timeoutd::db::{Backend, DbError};
 use timeoutd::dispatch::Outcome;
 use timeoutd::paid::{self, Applied};
 
@@ -57,14 +57,11 @@ async fn on_hand(mall: &Mall, sku: i64) -> i64 {
 
 /// `oms_order.payment_time` of `id` as mall's wall time text, or "" when unset.
 async fn payment_time(mall: &Mall, id: i64) -> String {
-    sqlx::query_scalar::<_, Option<String>>(
+    mall.text(
         "SELECT CAST(payment_time AS CHAR) FROM oms_order WHERE id = ?",
+        id,
     )
-    .bind(id)
-    .fetch_one(mall.shop.pool())
     .await
-    .unwrap()
-    .unwrap_or_default()
 }
 
 /// mall's order `id` of `member`, created at `created_ms`, with `lines`, coupon 5 and 40 points.
@@ -90,7 +87,17 @@ async fn place(mall: &Mall, id: i64, member: i64, lines: &[Line], created_ms: i6
 /// written). A profile without `[paid]` leaves payments to the shop: refused, naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_paid_notice_records_the_payment_as_malls_pay_success_would() {
-    let mall = Mall::new().await;
+    paid_notice_as_malls_pay_success_would(Backend::MySql).await;
+}
+
+/// The same on PostgreSQL (mall's tables in a schema of their own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paid_notice_records_the_payment_on_postgresql() {
+    paid_notice_as_malls_pay_success_would(Backend::Postgres).await;
+}
+
+async fn paid_notice_as_malls_pay_success_would(backend: Backend) {
+    let mall = Mall::on(backend).await;
     let now = mall.env.db.now_ms().await.unwrap();
     mall.stock_up(&[201, 202, 203], 100).await;
     for member in [9, 10, 11] {
@@ -553,7 +560,18 @@ async fn a_payment_attempt_holds_a_mall_order_against_its_close_until_the_lease_
 /// close an order a cashier is taking money for).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lease_committed_while_the_close_waits_for_the_order_row_holds_the_close() {
-    let mall = Mall::new().await;
+    lease_committed_while_the_close_waits(Backend::MySql).await;
+}
+
+/// The same on PostgreSQL, where the close reads the lease `FOR SHARE` and the attempt writes
+/// it with `ON CONFLICT`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_committed_while_the_close_waits_holds_the_close_on_postgresql() {
+    lease_committed_while_the_close_waits(Backend::Postgres).await;
+}
+
+async fn lease_committed_while_the_close_waits(backend: Backend) {
+    let mall = Mall::on(backend).await;
     let now = mall.env.db.now_ms().await.unwrap() / 1_000 * 1_000;
     mall.stock_up(&[601], 100).await;
     mall.member(61, 100, &[5]).await;

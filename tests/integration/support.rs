@@ -142,12 +142,18 @@ impl Env {
         }
     }
 
-    /// Drops a server test database.
+    /// Drops a server test database. On PostgreSQL, sessions still open on it (a dispatcher's
+    /// pool the test has not dropped yet) are ended first (`WITH (FORCE)`, PostgreSQL 13+):
+    /// MySQL drops a database whoever is connected.
     pub async fn cleanup(self) {
         self.db.close().await;
         if let Some((server, name)) = self.server_database {
             let admin = Db::connect(&server, 1).await.unwrap();
-            sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {name}")))
+            let force = match admin.backend() {
+                Backend::Postgres => " WITH (FORCE)",
+                _ => "",
+            };
+            sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {name}{force}")))
                 .execute(admin.pool())
                 .await
                 .unwrap();

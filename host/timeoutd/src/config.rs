@@ -145,8 +145,9 @@ pub struct DatabaseConfig {
     pub slow_statement: Duration,
     /// `[database.shop]`: the orders live in a shop's own tables (its order service keeps
     /// writing them), read and closed through a schema profile (docs/adoption.md). Left out,
-    /// timeoutd's own tables (`orders`, `order_items`, `sku_stock`, `coupons`). MariaDB/MySQL;
-    /// with `shards`, each shard's part of the shop's tables is in its `shop_database`.
+    /// timeoutd's own tables (`orders`, `order_items`, `sku_stock`, `coupons`). MariaDB/MySQL or
+    /// PostgreSQL; with `shards`, each shard's part of the shop's tables is in its
+    /// `shop_database`.
     #[serde(default)]
     pub shop: Option<ShopConfig>,
 }
@@ -157,10 +158,11 @@ pub struct DatabaseConfig {
 pub struct ShopConfig {
     /// The schema profile file (relative to this file): `profiles/mall.toml`.
     pub profile: PathBuf,
-    /// The database (on the same server as `database.url`) holding the shop's tables, when
-    /// timeoutd's own tables live in a database of their own (recommended: timeoutd's
-    /// migrations then never run in the shop's database). Left out, the shop's tables are in
-    /// the database `url` names.
+    /// The database (MySQL: on the same server as `database.url`) or schema (PostgreSQL: in
+    /// the database `url` names) holding the shop's tables, when timeoutd's own tables live
+    /// apart from them (recommended: timeoutd's migrations then never run beside the shop's
+    /// tables). Left out, the shop's tables are in the database `url` names (on PostgreSQL,
+    /// its current schema).
     #[serde(default)]
     pub database: Option<String>,
 }

@@ -1,7 +1,7 @@
-//! A compiled profile checked against the live schema (`information_schema`): every table and
-//! column it names exists with a type its form can read, and the index the sweep needs is
-//! there. Start-up refuses a profile with problems (each named); `timeoutd doctor` reports them
-//! and the index advice.
+//! A compiled profile checked against the live schema (`information_schema` on MySQL, the same
+//! and `pg_catalog` on PostgreSQL): every table and column it names exists with a type its form
+//! can read, and the index the sweep needs is there. Start-up refuses a profile with problems
+//! (each named); `timeoutd doctor` reports them and the index advice.
 
 use std::collections::HashMap;
 
@@ -9,7 +9,7 @@ use sqlx::Row;
 
 use super::mapped::Mapped;
 use super::profile::{Deadline, IdType, MerchantSpec, MoneyKind, StatusValue, TimeKind};
-use crate::db::{Db, DbError};
+use crate::db::{Backend, Db, DbError};
 
 /// What the live schema says about a profile.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -28,7 +28,8 @@ enum Want {
     Any,
     /// An integer type.
     Integer,
-    /// `DATETIME` or `TIMESTAMP`.
+    /// `DATETIME` or `TIMESTAMP` (MySQL), `timestamp without time zone` (PostgreSQL): a wall
+    /// time.
     DateTime,
     /// `DECIMAL` / `NUMERIC`.
     Decimal,
@@ -41,8 +42,10 @@ impl Want {
         let t = data_type.to_ascii_lowercase();
         match self {
             Want::Any => true,
-            Want::Integer => t.ends_with("int"),
-            Want::DateTime => t == "datetime" || t == "timestamp",
+            Want::Integer => t.ends_with("int") || t == "integer",
+            Want::DateTime => {
+                t == "datetime" || t == "timestamp" || t == "timestamp without time zone"
+            }
             Want::Decimal => t == "decimal" || t == "numeric",
             Want::Text => t.contains("char") || t.ends_with("text"),
         }
@@ -52,7 +55,7 @@ impl Want {
         match self {
             Want::Any => "any type",
             Want::Integer => "an integer type",
-            Want::DateTime => "DATETIME or TIMESTAMP",
+            Want::DateTime => "DATETIME or TIMESTAMP (on PostgreSQL: timestamp without time zone)",
             Want::Decimal => "DECIMAL",
             Want::Text => "a character type",
         }
@@ -183,14 +186,20 @@ pub async fn check(db: &Db, m: &Mapped) -> Result<Report, DbError> {
         }
     }
 
-    let schema_of = "COALESCE(?, DATABASE())";
     let database = m.database().map(str::to_string);
     let rows = db
         .backend()
-        .query_owned(format!(
-            "SELECT TABLE_NAME, COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS \
-             WHERE TABLE_SCHEMA = {schema_of}"
-        ))
+        .query(match db.backend() {
+            Backend::Postgres => {
+                "SELECT CAST(table_name AS TEXT), CAST(column_name AS TEXT), \
+                 CAST(data_type AS TEXT) FROM information_schema.columns \
+                 WHERE table_schema = COALESCE(?, current_schema())"
+            }
+            Backend::MySql | Backend::Sqlite => {
+                "SELECT TABLE_NAME, COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS \
+                 WHERE TABLE_SCHEMA = COALESCE(?, DATABASE())"
+            }
+        })
         .bind(database.clone())
         .fetch_all(db.pool())
         .await?;
@@ -204,9 +213,13 @@ pub async fn check(db: &Db, m: &Mapped) -> Result<Report, DbError> {
             data_type,
         );
     }
-    let where_ = match &database {
-        Some(d) => format!("database `{d}`"),
-        None => "the database database.url names".to_string(),
+    let where_ = match (&database, db.backend()) {
+        (Some(d), Backend::Postgres) => format!("schema `{d}`"),
+        (Some(d), _) => format!("database `{d}`"),
+        (None, Backend::Postgres) => {
+            "the current schema of the database database.url names".to_string()
+        }
+        (None, _) => "the database database.url names".to_string(),
     };
     let mut report = Report::default();
     let mut missing_tables: Vec<&str> = Vec::new();
@@ -225,6 +238,13 @@ pub async fn check(db: &Db, m: &Mapped) -> Result<Report, DbError> {
             None => report
                 .problems
                 .push(format!("`{key}`: table `{table}` has no column `{column}`")),
+            Some(t) if !want.accepts(t) && t.eq_ignore_ascii_case("timestamp with time zone") => {
+                report.problems.push(format!(
+                    "`{key}`: `{table}`.`{column}` is timestamp with time zone; the profile's \
+                     `[time]` reads wall times (timestamp without time zone) in a named zone: \
+                     not supported in this version"
+                ))
+            }
             Some(t) if !want.accepts(t) => report.problems.push(format!(
                 "`{key}`: `{table}`.`{column}` is {t}, the profile needs {}",
                 want.name()
@@ -241,6 +261,11 @@ pub async fn check(db: &Db, m: &Mapped) -> Result<Report, DbError> {
         db,
         database: database.clone(),
     };
+    // PostgreSQL builds an index without blocking writes only when asked to.
+    let online = match db.backend() {
+        Backend::Postgres => "CREATE INDEX CONCURRENTLY",
+        Backend::MySql | Backend::Sqlite => "CREATE INDEX",
+    };
     if !catalog
         .has_index(&o.table, &[&o.status, time_column])
         .await?
@@ -249,7 +274,7 @@ pub async fn check(db: &Db, m: &Mapped) -> Result<Report, DbError> {
         report.advice.push(format!(
             "`{table}` has no index on ({status}, {time_column}): each sweep round, overdue \
              gauge and overdue list reads every one of its rows (about {rows} now) to find the \
-             few pending ones. Create it once, online: CREATE INDEX idx_timeoutd_sweep ON {qualified} \
+             few pending ones. Create it once, online: {online} idx_timeoutd_sweep ON {qualified} \
              ({status}, {time_column}) (docs/adoption.md)",
             table = o.table,
             status = o.status,
@@ -262,7 +287,7 @@ pub async fn check(db: &Db, m: &Mapped) -> Result<Report, DbError> {
         let rows = catalog.rows(&items.table).await?;
         report.advice.push(format!(
             "`{table}` has no index on ({order}): each close reads every one of its rows (about \
-             {rows} now) to find its orders' lines. Create it once, online: CREATE INDEX \
+             {rows} now) to find its orders' lines. Create it once, online: {online} \
              idx_timeoutd_lines ON {qualified} ({order}) (docs/adoption.md)",
             table = items.table,
             order = items.order,
@@ -285,11 +310,24 @@ impl Catalog<'_> {
         let rows = self
             .db
             .backend()
-            .query(
-                "SELECT INDEX_NAME, CAST(SEQ_IN_INDEX AS SIGNED), COLUMN_NAME FROM \
-                 information_schema.STATISTICS WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) \
-                 AND TABLE_NAME = ?",
-            )
+            .query(match self.db.backend() {
+                // Each index of the table with its key columns' positions (expressions, whose
+                // attnum is 0, match no column).
+                Backend::Postgres => {
+                    "SELECT CAST(ic.relname AS TEXT), CAST(k.n AS BIGINT), CAST(c.attname AS TEXT) \
+                     FROM pg_index x JOIN pg_class ic ON ic.oid = x.indexrelid \
+                     JOIN pg_class t ON t.oid = x.indrelid \
+                     JOIN pg_namespace ns ON ns.oid = t.relnamespace \
+                     CROSS JOIN LATERAL unnest(x.indkey) WITH ORDINALITY AS k(attnum, n) \
+                     JOIN pg_attribute c ON c.attrelid = t.oid AND c.attnum = k.attnum \
+                     WHERE ns.nspname = COALESCE(?, current_schema()) AND t.relname = ?"
+                }
+                Backend::MySql | Backend::Sqlite => {
+                    "SELECT INDEX_NAME, CAST(SEQ_IN_INDEX AS SIGNED), COLUMN_NAME FROM \
+                     information_schema.STATISTICS WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) \
+                     AND TABLE_NAME = ?"
+                }
+            })
             .bind(self.database.clone())
             .bind(table.to_string())
             .fetch_all(self.db.pool())
@@ -316,10 +354,18 @@ impl Catalog<'_> {
         Ok(self
             .db
             .backend()
-            .query(
-                "SELECT CAST(TABLE_ROWS AS SIGNED) FROM information_schema.TABLES \
-                 WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?",
-            )
+            .query(match self.db.backend() {
+                // reltuples is -1 before the table's first VACUUM or ANALYZE.
+                Backend::Postgres => {
+                    "SELECT CAST(GREATEST(c.reltuples, 0) AS BIGINT) FROM pg_class c \
+                     JOIN pg_namespace ns ON ns.oid = c.relnamespace \
+                     WHERE ns.nspname = COALESCE(?, current_schema()) AND c.relname = ?"
+                }
+                Backend::MySql | Backend::Sqlite => {
+                    "SELECT CAST(TABLE_ROWS AS SIGNED) FROM information_schema.TABLES \
+                     WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?"
+                }
+            })
             .bind(self.database.clone())
             .bind(table.to_string())
             .fetch_optional(self.db.pool())

@@ -1,10 +1,17 @@
 //! A [`Profile`] compiled for one database: its names quoted and qualified once, and every
 //! statement a close, a load, the sweep and the gauges need on the shop's tables. Values are
-//! always bound (`?`), never written into the text.
+//! always bound (`?`, numbered `$n` on PostgreSQL), never written into the text.
 //!
-//! MariaDB/MySQL only in this version (the shops the seeds describe, mall among them, run on
-//! it): ids and keys are bound as text or integers and the server converts them to the column's
-//! type, keeping its indexes usable. A profile on another backend is refused at start-up.
+//! Two dialects, MariaDB/MySQL and PostgreSQL (a profile on SQLite is refused at start-up):
+//! - names are quoted with backticks or double quotes; `database.shop.database` names another
+//!   database of the same MySQL server, or another schema of the same PostgreSQL database;
+//! - values read are cast to text (`CHAR` / `TEXT`) or 64-bit integers (`SIGNED` / `BIGINT`),
+//!   wall times bound as `DATETIME` / `TIMESTAMP`;
+//! - keys read from the shop's rows (SKUs, coupons, members) are bound as text. MySQL converts
+//!   them to the column's type itself; PostgreSQL compares only values of one type, so there
+//!   each is cast to its column's own type, learned once from the catalog ([`Mapped`]'s
+//!   key types), which keeps the column's index usable;
+//! - an `UPDATE` names the columns it sets unqualified (PostgreSQL refuses `SET a.x`).
 
 use std::collections::{HashMap, HashSet};
 
@@ -50,22 +57,17 @@ impl From<Stored> for Bind {
 }
 
 /// A statement being written: its text with `?` markers and the values they bind, in order.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Stmt {
     /// The SQL.
     pub sql: String,
     /// The values of its markers.
     pub binds: Vec<Bind>,
+    /// The backend it runs on (how its markers are numbered).
+    backend: Backend,
 }
 
 impl Stmt {
-    fn new(sql: impl Into<String>) -> Stmt {
-        Stmt {
-            sql: sql.into(),
-            binds: Vec::new(),
-        }
-    }
-
     /// Appends SQL text (timeoutd's own fragments and quoted names only).
     pub fn push(&mut self, sql: &str) -> &mut Stmt {
         self.sql.push_str(sql);
@@ -111,7 +113,7 @@ impl Stmt {
 
     /// The statement with its values bound, ready to run.
     pub fn query<'q>(self) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
-        let q = Backend::MySql.query_owned(self.sql.clone());
+        let q = self.backend.query_owned(self.sql.clone());
         self.bind_onto(q)
     }
 }
@@ -128,10 +130,28 @@ impl From<&str> for Bind {
     }
 }
 
-/// `name` quoted for MySQL (profiles allow only plain identifiers, so no escaping is needed).
-fn quote(name: &str) -> String {
+/// `name` quoted for `backend` (profiles allow only plain identifiers, so no escaping is
+/// needed).
+fn quote_for(backend: Backend, name: &str) -> String {
     debug_assert!(is_identifier(name), "{name}");
-    format!("`{name}`")
+    match backend {
+        Backend::Postgres => format!("\"{name}\""),
+        Backend::MySql | Backend::Sqlite => format!("`{name}`"),
+    }
+}
+
+/// The SQL types of the key columns whose values are bound as text ([`Mapped::key_types`]):
+/// empty on MySQL (the server converts), the column's own type on PostgreSQL.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct KeyTypes {
+    /// `stock.sku`.
+    sku: String,
+    /// `coupon.holder`.
+    holder: String,
+    /// `coupon.coupon`.
+    coupon: String,
+    /// `points.member`.
+    member: String,
 }
 
 /// A compiled profile.
@@ -151,11 +171,10 @@ pub struct Mapped {
     coupon: Option<String>,
     points: Option<String>,
     settings: Option<String>,
-}
-
-/// A column of alias `a` (the order table's alias in every statement here).
-fn col(name: &str) -> String {
-    format!("a.{}", quote(name))
+    /// The backend the statements are written for (MySQL or PostgreSQL).
+    backend: Backend,
+    /// The key columns' types, learned from the catalog on first use ([`Mapped::key_types`]).
+    key_types: std::sync::OnceLock<KeyTypes>,
 }
 
 impl Mapped {
@@ -163,17 +182,18 @@ impl Mapped {
     /// database of the same server) or, when `None`, in the one the URL names.
     ///
     /// # Errors
-    /// Every problem of the profile, or that `backend` is not MySQL/MariaDB.
+    /// Every problem of the profile, or that `backend` is SQLite (a shop's order database is
+    /// MariaDB/MySQL or PostgreSQL).
     pub fn compile(
         profile: Profile,
         database: Option<&str>,
         backend: Backend,
     ) -> Result<Mapped, Vec<String>> {
         let mut problems = profile.problems();
-        if backend != Backend::MySql {
+        if backend == Backend::Sqlite {
             problems.push(format!(
-                "schema profile `{}`: shop schemas run on MariaDB/MySQL in this version; \
-                 database.url is {backend:?}",
+                "schema profile `{}`: a shop's own tables are read on MariaDB/MySQL or \
+                 PostgreSQL; database.url is SQLite",
                 profile.name
             ));
         }
@@ -181,7 +201,8 @@ impl Mapped {
             && !is_identifier(db)
         {
             problems.push(format!(
-                "`database.shop.database` = `{db}` is not a plain database name"
+                "`database.shop.database` = `{db}` is not a plain database (MySQL) or schema \
+                 (PostgreSQL) name"
             ));
         }
         if database.is_none() {
@@ -208,6 +229,7 @@ impl Mapped {
         if !problems.is_empty() {
             return Err(problems);
         }
+        let quote = |name: &str| quote_for(backend, name);
         let table = |t: &str| match database {
             Some(db) => format!("{}.{}", quote(db), quote(t)),
             None => quote(t),
@@ -224,7 +246,95 @@ impl Mapped {
             time,
             deadline,
             profile,
+            backend,
+            key_types: std::sync::OnceLock::new(),
         })
+    }
+
+    /// A statement for this backend, starting with `sql`.
+    fn stmt(&self, sql: impl Into<String>) -> Stmt {
+        Stmt {
+            sql: sql.into(),
+            binds: Vec::new(),
+            backend: self.backend,
+        }
+    }
+
+    /// `name` quoted for this backend.
+    fn quote(&self, name: &str) -> String {
+        quote_for(self.backend, name)
+    }
+
+    /// A column of alias `a` (the table's alias in every statement here), quoted.
+    fn col(&self, name: &str) -> String {
+        format!("a.{}", self.quote(name))
+    }
+
+    /// The types of the key columns bound as text, learned from PostgreSQL's catalog once
+    /// (`format_type` of each column); empty on MySQL.
+    ///
+    /// # Errors
+    /// [`DbError::Config`] naming a key column the catalog does not have (start-up's
+    /// [`super::check::check`] names it first); [`DbError::Sql`] on query failure.
+    pub(crate) async fn key_types(&self, conn: &mut AnyConnection) -> Result<&KeyTypes, DbError> {
+        if let Some(types) = self.key_types.get() {
+            return Ok(types);
+        }
+        let mut types = KeyTypes::default();
+        if self.backend == Backend::Postgres {
+            let p = &self.profile;
+            let mut wanted: Vec<(&mut String, &str, &str)> =
+                vec![(&mut types.sku, &self.stock, &p.stock.sku)];
+            if let (Some(c), Some(table)) = (&p.coupon, &self.coupon) {
+                wanted.push((&mut types.holder, table, &c.holder));
+                wanted.push((&mut types.coupon, table, &c.coupon));
+            }
+            if let (Some(pt), Some(table)) = (&p.points, &self.points) {
+                wanted.push((&mut types.member, table, &pt.member));
+            }
+            for (slot, table, column) in wanted {
+                let found: Option<String> = self
+                    .backend
+                    .query(
+                        "SELECT format_type(a.atttypid, NULL) FROM pg_attribute a \
+                         WHERE a.attrelid = to_regclass(?) AND a.attname = ? AND NOT a.attisdropped",
+                    )
+                    .bind(table.to_string())
+                    .bind(column.to_string())
+                    .fetch_optional(&mut *conn)
+                    .await?
+                    .map(|r| r.try_get(0))
+                    .transpose()?;
+                *slot = found.ok_or_else(|| {
+                    DbError::Config(format!(
+                        "schema profile `{}`: table {table} has no column `{column}`",
+                        self.profile.name
+                    ))
+                })?;
+            }
+        }
+        Ok(self.key_types.get_or_init(|| types))
+    }
+
+    /// Appends `?` bound to the key `value`, cast to `ty` (a [`KeyTypes`] entry) when given.
+    fn bind_key(s: &mut Stmt, ty: &str, value: &str) {
+        if ty.is_empty() {
+            s.bind(value);
+        } else {
+            s.push("CAST(").bind(value).push(&format!(" AS {ty})"));
+        }
+    }
+
+    /// Appends `(?, ?, …)` of the keys `values`, each as [`Mapped::bind_key`] binds it
+    /// (`(NULL)` when empty, which matches nothing).
+    fn bind_keys<'v>(s: &mut Stmt, ty: &str, values: impl IntoIterator<Item = &'v str>) {
+        let mut any = false;
+        for v in values {
+            s.push(if any { ", " } else { "(" });
+            Self::bind_key(s, ty, v);
+            any = true;
+        }
+        s.push(if any { ")" } else { "(NULL)" });
     }
 
     /// The profile's name.
@@ -267,34 +377,40 @@ impl Mapped {
     }
 
     /// `expr` read as text.
-    fn text(expr: &str) -> String {
-        format!("CAST({expr} AS CHAR)")
+    fn text(&self, expr: &str) -> String {
+        match self.backend {
+            Backend::Postgres => format!("CAST({expr} AS TEXT)"),
+            Backend::MySql | Backend::Sqlite => format!("CAST({expr} AS CHAR)"),
+        }
     }
 
     /// `expr` read as a 64-bit integer.
-    fn int(expr: &str) -> String {
-        format!("CAST({expr} AS SIGNED)")
+    fn int(&self, expr: &str) -> String {
+        match self.backend {
+            Backend::Postgres => format!("CAST({expr} AS BIGINT)"),
+            Backend::MySql | Backend::Sqlite => format!("CAST({expr} AS SIGNED)"),
+        }
     }
 
     /// The order's id as text (what triggers, the outbox and the ledger hold).
     fn id_text(&self) -> String {
-        Self::text(&col(&self.profile.orders.id))
+        self.text(&self.col(&self.profile.orders.id))
     }
 
     /// A time column read for [`Mapped::read_time`].
     fn time_read(&self, expr: &str) -> String {
         if self.time.is_text() {
-            Self::text(expr)
+            self.text(expr)
         } else {
-            Self::int(expr)
+            self.int(expr)
         }
     }
 
     /// A money column read for [`Mapped::read_money`].
     fn money_read(&self, expr: &str) -> String {
         match self.money {
-            MoneyForm::DecimalYuan => Self::text(expr),
-            MoneyForm::Cents => Self::int(expr),
+            MoneyForm::DecimalYuan => self.text(expr),
+            MoneyForm::Cents => self.int(expr),
         }
     }
 
@@ -338,7 +454,15 @@ impl Mapped {
     /// `ms` bound in the form of the profile's time columns.
     fn bind_time(&self, s: &mut Stmt, ms: i64) {
         match self.time.store(ms) {
-            Stored::Text(t) => s.push("CAST(").bind(Bind::Text(t)).push(" AS DATETIME)"),
+            Stored::Text(t) => {
+                let ty = match self.backend {
+                    Backend::Postgres => "TIMESTAMP",
+                    Backend::MySql | Backend::Sqlite => "DATETIME",
+                };
+                s.push("CAST(")
+                    .bind(Bind::Text(t))
+                    .push(&format!(" AS {ty})"))
+            }
             Stored::Int(n) => s.bind(n),
         };
     }
@@ -362,11 +486,11 @@ impl Mapped {
             Deadline::Column(_) => Ok(None),
             Deadline::Window(ms) => Ok(Some(*ms)),
             Deadline::Settings(w) => {
-                let mut s = Stmt::new(format!(
+                let mut s = self.stmt(format!(
                     "SELECT {} FROM {} WHERE {} = ",
-                    Self::int(&quote(&w.column)),
+                    self.int(&self.quote(&w.column)),
                     self.settings.as_deref().unwrap_or_default(),
-                    quote(&w.key)
+                    self.quote(&w.key)
                 ));
                 s.bind(&w.key_value);
                 let value: Option<i64> = match s.query().fetch_optional(&mut *conn).await? {
@@ -393,7 +517,7 @@ impl Mapped {
     /// ` AND <status> IN (pending…) [AND <live>]`.
     fn pending(&self, s: &mut Stmt) {
         let o = &self.profile.orders;
-        s.push(" AND ").push(&col(&o.status)).push(" IN ");
+        s.push(" AND ").push(&self.col(&o.status)).push(" IN ");
         s.bind_list(o.pending.iter().map(Bind::from));
         self.live(s);
     }
@@ -402,7 +526,7 @@ impl Mapped {
     fn live(&self, s: &mut Stmt) {
         if let Some(d) = &self.profile.orders.soft_delete {
             s.push(" AND ")
-                .push(&col(&d.column))
+                .push(&self.col(&d.column))
                 .push(" = ")
                 .bind(&d.live);
         }
@@ -412,8 +536,8 @@ impl Mapped {
     fn due(&self, s: &mut Stmt, ms: i64, window: Option<i64>) {
         s.push(" AND ");
         match (&self.deadline, window) {
-            (Deadline::Column(c), _) => self.time_at_most(s, &col(c), ms),
-            (_, Some(w)) => self.time_at_most(s, &col(&self.profile.orders.created), ms - w),
+            (Deadline::Column(c), _) => self.time_at_most(s, &self.col(c), ms),
+            (_, Some(w)) => self.time_at_most(s, &self.col(&self.profile.orders.created), ms - w),
             (_, None) => unreachable!("a window deadline is read before it is compared"),
         }
     }
@@ -421,7 +545,7 @@ impl Mapped {
     /// ` AND <id> IN (…)` for `ids` (those that cannot be ids match nothing).
     fn id_in(&self, s: &mut Stmt, ids: &[&str]) {
         s.push(" AND ")
-            .push(&col(&self.profile.orders.id))
+            .push(&self.col(&self.profile.orders.id))
             .push(" IN ");
         s.bind_list(ids.iter().filter_map(|id| self.id_bind(id)));
     }
@@ -431,19 +555,19 @@ impl Mapped {
     fn order_columns(&self) -> String {
         let o = &self.profile.orders;
         let opt_text = |c: &Option<String>| match c {
-            Some(c) => Self::text(&col(c)),
+            Some(c) => self.text(&self.col(c)),
             None => "NULL".to_string(),
         };
         let merchant = match &o.merchant {
-            MerchantSpec::Column(c) => Self::text(&col(c)),
+            MerchantSpec::Column(c) => self.text(&self.col(c)),
             MerchantSpec::Fixed(_) => "NULL".to_string(),
         };
         let deadline = match &self.deadline {
-            Deadline::Column(c) => self.time_read(&col(c)),
+            Deadline::Column(c) => self.time_read(&self.col(c)),
             Deadline::Window(_) | Deadline::Settings(_) => "NULL".to_string(),
         };
         let points = match &o.points {
-            Some(c) => Self::int(&col(c)),
+            Some(c) => self.int(&self.col(c)),
             None => "NULL".to_string(),
         };
         format!(
@@ -451,10 +575,10 @@ impl Mapped {
              {deadline} AS deadline, {} AS total, {} AS coupon_id, {} AS payment_ref, \
              {points} AS points",
             self.id_text(),
-            Self::text(&col(&o.user)),
-            Self::text(&col(&o.status)),
-            self.time_read(&col(&o.created)),
-            self.money_read(&col(&o.total)),
+            self.text(&self.col(&o.user)),
+            self.text(&self.col(&o.status)),
+            self.time_read(&self.col(&o.created)),
+            self.money_read(&self.col(&o.total)),
             opt_text(&o.coupon),
             opt_text(&o.payment_ref),
         )
@@ -530,7 +654,7 @@ impl Mapped {
             return Ok(found);
         }
         let window = self.window_ms(conn).await?;
-        let mut s = Stmt::new(format!(
+        let mut s = self.stmt(format!(
             "SELECT {} FROM {} a WHERE 1 = 1",
             self.order_columns(),
             self.orders
@@ -545,17 +669,17 @@ impl Mapped {
             return Ok(found);
         }
         let i = &self.profile.items;
-        let order_col = format!("a.{}", quote(&i.order));
-        let mut s = Stmt::new(format!(
+        let order_col = format!("a.{}", self.quote(&i.order));
+        let mut s = self.stmt(format!(
             "SELECT {} AS order_id, {} AS sku, {} AS quantity, {} AS price FROM {} a WHERE {order_col} IN ",
-            Self::text(&order_col),
-            Self::text(&col(&i.sku)),
-            Self::int(&col(&i.quantity)),
-            self.money_read(&col(&i.unit_price)),
+            self.text(&order_col),
+            self.text(&self.col(&i.sku)),
+            self.int(&self.col(&i.quantity)),
+            self.money_read(&self.col(&i.unit_price)),
             self.items,
         ));
         s.bind_list(found.keys().filter_map(|id| self.id_bind(id)));
-        s.push(&format!(" ORDER BY {order_col}, {}", col(&i.line)));
+        s.push(&format!(" ORDER BY {order_col}, {}", self.col(&i.line)));
         for r in s.query().fetch_all(&mut *conn).await? {
             let order_id: String = r.try_get("order_id")?;
             let quantity: Option<i64> = r.try_get("quantity")?;
@@ -591,7 +715,7 @@ impl Mapped {
         ids: &[&str],
         deadline_by: Option<i64>,
     ) -> Result<Vec<String>, DbError> {
-        let mut s = Stmt::new(format!(
+        let mut s = self.stmt(format!(
             "SELECT {} FROM {} a WHERE 1 = 1",
             self.id_text(),
             self.orders
@@ -604,7 +728,7 @@ impl Mapped {
         }
         s.push(&format!(
             " ORDER BY {} FOR UPDATE",
-            col(&self.profile.orders.id)
+            self.col(&self.profile.orders.id)
         ));
         let rows = s.query().fetch_all(&mut *conn).await?;
         let mut locked: Vec<String> = rows
@@ -635,14 +759,14 @@ impl Mapped {
         }
         let window = self.window_ms(conn).await?;
         let o = &self.profile.orders;
-        let mut s = Stmt::new(format!(
+        let mut s = self.stmt(format!(
             "UPDATE {} a SET {} = ",
             self.orders,
-            col(&o.status)
+            self.quote(&o.status)
         ));
         s.bind(&o.closed);
         if let Some(m) = &o.modified {
-            s.push(&format!(", {} = ", col(m)));
+            s.push(&format!(", {} = ", self.quote(m)));
             self.bind_time(&mut s, now_ms);
         }
         s.push(" WHERE 1 = 1");
@@ -665,31 +789,22 @@ impl Mapped {
         units: i64,
     ) -> Result<bool, DbError> {
         let st = &self.profile.stock;
-        let c = col(&st.column);
-        let s = match st.release {
-            StockRelease::Unlock => {
-                let mut s = Stmt::new(format!(
-                    "UPDATE {} a SET {c} = COALESCE({c}, 0) - ",
-                    self.stock
-                ));
-                s.bind(units)
-                    .push(&format!(" WHERE {} = ", col(&st.sku)))
-                    .bind(sku)
-                    .push(&format!(" AND COALESCE({c}, 0) >= "))
-                    .bind(units);
-                s
-            }
-            StockRelease::Add => {
-                let mut s = Stmt::new(format!(
-                    "UPDATE {} a SET {c} = COALESCE({c}, 0) + ",
-                    self.stock
-                ));
-                s.bind(units)
-                    .push(&format!(" WHERE {} = ", col(&st.sku)))
-                    .bind(sku);
-                s
-            }
+        let sku_type = &self.key_types(conn).await?.sku;
+        let (set, c) = (self.quote(&st.column), self.col(&st.column));
+        let sign = match st.release {
+            StockRelease::Unlock => "-",
+            StockRelease::Add => "+",
         };
+        let mut s = self.stmt(format!(
+            "UPDATE {} a SET {set} = COALESCE({c}, 0) {sign} ",
+            self.stock
+        ));
+        s.bind(units)
+            .push(&format!(" WHERE {} = ", self.col(&st.sku)));
+        Self::bind_key(&mut s, sku_type, sku);
+        if st.release == StockRelease::Unlock {
+            s.push(&format!(" AND COALESCE({c}, 0) >= ")).bind(units);
+        }
         Ok(s.query().execute(&mut *conn).await?.rows_affected() >= 1)
     }
 
@@ -701,10 +816,10 @@ impl Mapped {
     ///
     /// # Errors
     /// [`DbError::Sql`] on query failure.
-    pub async fn release_coupons(
+    pub async fn release_coupons<'a>(
         &self,
         conn: &mut AnyConnection,
-        releases: &[(&str, &str, &str)],
+        releases: &[(&'a str, &'a str, &'a str)],
     ) -> Result<HashSet<String>, DbError> {
         let mut freed = HashSet::new();
         let (Some(c), Some(table)) = (&self.profile.coupon, &self.coupon) else {
@@ -713,25 +828,34 @@ impl Mapped {
         if releases.is_empty() {
             return Ok(freed);
         }
-        let distinct = |values: Vec<&str>| {
+        let distinct = |values: Vec<&'a str>| {
             let mut v = values;
             v.sort_unstable();
             v.dedup();
-            v.into_iter().map(Bind::from).collect::<Vec<_>>()
+            v
         };
-        let mut s = Stmt::new(format!(
+        let types = self.key_types(conn).await?;
+        let mut s = self.stmt(format!(
             "SELECT {} AS row_id, {} AS coupon, {} AS holder FROM {table} a WHERE {} IN ",
-            Self::int(&col(&c.row)),
-            Self::text(&col(&c.coupon)),
-            Self::text(&col(&c.holder)),
-            col(&c.holder),
+            self.int(&self.col(&c.row)),
+            self.text(&self.col(&c.coupon)),
+            self.text(&self.col(&c.holder)),
+            self.col(&c.holder),
         ));
-        s.bind_list(distinct(releases.iter().map(|r| r.2).collect()));
-        s.push(&format!(" AND {} IN ", col(&c.coupon)));
-        s.bind_list(distinct(releases.iter().map(|r| r.0).collect()));
-        s.push(&format!(" AND {} = ", col(&c.status)))
+        Self::bind_keys(
+            &mut s,
+            &types.holder,
+            distinct(releases.iter().map(|r| r.2).collect()),
+        );
+        s.push(&format!(" AND {} IN ", self.col(&c.coupon)));
+        Self::bind_keys(
+            &mut s,
+            &types.coupon,
+            distinct(releases.iter().map(|r| r.0).collect()),
+        );
+        s.push(&format!(" AND {} = ", self.col(&c.status)))
             .bind(&c.locked)
-            .push(&format!(" ORDER BY {} FOR UPDATE", col(&c.row)));
+            .push(&format!(" ORDER BY {} FOR UPDATE", self.col(&c.row)));
         // Each (coupon, holder)'s rows in id order: the first goes to the first order asking.
         let mut rows: HashMap<(String, String), Vec<i64>> = HashMap::new();
         for r in s.query().fetch_all(&mut *conn).await? {
@@ -755,9 +879,9 @@ impl Mapped {
         if ids.is_empty() {
             return Ok(freed);
         }
-        let mut s = Stmt::new(format!("UPDATE {table} a SET {} = ", col(&c.status)));
+        let mut s = self.stmt(format!("UPDATE {table} a SET {} = ", self.quote(&c.status)));
         s.bind(&c.available)
-            .push(&format!(" WHERE {} IN ", col(&c.row)))
+            .push(&format!(" WHERE {} IN ", self.col(&c.row)))
             .bind_list(ids.into_iter().map(Bind::Int));
         s.query().execute(&mut *conn).await?;
         Ok(freed)
@@ -785,15 +909,17 @@ impl Mapped {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let user = col(&self.profile.orders.user);
-        let mut s = Stmt::new(format!(
-            "SELECT {} AS id, {} AS member, {} AS points, \
-             EXISTS (SELECT 1 FROM {table} m WHERE m.{} = {user}) AS known \
+        let user = self.col(&self.profile.orders.user);
+        let known = self.int(&format!(
+            "CASE WHEN EXISTS (SELECT 1 FROM {table} m WHERE m.{} = {user}) THEN 1 ELSE 0 END",
+            self.quote(&p.member)
+        ));
+        let mut s = self.stmt(format!(
+            "SELECT {} AS id, {} AS member, {} AS points, {known} AS known \
              FROM {} a WHERE 1 = 1",
             self.id_text(),
-            Self::text(&user),
-            Self::int(&col(spent)),
-            quote(&p.member),
+            self.text(&user),
+            self.int(&self.col(spent)),
             self.orders
         ));
         self.id_in(&mut s, ids);
@@ -823,19 +949,19 @@ impl Mapped {
         }
         // One statement for the group: each buyer's sum, by a CASE over the buyers (in key
         // order, so two groups lock buyer rows in the same order).
-        let c = col(&p.column);
-        let key = col(&p.member);
-        let mut s = Stmt::new(format!(
-            "UPDATE {table} a SET {c} = COALESCE({c}, 0) + CASE {key}"
+        let member_type = &self.key_types(conn).await?.member;
+        let (set, c) = (self.quote(&p.column), self.col(&p.column));
+        let key = self.col(&p.member);
+        let mut s = self.stmt(format!(
+            "UPDATE {table} a SET {set} = COALESCE({c}, 0) + CASE {key}"
         ));
         for (member, points) in &per_member {
-            s.push(" WHEN ")
-                .bind(member.as_str())
-                .push(" THEN ")
-                .bind(*points);
+            s.push(" WHEN ");
+            Self::bind_key(&mut s, member_type, member);
+            s.push(" THEN ").bind(*points);
         }
         s.push(&format!(" ELSE 0 END WHERE {key} IN "));
-        s.bind_list(per_member.keys().map(|m| Bind::from(m.as_str())));
+        Self::bind_keys(&mut s, member_type, per_member.keys().map(String::as_str));
         s.query().execute(&mut *conn).await?;
         Ok(back)
     }
@@ -862,12 +988,14 @@ impl Mapped {
         let window = self.window_ms(&mut conn).await?;
         let cutoff = now_ms - grace_ms;
         let id = self.id_text();
-        let mut s = Stmt::new(format!(
-            "SELECT {id} AS id, (SELECT MAX(m.phase) FROM order_timeout_msg m WHERE m.order_id = {id}) AS phase, \
-             {} AS created, {} AS deadline FROM {} a WHERE 1 = 1",
-            self.time_read(&col(&self.profile.orders.created)),
+        let mut s = self.stmt(format!(
+            "SELECT {id} AS id, {} AS phase, {} AS created, {} AS deadline FROM {} a WHERE 1 = 1",
+            self.int(&format!(
+                "(SELECT MAX(m.phase) FROM order_timeout_msg m WHERE m.order_id = {id})"
+            )),
+            self.time_read(&self.col(&self.profile.orders.created)),
             match &self.deadline {
-                Deadline::Column(c) => self.time_read(&col(c)),
+                Deadline::Column(c) => self.time_read(&self.col(c)),
                 _ => "NULL".into(),
             },
             self.orders
@@ -892,7 +1020,7 @@ impl Mapped {
         ));
         s.bind_list(not_about_the_order.iter().map(|source| Bind::from(*source)));
         s.push(")");
-        let order_by = col(self.due_column());
+        let order_by = self.col(self.due_column());
         s.push(&format!(" ORDER BY {order_by} LIMIT "))
             .bind(i64::from(batch));
         let rows = s.query().fetch_all(&mut *conn).await?;
@@ -924,10 +1052,10 @@ impl Mapped {
         let mut conn = db.pool().acquire().await?;
         let window = self.window_ms(&mut conn).await?;
         let merchant = match &self.profile.orders.merchant {
-            MerchantSpec::Column(c) => Self::text(&col(c)),
+            MerchantSpec::Column(c) => self.text(&self.col(c)),
             MerchantSpec::Fixed(_) => "''".to_string(),
         };
-        let mut s = Stmt::new(format!(
+        let mut s = self.stmt(format!(
             "SELECT {merchant} AS merchant, COUNT(*) AS n FROM {} a WHERE 1 = 1",
             self.orders
         ));
@@ -963,7 +1091,7 @@ impl Mapped {
         let mut conn = db.pool().acquire().await?;
         let window = self.window_ms(&mut conn).await?;
         let id = self.id_text();
-        let mut s = Stmt::new(format!(
+        let mut s = self.stmt(format!(
             "SELECT {}, (SELECT MAX(d.reason) FROM dead_letter d WHERE d.order_id = {id} \
              AND d.status = 'OPEN') AS dead_letter FROM {} a WHERE 1 = 1",
             self.order_columns(),
@@ -971,7 +1099,7 @@ impl Mapped {
         ));
         self.pending(&mut s);
         self.due(&mut s, now_ms - margin_ms, window);
-        let order_by = col(self.due_column());
+        let order_by = self.col(self.due_column());
         s.push(&format!(" ORDER BY {order_by} LIMIT ")).bind(limit);
         let rows = s.query().fetch_all(&mut *conn).await?;
         rows.iter()
@@ -980,12 +1108,20 @@ impl Mapped {
     }
 
     /// `EXISTS (…)`: the order whose id (as text) is `outer` is pending and live (what the
-    /// sweep's re-arm and retention ask of an order).
+    /// sweep's re-arm and retention ask of an order). On PostgreSQL a `BIGINT` id is compared
+    /// with `outer` read as a number (text that is no number matches nothing), so the id's
+    /// index is used.
     pub fn pending_exists(&self, outer: &str) -> Stmt {
-        let mut s = Stmt::new(format!(
-            "EXISTS (SELECT 1 FROM {} a WHERE {} = {outer}",
+        let key = match (self.backend, self.profile.orders.id_type) {
+            (Backend::Postgres, IdType::Bigint) => {
+                format!("CASE WHEN {outer} ~ '^-?[0-9]{{1,18}}$' THEN CAST({outer} AS BIGINT) END")
+            }
+            _ => outer.to_string(),
+        };
+        let mut s = self.stmt(format!(
+            "EXISTS (SELECT 1 FROM {} a WHERE {} = {key}",
             self.orders,
-            col(&self.profile.orders.id)
+            self.col(&self.profile.orders.id)
         ));
         self.pending(&mut s);
         s.push(")");

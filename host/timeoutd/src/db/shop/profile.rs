@@ -669,8 +669,12 @@ mod tests {
             "{refused:?}"
         );
         assert!(Mapped::compile(p, Some("shop"), Backend::MySql).is_ok());
-        let pg = Mapped::compile(mall(), Some("shop"), Backend::Postgres).unwrap_err();
-        assert!(pg[0].contains("MariaDB/MySQL in this version"), "{pg:?}");
+        assert!(Mapped::compile(mall(), Some("shop"), Backend::Postgres).is_ok());
+        let sqlite = Mapped::compile(mall(), Some("shop"), Backend::Sqlite).unwrap_err();
+        assert!(
+            sqlite[0].contains("MariaDB/MySQL or PostgreSQL; database.url is SQLite"),
+            "{sqlite:?}"
+        );
     }
 
     #[test]

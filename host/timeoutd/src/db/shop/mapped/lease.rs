@@ -7,12 +7,12 @@
 //! - A payment attempt locks the order row (`FOR UPDATE`), checks it is pending, live and not
 //!   past its deadline, and only then writes the lease, in one transaction.
 //! - A close locks its orders' rows first ([`Mapped::lock_pending`]), then reads their leases
-//!   with a *locking* read (`LOCK IN SHARE MODE`), which reads the latest committed row
-//!   whatever the isolation level. timeoutd's sessions run at READ COMMITTED, where a plain
-//!   read started after the row lock would see the lease too; at REPEATABLE READ (a server or
-//!   pooler that resets the session) a plain read would use the snapshot InnoDB took at the
-//!   transaction's first plain read, before the close waited for the row lock, and miss a
-//!   lease committed during that wait.
+//!   with a *locking* read (`LOCK IN SHARE MODE`, PostgreSQL's `FOR SHARE`), which reads the
+//!   latest committed row whatever the isolation level. timeoutd's sessions run at READ
+//!   COMMITTED, where a plain read started after the row lock would see the lease too; at
+//!   REPEATABLE READ (a server or pooler that resets the session) a plain read would use the
+//!   snapshot InnoDB took at the transaction's first plain read, before the close waited for
+//!   the row lock, and miss a lease committed during that wait.
 //!
 //! A lease taken first keeps the order open until it lapses (the close is deferred to then);
 //! a close taken first makes the attempt find the order closed and refuse.
@@ -22,8 +22,8 @@ use std::collections::HashMap;
 use sqlx::{AnyConnection, Row};
 use timeoutd_runtime::model::OrderStatus;
 
-use super::{Bind, Mapped, Stmt};
-use crate::db::DbError;
+use super::{Bind, Mapped};
+use crate::db::{Backend, DbError};
 
 /// What a payment attempt found on a shop's order ([`Mapped::take_payment_lease`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,11 +57,11 @@ impl Mapped {
             return Ok(None);
         };
         let window = self.window_ms(conn).await?;
-        let mut s = Stmt::new(format!(
+        let mut s = self.stmt(format!(
             "SELECT {} FROM {} a WHERE {} = ",
             self.order_columns(),
             self.orders,
-            super::col(&self.profile.orders.id)
+            self.col(&self.profile.orders.id)
         ));
         s.bind(key);
         self.live(&mut s);
@@ -79,13 +79,21 @@ impl Mapped {
             return Ok(Some(found));
         }
         let mut s =
-            Stmt::new("INSERT INTO payment_leases (order_id, until_ms) VALUES (".to_string());
+            self.stmt("INSERT INTO payment_leases (order_id, until_ms) VALUES (".to_string());
         s.bind(Bind::Text(order.id.clone()))
             .push(", ")
             .bind(until_ms)
-            .push(") ON DUPLICATE KEY UPDATE until_ms = GREATEST(until_ms, VALUES(until_ms))");
+            .push(match self.backend {
+                Backend::Postgres => {
+                    ") ON CONFLICT (order_id) DO UPDATE SET until_ms = \
+                     GREATEST(payment_leases.until_ms, EXCLUDED.until_ms)"
+                }
+                Backend::MySql | Backend::Sqlite => {
+                    ") ON DUPLICATE KEY UPDATE until_ms = GREATEST(until_ms, VALUES(until_ms))"
+                }
+            });
         s.query().execute(&mut *conn).await?;
-        let mut s = Stmt::new("SELECT until_ms FROM payment_leases WHERE order_id = ".to_string());
+        let mut s = self.stmt("SELECT until_ms FROM payment_leases WHERE order_id = ".to_string());
         s.bind(Bind::Text(order.id));
         found.held_until_ms = Some(s.query().fetch_one(&mut *conn).await?.try_get(0)?);
         Ok(Some(found))
@@ -106,10 +114,13 @@ impl Mapped {
         if ids.is_empty() {
             return Ok(HashMap::new());
         }
-        let mut s = Stmt::new("SELECT order_id, until_ms FROM payment_leases WHERE order_id IN ");
+        let mut s = self.stmt("SELECT order_id, until_ms FROM payment_leases WHERE order_id IN ");
         s.bind_list(ids.iter().map(|id| Bind::Text(id.to_string())));
         s.push(" AND until_ms > ").bind(now_ms);
-        s.push(" LOCK IN SHARE MODE");
+        s.push(match self.backend {
+            Backend::Postgres => " FOR SHARE",
+            Backend::MySql | Backend::Sqlite => " LOCK IN SHARE MODE",
+        });
         let rows = s.query().fetch_all(&mut *conn).await?;
         rows.iter()
             .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<i64, _>(1)?)))
@@ -133,7 +144,7 @@ impl Mapped {
             return Ok(leases);
         }
         let held: Vec<&str> = leases.keys().map(String::as_str).collect();
-        let mut s = Stmt::new(format!(
+        let mut s = self.stmt(format!(
             "SELECT {} FROM {} a WHERE 1 = 1",
             self.id_text(),
             self.orders

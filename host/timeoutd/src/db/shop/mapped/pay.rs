@@ -5,7 +5,7 @@
 
 use sqlx::{AnyConnection, Row};
 
-use super::{Mapped, Stmt, col, quote};
+use super::Mapped;
 use crate::db::DbError;
 
 impl Mapped {
@@ -46,21 +46,21 @@ impl Mapped {
             return Ok(false);
         };
         let o = &self.profile.orders;
-        let mut s = Stmt::new(format!(
+        let mut s = self.stmt(format!(
             "UPDATE {} a SET {} = ",
             self.orders,
-            col(&o.status)
+            self.quote(&o.status)
         ));
         s.bind(&paid.status);
         let stamps = paid.time.iter().map(|c| (c, paid_at_ms));
         for (stamp, at_ms) in stamps.chain(o.modified.iter().map(|c| (c, now_ms))) {
-            s.push(&format!(", {} = ", col(stamp)));
+            s.push(&format!(", {} = ", self.quote(stamp)));
             self.bind_time(&mut s, at_ms);
         }
         for (column, value) in &paid.set {
-            s.push(&format!(", {} = ", col(column))).bind(value);
+            s.push(&format!(", {} = ", self.quote(column))).bind(value);
         }
-        s.push(&format!(" WHERE {} = ", col(&o.id)))
+        s.push(&format!(" WHERE {} = ", self.col(&o.id)))
             .bind(key.clone());
         self.pending(&mut s);
         if s.query().execute(&mut *conn).await?.rows_affected() != 1 {
@@ -70,12 +70,12 @@ impl Mapped {
             return Ok(true);
         };
         let i = &self.profile.items;
-        let mut lines = Stmt::new(format!(
+        let mut lines = self.stmt(format!(
             "SELECT {} AS sku, {} AS quantity FROM {} a WHERE a.{} = ",
-            Self::text(&col(&i.sku)),
-            Self::int(&col(&i.quantity)),
+            self.text(&self.col(&i.sku)),
+            self.int(&self.col(&i.quantity)),
             self.items,
-            quote(&i.order),
+            self.quote(&i.order),
         ));
         lines.bind(key);
         // Units per SKU, sold in SKU order: the order a group close takes the same stock rows
@@ -88,18 +88,20 @@ impl Mapped {
             *per_sku.entry(sku.unwrap_or_default()).or_default() += units;
         }
         let st = &self.profile.stock;
-        let (lock, sold) = (col(&st.column), col(sold));
+        let sku_type = &self.key_types(conn).await?.sku;
+        let (set_lock, set_sold) = (self.quote(&st.column), self.quote(sold));
+        let (lock, sold) = (self.col(&st.column), self.col(sold));
         for (sku, units) in per_sku {
-            let mut s = Stmt::new(format!(
-                "UPDATE {} a SET {lock} = COALESCE({lock}, 0) - ",
+            let mut s = self.stmt(format!(
+                "UPDATE {} a SET {set_lock} = COALESCE({lock}, 0) - ",
                 self.stock
             ));
             s.bind(units)
-                .push(&format!(", {sold} = COALESCE({sold}, 0) - "))
+                .push(&format!(", {set_sold} = COALESCE({sold}, 0) - "))
                 .bind(units)
-                .push(&format!(" WHERE {} = ", col(&st.sku)))
-                .bind(sku.as_str())
-                .push(&format!(" AND COALESCE({lock}, 0) >= "))
+                .push(&format!(" WHERE {} = ", self.col(&st.sku)));
+            Self::bind_key(&mut s, sku_type, &sku);
+            s.push(&format!(" AND COALESCE({lock}, 0) >= "))
                 .bind(units)
                 .push(&format!(" AND COALESCE({sold}, 0) >= "))
                 .bind(units);
