@@ -1,5 +1,6 @@
 //! The chaos run on a shop's own tables (`scripts/chaos --schema mall`): three `timeoutd run`
-//! daemons closing macrozheng/mall's orders through the shipped profile, on MariaDB behind a
+//! daemons closing macrozheng/mall's orders through the shipped profile, on MariaDB (or, with
+//! `--backend postgres`, PostgreSQL: mall's tables in a schema of their own) behind a
 //! proxy, while a daemon is SIGKILLed every 5–15 s and restarted and the database is cut off for
 //! 10 s once. The shop places orders as mall's `generateOrder` does, each falling due a few
 //! seconds into the run; 40 % are paid as mall pays (status 0 → 1, a compare-and-set racing the
@@ -9,7 +10,8 @@
 //! it was due; each paid order's kept.
 //!
 //! Knobs: `TIMEOUTD_CHAOS_SECONDS` (default 120), `TIMEOUTD_CHAOS_ORDERS` (default 1500),
-//! `TIMEOUTD_CHAOS_SETTLE_SECONDS` (default 180).
+//! `TIMEOUTD_CHAOS_SETTLE_SECONDS` (default 180), `TIMEOUTD_CHAOS_MALL_BACKEND` (`mariadb`, the
+//! default, or `postgres`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -20,6 +22,8 @@ use sqlx::Row;
 use tokio::process::{Child, Command};
 
 use crate::fakes::Proxy;
+use timeoutd::db::Backend;
+
 use crate::shop::{Mall, Placed, profile_path};
 use crate::support::timeoutd_bin;
 
@@ -60,14 +64,21 @@ async fn mall() {
     let seconds = knob("TIMEOUTD_CHAOS_SECONDS", 120);
     let orders = knob("TIMEOUTD_CHAOS_ORDERS", 1_500) as i64;
     let settle = Duration::from_secs(knob("TIMEOUTD_CHAOS_SETTLE_SECONDS", 180));
-    let mall = Arc::new(Mall::new().await);
+    let backend = match std::env::var("TIMEOUTD_CHAOS_MALL_BACKEND").as_deref() {
+        Ok("postgres") => Backend::Postgres,
+        _ => Backend::MySql,
+    };
+    let mall = Arc::new(Mall::on(backend).await);
     let skus: Vec<i64> = (1..=SKUS).collect();
     mall.stock_up(&skus, 1_000_000).await;
     for member in 0..orders {
         mall.member(100_000 + member, 10, &[77]).await;
     }
 
-    let upstream = "127.0.0.1:3306";
+    let upstream = match backend {
+        Backend::Postgres => "127.0.0.1:5432",
+        _ => "127.0.0.1:3306",
+    };
     let proxy = Proxy::start(upstream).await;
     let through = mall
         .env
@@ -108,7 +119,7 @@ async fn mall() {
     };
     let mut daemons: Vec<Option<Child>> = (0..3).map(|i| Some(start(i))).collect();
     eprintln!(
-        "chaos (mall): {orders} orders over {seconds} s of faults, 3 daemons (logs in {})",
+        "chaos (mall, {backend:?}): {orders} orders over {seconds} s of faults, 3 daemons (logs in {})",
         dir.display()
     );
 
@@ -149,15 +160,16 @@ async fn mall() {
                 if fastrand::bool() {
                     // Armed in timeoutd's outbox by the order service; the rest wait for the
                     // sweep, as mall itself writes no rows.
-                    sqlx::query(
-                        "INSERT INTO order_timeout_msg (order_id, due_ms, phase, status) \
-                         VALUES (?, ?, 0, 'PENDING')",
-                    )
-                    .bind(id.to_string())
-                    .bind(due_ms)
-                    .execute(mall.env.db.pool())
-                    .await
-                    .unwrap();
+                    backend
+                        .query(
+                            "INSERT INTO order_timeout_msg (order_id, due_ms, phase, status) \
+                             VALUES (?, ?, 0, 'PENDING')",
+                        )
+                        .bind(id.to_string())
+                        .bind(due_ms)
+                        .execute(mall.env.db.pool())
+                        .await
+                        .unwrap();
                 }
                 placed.lock().unwrap().insert(
                     id,
@@ -177,13 +189,14 @@ async fn mall() {
                     payments.spawn(async move {
                         tokio::time::sleep(Duration::from_millis(pay_in.max(0) as u64)).await;
                         let took = loop {
-                            let paid = sqlx::query(
-                                "UPDATE oms_order SET status = 1, payment_time = NOW() \
-                                 WHERE id = ? AND status = 0",
-                            )
-                            .bind(id)
-                            .execute(mall.shop.pool())
-                            .await;
+                            let paid = backend
+                                .query(
+                                    "UPDATE oms_order SET status = 1, payment_time = NOW() \
+                                     WHERE id = ? AND status = 0",
+                                )
+                                .bind(id)
+                                .execute(mall.shop.pool())
+                                .await;
                             if let Ok(done) = paid {
                                 break done.rows_affected() == 1;
                             }
@@ -251,6 +264,7 @@ async fn mall() {
         "{}",
         json!({ "chaos": {
             "schema": "mall",
+            "backend": format!("{backend:?}"),
             "orders": orders,
             "faulted_seconds": seconds,
             "settled_seconds": (settled_s * 10.0).round() / 10.0,
@@ -277,14 +291,14 @@ async fn mall() {
 async fn audit(mall: &Mall, placed: &BTreeMap<i64, Placement>) -> (Vec<String>, serde_json::Value) {
     let mut v = Vec::new();
     let shop = mall.shop.pool();
-    let status: BTreeMap<i64, i64> =
-        sqlx::query("SELECT id, CAST(status AS SIGNED) FROM oms_order")
-            .fetch_all(shop)
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect();
+    let status: BTreeMap<i64, i64> = mall
+        .query("SELECT id, CAST(status AS SIGNED) FROM oms_order")
+        .fetch_all(shop)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
     let decisions = sqlx::query(
         "SELECT order_id, COUNT(*), MIN(decided_at_ms) FROM decision_log WHERE outcome = 'closed' \
          GROUP BY order_id",
@@ -308,10 +322,11 @@ async fn audit(mall: &Mall, placed: &BTreeMap<i64, Placement>) -> (Vec<String>, 
     .iter()
     .map(|r| ((r.get(0), r.get(1)), r.get(2)))
     .collect();
-    let members: BTreeMap<i64, (i64, i64)> = sqlx::query(
-        "SELECT m.id, CAST(m.integration AS SIGNED), CAST(COALESCE(SUM(h.use_status), 0) AS SIGNED) \
-         FROM ums_member m LEFT JOIN sms_coupon_history h ON h.member_id = m.id GROUP BY m.id",
-    )
+    let members: BTreeMap<i64, (i64, i64)> = mall
+        .query(
+            "SELECT m.id, CAST(m.integration AS SIGNED), CAST(COALESCE(SUM(h.use_status), 0) AS SIGNED) \
+             FROM ums_member m LEFT JOIN sms_coupon_history h ON h.member_id = m.id GROUP BY m.id",
+        )
     .fetch_all(shop)
     .await
     .unwrap()

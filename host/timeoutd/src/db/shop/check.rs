@@ -81,9 +81,17 @@ pub async fn check(db: &Db, m: &Mapped) -> Result<Report, DbError> {
         IdType::Bigint => Want::Integer,
         IdType::Text => Want::Text,
     };
-    let status = match &o.closed {
+    let kind = |v: &StatusValue| match v {
         StatusValue::Int(_) => Want::Integer,
         StatusValue::Text(_) => Want::Text,
+    };
+    let status = kind(&o.closed);
+    // A value the profile writes or compares (the soft-delete's live value, a settings key, a
+    // coupon state, a `[paid]` value) must be of its column's kind on PostgreSQL, which
+    // converts neither way; MySQL converts it, so any column does there.
+    let value_of = |v: &StatusValue| match db.backend() {
+        Backend::Postgres => kind(v),
+        Backend::MySql | Backend::Sqlite => Want::Any,
     };
     // (profile key, table, column, what it must be)
     let mut wanted: Vec<(String, &str, &str, Want)> = vec![
@@ -144,7 +152,7 @@ pub async fn check(db: &Db, m: &Mapped) -> Result<Report, DbError> {
             "orders.soft_delete.column".into(),
             &o.table,
             &d.column,
-            Want::Any,
+            value_of(&d.live),
         ));
     }
     match m.deadline() {
@@ -156,7 +164,12 @@ pub async fn check(db: &Db, m: &Mapped) -> Result<Report, DbError> {
                 &s.column,
                 Want::Integer,
             ));
-            wanted.push(("deadline.settings.key".into(), &s.table, &s.key, Want::Any));
+            wanted.push((
+                "deadline.settings.key".into(),
+                &s.table,
+                &s.key,
+                value_of(&s.key_value),
+            ));
         }
         Deadline::Window(_) => {}
     }
@@ -165,7 +178,7 @@ pub async fn check(db: &Db, m: &Mapped) -> Result<Report, DbError> {
             ("row", &c.row, Want::Integer),
             ("coupon", &c.coupon, Want::Any),
             ("holder", &c.holder, Want::Any),
-            ("status", &c.status, Want::Any),
+            ("status", &c.status, value_of(&c.locked)),
         ] {
             wanted.push((format!("coupon.{k}"), &c.table, col, want));
         }
@@ -178,8 +191,13 @@ pub async fn check(db: &Db, m: &Mapped) -> Result<Report, DbError> {
         if let Some(t) = &paid.time {
             wanted.push(("paid.time".into(), &o.table, t, time));
         }
-        for column in paid.set.keys() {
-            wanted.push((format!("paid.set.{column}"), &o.table, column, Want::Any));
+        for (column, value) in &paid.set {
+            wanted.push((
+                format!("paid.set.{column}"),
+                &o.table,
+                column,
+                value_of(value),
+            ));
         }
         if let Some(sold) = &paid.stock {
             wanted.push(("paid.stock".into(), &p.stock.table, sold, Want::Integer));

@@ -1109,13 +1109,16 @@ impl Mapped {
 
     /// `EXISTS (…)`: the order whose id (as text) is `outer` is pending and live (what the
     /// sweep's re-arm and retention ask of an order). On PostgreSQL a `BIGINT` id is compared
-    /// with `outer` read as a number (text that is no number matches nothing), so the id's
-    /// index is used.
+    /// with `outer` read as a number, so the id's index is used; text that is no 64-bit number
+    /// (checked before the cast, which would otherwise fail the statement) matches nothing.
     pub fn pending_exists(&self, outer: &str) -> Stmt {
         let key = match (self.backend, self.profile.orders.id_type) {
-            (Backend::Postgres, IdType::Bigint) => {
-                format!("CASE WHEN {outer} ~ '^-?[0-9]{{1,18}}$' THEN CAST({outer} AS BIGINT) END")
-            }
+            (Backend::Postgres, IdType::Bigint) => format!(
+                "CASE WHEN {outer} ~ '^-?[0-9]{{1,19}}$' AND CAST({outer} AS NUMERIC) \
+                 BETWEEN {min} AND {max} THEN CAST({outer} AS BIGINT) END",
+                min = i64::MIN,
+                max = i64::MAX
+            ),
             _ => outer.to_string(),
         };
         let mut s = self.stmt(format!(
