@@ -982,7 +982,10 @@ async fn profile_checked_against_the_live_tables(backend: Backend) {
         .replace("created = \"create_time\"", "created = \"order_sn\"")
         // Text where the column holds integers: MySQL converts it, PostgreSQL would fail
         // every statement comparing it.
-        .replace("live = 0 }", "live = \"0\" }");
+        .replace("live = 0 }", "live = \"0\" }")
+        // A name in another case: MySQL's columns match in any case; PostgreSQL's statements
+        // quote it, and `Status` is not the column `status`.
+        .replace("status = \"status\"", "status = \"Status\"");
     assert_ne!(broken, shipped);
     std::fs::write(dir.join("broken.toml"), &broken).unwrap();
     std::fs::write(dir.join("mall.toml"), &shipped).unwrap();
@@ -1030,7 +1033,13 @@ async fn profile_checked_against_the_live_tables(backend: Backend) {
                 )),
                 "{errors:#?}"
             );
-            4
+            assert!(
+                errors.iter().any(
+                    |e| e.contains("`orders.status`: table `oms_order` has no column `Status`")
+                ),
+                "{errors:#?}"
+            );
+            5
         }
         _ => 3,
     };

@@ -221,15 +221,19 @@ pub async fn check(db: &Db, m: &Mapped) -> Result<Report, DbError> {
         .bind(database.clone())
         .fetch_all(db.pool())
         .await?;
+    // How a name is matched: exactly on PostgreSQL, where the statements quote every name (an
+    // unquoted name in the shop's DDL was folded to lower case, so the profile must say it so);
+    // in any case on MySQL, whose column names never depend on case.
+    let name = |n: &str| match db.backend() {
+        Backend::Postgres => n.to_string(),
+        Backend::MySql | Backend::Sqlite => n.to_ascii_lowercase(),
+    };
     let mut columns: HashMap<(String, String), String> = HashMap::new();
     for r in &rows {
         let table: String = r.try_get(0)?;
         let column: String = r.try_get(1)?;
         let data_type: String = r.try_get(2)?;
-        columns.insert(
-            (table.to_ascii_lowercase(), column.to_ascii_lowercase()),
-            data_type,
-        );
+        columns.insert((name(&table), name(&column)), data_type);
     }
     let where_ = match (&database, db.backend()) {
         (Some(d), Backend::Postgres) => format!("schema `{d}`"),
@@ -242,7 +246,7 @@ pub async fn check(db: &Db, m: &Mapped) -> Result<Report, DbError> {
     let mut report = Report::default();
     let mut missing_tables: Vec<&str> = Vec::new();
     for (key, table, column, want) in &wanted {
-        let has_table = columns.keys().any(|(t, _)| t.eq_ignore_ascii_case(table));
+        let has_table = columns.keys().any(|(t, _)| *t == name(table));
         if !has_table {
             if !missing_tables.contains(table) {
                 missing_tables.push(table);
@@ -252,7 +256,7 @@ pub async fn check(db: &Db, m: &Mapped) -> Result<Report, DbError> {
             }
             continue;
         }
-        match columns.get(&(table.to_ascii_lowercase(), column.to_ascii_lowercase())) {
+        match columns.get(&(name(table), name(column))) {
             None => report
                 .problems
                 .push(format!("`{key}`: table `{table}` has no column `{column}`")),
