@@ -81,20 +81,29 @@ impl Stmt {
         self
     }
 
+    /// Appends one `?` bound to `value`, cast to the SQL type `ty` (`CAST(? AS ty)`) unless
+    /// `ty` is empty.
+    fn bind_as(&mut self, value: impl Into<Bind>, ty: &str) -> &mut Stmt {
+        if ty.is_empty() {
+            return self.bind(value);
+        }
+        self.push("CAST(").bind(value).push(&format!(" AS {ty})"))
+    }
+
     /// Appends `(?, ?, …)` bound to `values` (`(NULL)` when empty, which matches nothing).
     fn bind_list(&mut self, values: impl IntoIterator<Item = Bind>) -> &mut Stmt {
-        let values: Vec<Bind> = values.into_iter().collect();
-        if values.is_empty() {
-            return self.push("(NULL)");
+        self.bind_list_as(values, "")
+    }
+
+    /// [`Stmt::bind_list`], each marker as [`Stmt::bind_as`] binds it.
+    fn bind_list_as(&mut self, values: impl IntoIterator<Item = Bind>, ty: &str) -> &mut Stmt {
+        let mut any = false;
+        for v in values {
+            self.push(if any { ", " } else { "(" });
+            self.bind_as(v, ty);
+            any = true;
         }
-        self.push("(");
-        for (k, v) in values.into_iter().enumerate() {
-            if k > 0 {
-                self.push(", ");
-            }
-            self.bind(v);
-        }
-        self.push(")")
+        self.push(if any { ")" } else { "(NULL)" })
     }
 
     /// Binds this fragment's values onto `q`, whose text holds this fragment's markers next.
@@ -314,27 +323,6 @@ impl Mapped {
             }
         }
         Ok(self.key_types.get_or_init(|| types))
-    }
-
-    /// Appends `?` bound to the key `value`, cast to `ty` (a [`KeyTypes`] entry) when given.
-    fn bind_key(s: &mut Stmt, ty: &str, value: &str) {
-        if ty.is_empty() {
-            s.bind(value);
-        } else {
-            s.push("CAST(").bind(value).push(&format!(" AS {ty})"));
-        }
-    }
-
-    /// Appends `(?, ?, …)` of the keys `values`, each as [`Mapped::bind_key`] binds it
-    /// (`(NULL)` when empty, which matches nothing).
-    fn bind_keys<'v>(s: &mut Stmt, ty: &str, values: impl IntoIterator<Item = &'v str>) {
-        let mut any = false;
-        for v in values {
-            s.push(if any { ", " } else { "(" });
-            Self::bind_key(s, ty, v);
-            any = true;
-        }
-        s.push(if any { ")" } else { "(NULL)" });
     }
 
     /// The profile's name.
@@ -669,7 +657,7 @@ impl Mapped {
             return Ok(found);
         }
         let i = &self.profile.items;
-        let order_col = format!("a.{}", self.quote(&i.order));
+        let order_col = self.col(&i.order);
         let mut s = self.stmt(format!(
             "SELECT {} AS order_id, {} AS sku, {} AS quantity, {} AS price FROM {} a WHERE {order_col} IN ",
             self.text(&order_col),
@@ -801,7 +789,7 @@ impl Mapped {
         ));
         s.bind(units)
             .push(&format!(" WHERE {} = ", self.col(&st.sku)));
-        Self::bind_key(&mut s, sku_type, sku);
+        s.bind_as(sku, sku_type);
         if st.release == StockRelease::Unlock {
             s.push(&format!(" AND COALESCE({c}, 0) >= ")).bind(units);
         }
@@ -816,10 +804,10 @@ impl Mapped {
     ///
     /// # Errors
     /// [`DbError::Sql`] on query failure.
-    pub async fn release_coupons<'a>(
+    pub async fn release_coupons(
         &self,
         conn: &mut AnyConnection,
-        releases: &[(&'a str, &'a str, &'a str)],
+        releases: &[(&str, &str, &str)],
     ) -> Result<HashSet<String>, DbError> {
         let mut freed = HashSet::new();
         let (Some(c), Some(table)) = (&self.profile.coupon, &self.coupon) else {
@@ -828,11 +816,11 @@ impl Mapped {
         if releases.is_empty() {
             return Ok(freed);
         }
-        let distinct = |values: Vec<&'a str>| {
+        let distinct = |values: Vec<&str>| {
             let mut v = values;
             v.sort_unstable();
             v.dedup();
-            v
+            v.into_iter().map(Bind::from).collect::<Vec<_>>()
         };
         let types = self.key_types(conn).await?;
         let mut s = self.stmt(format!(
@@ -842,16 +830,14 @@ impl Mapped {
             self.text(&self.col(&c.holder)),
             self.col(&c.holder),
         ));
-        Self::bind_keys(
-            &mut s,
-            &types.holder,
+        s.bind_list_as(
             distinct(releases.iter().map(|r| r.2).collect()),
+            &types.holder,
         );
         s.push(&format!(" AND {} IN ", self.col(&c.coupon)));
-        Self::bind_keys(
-            &mut s,
-            &types.coupon,
+        s.bind_list_as(
             distinct(releases.iter().map(|r| r.0).collect()),
+            &types.coupon,
         );
         s.push(&format!(" AND {} = ", self.col(&c.status)))
             .bind(&c.locked)
@@ -957,11 +943,14 @@ impl Mapped {
         ));
         for (member, points) in &per_member {
             s.push(" WHEN ");
-            Self::bind_key(&mut s, member_type, member);
+            s.bind_as(member.as_str(), member_type);
             s.push(" THEN ").bind(*points);
         }
         s.push(&format!(" ELSE 0 END WHERE {key} IN "));
-        Self::bind_keys(&mut s, member_type, per_member.keys().map(String::as_str));
+        s.bind_list_as(
+            per_member.keys().map(|m| Bind::from(m.as_str())),
+            member_type,
+        );
         s.query().execute(&mut *conn).await?;
         Ok(back)
     }

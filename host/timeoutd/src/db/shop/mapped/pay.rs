@@ -71,11 +71,11 @@ impl Mapped {
         };
         let i = &self.profile.items;
         let mut lines = self.stmt(format!(
-            "SELECT {} AS sku, {} AS quantity FROM {} a WHERE a.{} = ",
+            "SELECT {} AS sku, {} AS quantity FROM {} a WHERE {} = ",
             self.text(&self.col(&i.sku)),
             self.int(&self.col(&i.quantity)),
             self.items,
-            self.quote(&i.order),
+            self.col(&i.order),
         ));
         lines.bind(key);
         // Units per SKU, sold in SKU order: the order a group close takes the same stock rows
@@ -100,7 +100,7 @@ impl Mapped {
                 .push(&format!(", {set_sold} = COALESCE({sold}, 0) - "))
                 .bind(units)
                 .push(&format!(" WHERE {} = ", self.col(&st.sku)));
-            Self::bind_key(&mut s, sku_type, &sku);
+            s.bind_as(sku.as_str(), sku_type);
             s.push(&format!(" AND COALESCE({lock}, 0) >= "))
                 .bind(units)
                 .push(&format!(" AND COALESCE({sold}, 0) >= "))
