@@ -29,7 +29,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use redis::AsyncCommands;
 use serde_json::{Value, json};
-use timeoutd::db::Backend;
+use timeoutd::db::{Backend, Db};
 use timeoutd_runtime::model::{Order, OrderItem, OrderStatus};
 use tokio::process::{Child, Command};
 
@@ -467,18 +467,17 @@ return 1
 /// database picks it as a deadlock victim (its stock rows against a close giving the same SKUs
 /// back; on Galera, a certification conflict), and while a Galera node or a Patroni primary is
 /// replaced. A commit whose answer was lost may have landed: a retry first looks for the order.
-pub(crate) async fn create(env: &Env, order: &Order) {
+pub(crate) async fn create(db: &Db, order: &Order) {
     let mut last = None;
     let until = Instant::now() + Duration::from_secs(60);
     let mut attempt = 0u64;
     while Instant::now() < until {
         if attempt > 0 {
-            let found = env
-                .db
+            let found = db
                 .backend()
                 .query("SELECT COUNT(*) FROM orders WHERE id = ?")
                 .bind(&order.id)
-                .fetch_one(env.db.pool())
+                .fetch_one(db.pool())
                 .await
                 .map(|r| sqlx::Row::get::<i64, _>(&r, 0));
             if matches!(found, Ok(1)) {
@@ -486,10 +485,9 @@ pub(crate) async fn create(env: &Env, order: &Order) {
             }
         }
         let written = async {
-            let mut tx = env.db.begin().await?;
+            let mut tx = db.begin().await?;
             if let Some(c) = &order.coupon {
-                env.db
-                    .backend()
+                db.backend()
                     .query("INSERT INTO coupons (id, user_id, status) VALUES (?, ?, 'AVAILABLE')")
                     .bind(c)
                     .bind(&order.user)
@@ -516,10 +514,10 @@ pub(crate) async fn create(env: &Env, order: &Order) {
 
 /// The database clock, retried for up to a minute (across a Galera node's or a primary's
 /// replacement).
-pub(crate) async fn db_now(env: &Env) -> i64 {
+pub(crate) async fn db_now(db: &Db) -> i64 {
     let until = Instant::now() + Duration::from_secs(60);
     loop {
-        match env.db.now_ms().await {
+        match db.now_ms().await {
             Ok(now) => return now,
             Err(e) if Instant::now() > until => panic!("the database clock: {e}"),
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
@@ -673,7 +671,7 @@ async fn run(backend: Backend, topology: Topology) {
     let fates: Arc<Mutex<BTreeMap<String, Fate>>> = Arc::default();
     let shards = Arc::new(shards);
     let shop = spawn_shop(Shop {
-        shards: shards.clone(),
+        pools: shop_pools(&shards, 1).await,
         fates: fates.clone(),
         books: provider.books.clone(),
         ports: daemons.http_ports.clone(),
@@ -681,6 +679,7 @@ async fn run(backend: Backend, topology: Topology) {
         orders,
         over: creation,
         writers: 1,
+        write_ms: Arc::default(),
     });
 
     // The faults, on a schedule relative to the faulted time.
@@ -794,11 +793,13 @@ async fn run(backend: Backend, topology: Topology) {
 }
 
 /// The shop's side of a run: `orders` orders placed evenly over `over` (each written by one of
-/// at most `writers` concurrent writers), their flash-sale slots taken first, and each buyer's
-/// fate ([`fate`]) played out; every order's fate lands in `fates`. Ends when every order is
-/// written and every payment made.
+/// at most `writers` concurrent writers, over `pools`: see [`shop_pools`]), their flash-sale
+/// slots taken first, and each buyer's fate ([`fate`]) played out; every order's fate lands in
+/// `fates`, and each order's time from its turn on the schedule to its commit in `write_ms`.
+/// Ends when every order is written and every payment made.
 pub(crate) struct Shop {
-    pub(crate) shards: Arc<Vec<Env>>,
+    /// The shop's connections to each shard, in shard order.
+    pub(crate) pools: Arc<Vec<Db>>,
     pub(crate) fates: Arc<Mutex<BTreeMap<String, Fate>>>,
     pub(crate) books: Arc<Mutex<crate::fakes::Books>>,
     /// The daemons' HTTP ports, for paid callbacks.
@@ -807,12 +808,30 @@ pub(crate) struct Shop {
     pub(crate) orders: usize,
     pub(crate) over: Duration,
     pub(crate) writers: usize,
+    /// Each order's time from its turn to its commit, ms (waiting for a writer included): a
+    /// shop that falls behind its rate shows why here.
+    pub(crate) write_ms: Arc<Mutex<Vec<i64>>>,
+}
+
+/// The shop's own connections to each of `shards`: one per writer and one for the clock. The
+/// shop once shared the test's pool of 8; that capped 32 writers at 8, and slow commits on a
+/// busy machine then held the load below its rate.
+pub(crate) async fn shop_pools(shards: &[Env], writers: usize) -> Arc<Vec<Db>> {
+    let mut pools = Vec::with_capacity(shards.len());
+    for env in shards {
+        pools.push(
+            Db::connect(&env.url, writers.max(1) as u32 + 1)
+                .await
+                .unwrap(),
+        );
+    }
+    Arc::new(pools)
 }
 
 /// Starts `shop` (see [`Shop`]).
 pub(crate) fn spawn_shop(shop: Shop) -> tokio::task::JoinHandle<()> {
     let Shop {
-        shards,
+        pools,
         fates,
         books,
         ports,
@@ -820,6 +839,7 @@ pub(crate) fn spawn_shop(shop: Shop) -> tokio::task::JoinHandle<()> {
         orders,
         over,
         writers,
+        write_ms,
     } = shop;
     tokio::spawn(async move {
         let http = reqwest::Client::new();
@@ -829,12 +849,14 @@ pub(crate) fn spawn_shop(shop: Shop) -> tokio::task::JoinHandle<()> {
         let mut next = tokio::time::Instant::now();
         for n in 0..orders {
             tokio::time::sleep_until(next).await;
+            let turn = next;
             next += gap;
             let writer = writers.clone().acquire_owned().await.unwrap();
-            let (shards, fates, books) = (shards.clone(), fates.clone(), books.clone());
+            let (pools, fates, books) = (pools.clone(), fates.clone(), books.clone());
             let (http, ports, redis) = (http.clone(), ports.clone(), redis.clone());
+            let write_ms = write_ms.clone();
             lives.spawn(async move {
-                let now = db_now(&shards[0]).await;
+                let now = db_now(&pools[0]).await;
                 let order = new_order(n, now);
                 if order.flash_activity.is_some() {
                     reserve_flash(&redis, &order).await;
@@ -843,11 +865,15 @@ pub(crate) fn spawn_shop(shop: Shop) -> tokio::task::JoinHandle<()> {
                 let at = timeoutd::config::routing::shard_of(
                     timeoutd::config::Routing::HashMod,
                     &order.id,
-                    shards.len(),
+                    pools.len(),
                 )
                 .unwrap();
-                create(&shards[at], &order).await;
+                create(&pools[at], &order).await;
                 drop(writer);
+                write_ms
+                    .lock()
+                    .unwrap()
+                    .push(turn.elapsed().as_millis() as i64);
                 let f = fate();
                 fates.lock().unwrap().insert(order.id.clone(), f);
                 let window = order.deadline_ms - now;
