@@ -539,6 +539,98 @@ async fn payments_committed_while_a_group_waits_on_their_lock_are_left_alone_pos
     env.cleanup().await;
 }
 
+/// A group close that loses a deadlock on the hot stock rows runs again whole, not one order at
+/// a time (the soak of 2026-12-07: each deadlocked group split into one transaction per order,
+/// more transactions on the rows that deadlocked, until the shop fell behind). The group holds
+/// `sku-a` and waits for `sku-b`, which another transaction holds; that one then asks for
+/// `sku-a`. The group is the victim: on MariaDB because the other side changed more rows (InnoDB
+/// rolls back the lighter), on PostgreSQL because the group waited first (its deadlock check,
+/// `deadlock_timeout` after its wait began, finds the circle). Every order closes once, in one
+/// transaction after the pause, and the stock is back exactly.
+async fn a_group_close_that_loses_a_deadlock_runs_again_whole(env: &Env) {
+    env.stock_up(&[("sku-a", 1_000), ("sku-b", 1_000)]).await;
+    for i in 0..3 {
+        env.create(&order(&format!("dl-{i}"), "acme", T0)).await;
+    }
+    let (clock, _) = Clock::manual(T0 + 1);
+    let d = env.dispatcher(&env.config(SINGLE, ""), clock).await;
+    let triggers = env.claim(T0 + 1).await;
+    assert_eq!(triggers.len(), 3);
+    let recorder = timeoutd::events::metrics_handle();
+    let retried = "timeoutd_group_conflicts_total{group=\"close\",outcome=\"retried\"}";
+    let before = crate::support::sample(&recorder.render(), retried).unwrap_or(0.0);
+    let mut other = env.db.pool().begin().await.unwrap();
+    // Heavier than the group: 200 rows changed (rolled back at the end).
+    let filler: Vec<String> = (0..200).map(|i| format!("('filler-{i:03}', 1)")).collect();
+    env.db
+        .backend()
+        .query_owned(format!(
+            "INSERT INTO sku_stock (sku, available) VALUES {}",
+            filler.join(", ")
+        ))
+        .execute(&mut *other)
+        .await
+        .unwrap();
+    let hold = "UPDATE sku_stock SET available = available WHERE sku = ?";
+    env.db
+        .backend()
+        .query(hold)
+        .bind("sku-b")
+        .execute(&mut *other)
+        .await
+        .unwrap();
+    let group = tokio::spawn(async move { d.handle_group(&triggers).await });
+    // The group has given back sku-a's stock and waits for sku-b's row.
+    env.until_waiting_on_a_lock().await;
+    env.db
+        .backend()
+        .query(hold)
+        .bind("sku-a")
+        .execute(&mut *other)
+        .await
+        .unwrap();
+    other.rollback().await.unwrap();
+    let (closed, noop) = tally(&group.await.unwrap());
+    assert_eq!((closed, noop), (3, 0));
+    assert!(
+        crate::support::sample(&recorder.render(), retried).unwrap_or(0.0) > before,
+        "the deadlocked group was run again whole ({retried})"
+    );
+    if let Some(transactions) = closing_transactions(env).await {
+        assert_eq!(
+            transactions, 1,
+            "the three closes committed in one transaction, not split"
+        );
+    }
+    assert_eq!(
+        env.int(
+            "SELECT COUNT(*) FROM effect_ledger WHERE kind = ?",
+            "restore-stock"
+        )
+        .await,
+        6,
+        "one stock release per order and SKU"
+    );
+    assert_eq!(
+        (env.stock("sku-a").await, env.stock("sku-b").await),
+        (1_000, 1_000)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_group_close_that_loses_a_deadlock_runs_again_whole_mariadb() {
+    let env = Env::new(Backend::MySql).await;
+    a_group_close_that_loses_a_deadlock_runs_again_whole(&env).await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_group_close_that_loses_a_deadlock_runs_again_whole_postgres() {
+    let env = Env::new(Backend::Postgres).await;
+    a_group_close_that_loses_a_deadlock_runs_again_whole(&env).await;
+    env.cleanup().await;
+}
+
 each_backend! {
     /// The broker consumer's claim of a group's rows (`relay::claim_rows`): one statement takes
     /// every open row nobody holds; each position gets its own answer — a row listed twice is

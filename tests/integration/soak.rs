@@ -300,13 +300,29 @@ async fn run(backend: Backend) {
         reading.shop_write_max_ms = writes.last().copied().unwrap_or(0);
         // The load is what the run claims: the shop kept up with its rate (within 10 %, counted
         // from the start, so an order held up across a reading's boundary counts where it lands).
+        // And no interval collapsed (at least 75 % of its own share): late in a long run the
+        // count from the start would hide a shop that had stopped.
         created_so_far += reading.created;
         let due = rate as f64 * started.elapsed().as_secs_f64().min(seconds as f64);
+        let interval_due = rate as f64 * report.as_secs_f64();
+        let mut short = Vec::new();
+        if (reading.created as f64) < interval_due * 0.75 {
+            short.push(format!(
+                "the shop's rate collapsed in the interval ending at {} s: {} orders created, \
+                 {interval_due:.0} due",
+                reading.at_s, reading.created
+            ));
+        }
         if (created_so_far as f64) < due * 0.9 {
+            short.push(format!(
+                "the shop fell behind at {} s: {created_so_far} orders created so far, {due:.0} due",
+                reading.at_s
+            ));
+        }
+        for what in short {
             reading.faults.push(format!(
-                "the shop fell behind at {} s: {created_so_far} orders created so far, {due:.0} due \
-                 (its writes: p99 {} ms, max {} ms; the machine {:.0} % busy, {:.0} % waiting on I/O)",
-                reading.at_s,
+                "{what} (its writes: p99 {} ms, max {} ms; the machine {:.0} % busy, {:.0} % \
+                 waiting on I/O)",
                 reading.shop_write_p99_ms,
                 reading.shop_write_max_ms,
                 reading.machine_busy_pct,

@@ -422,6 +422,25 @@ impl DbError {
             if e.code().is_some_and(|c| c == "26000" || c == "42P05"))
     }
 
+    /// The server ended the transaction over a lock conflict, so nothing of it was written and
+    /// running it again whole is safe: a deadlock victim (MariaDB/MySQL error 1213, SQLSTATE
+    /// 40001, which Galera also returns for a certification failure; PostgreSQL 40P01), a
+    /// serialization failure (PostgreSQL 40001), a lock wait timeout (MariaDB/MySQL 1205,
+    /// PostgreSQL `lock_timeout`, 55P03), or a transaction its fence found ended
+    /// ([`DbError::Aborted`]).
+    pub fn is_lock_conflict(&self) -> bool {
+        match self {
+            DbError::Aborted { .. } => true,
+            DbError::Sql(sqlx::Error::Database(e)) => {
+                e.code()
+                    .is_some_and(|c| matches!(c.as_ref(), "40001" | "40P01" | "55P03"))
+                    || e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                        .is_some_and(|m| matches!(m.number(), 1205 | 1213))
+            }
+            _ => false,
+        }
+    }
+
     /// A pooler refused a start-up parameter the driver sends (PgBouncer: `unsupported startup
     /// parameter: extra_float_digits`, unless its `ignore_startup_parameters` lists it).
     pub fn refused_startup_parameter(&self) -> Option<String> {

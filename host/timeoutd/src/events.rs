@@ -127,6 +127,20 @@ pub enum Event<'a> {
         /// `order_timeout_msg` or `effect_ledger`.
         table: &'static str,
     },
+    /// A group's shared transaction lost a lock conflict ([`crate::db::DbError::is_lock_conflict`]:
+    /// a deadlock, a lock wait timeout, a Galera certification failure) and rolled back
+    /// (`timeoutd_group_conflicts_total{group, outcome}`): `retried` (the group runs again
+    /// whole after a jittered pause) or `split` (its retries spent, each order goes alone).
+    GroupConflict {
+        /// `close` or `wait`.
+        group: &'static str,
+        /// `retried` or `split`.
+        outcome: &'static str,
+        /// Orders in the group.
+        orders: usize,
+        /// The server's error.
+        error: &'a str,
+    },
     /// An order the provider said was paid was aligned to PAID instead of closed
     /// (`timeoutd_payments_aligned_total`).
     Aligned,
@@ -285,6 +299,30 @@ pub fn emit(event: Event<'_>) {
         }
         Event::StaleClaim { table } => {
             counter!("timeoutd_stale_completions_total", "table" => table).increment(1);
+        }
+        Event::GroupConflict {
+            group,
+            outcome,
+            orders,
+            error,
+        } => {
+            if outcome == "split" {
+                tracing::warn!(
+                    group,
+                    orders,
+                    error,
+                    "group transaction kept losing lock conflicts; carrying out each decision alone"
+                );
+            } else {
+                tracing::debug!(
+                    group,
+                    orders,
+                    error,
+                    "group transaction lost a lock conflict; running it again"
+                );
+            }
+            counter!("timeoutd_group_conflicts_total", "group" => group, "outcome" => outcome)
+                .increment(1);
         }
         Event::Aligned => {
             counter!("timeoutd_payments_aligned_total").increment(1);

@@ -10,7 +10,7 @@
 //!   statement, the ledger and the decision log in multi-row inserts, the outbox rows finished
 //!   in one. No plugin, no dispatch, no waiting for a group to fill: what the database itself
 //!   allows for these writes, which the daemon can approach but not pass.
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -293,22 +293,20 @@ async fn close_group(
         locked.len(),
         ids.len()
     );
-    let mut per_sku: BTreeMap<&str, i64> = BTreeMap::new();
+    let mut stock: Vec<(&str, i64)> = Vec::new();
     let mut coupons: Vec<(&str, &str, &str)> = Vec::new();
     for (id, user, effects) in &orders_of {
         for effect in effects {
             match effect {
-                Effect::RestoreStock { sku, quantity } => {
-                    *per_sku.entry(sku).or_default() += i64::from(*quantity);
-                }
+                Effect::RestoreStock { sku, quantity } => stock.push((sku, i64::from(*quantity))),
                 Effect::ReleaseCoupon { coupon } => coupons.push((coupon, id, user)),
                 _ => {}
             }
         }
     }
-    for (sku, units) in &per_sku {
+    for (sku, units) in orders::units_per_sku(stock) {
         anyhow::ensure!(
-            orders::restore_units(&mut tx, schema, sku, *units).await?,
+            orders::restore_units(&mut tx, schema, sku, units).await?,
             "no stock row for {sku}"
         );
     }

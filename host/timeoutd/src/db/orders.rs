@@ -520,6 +520,20 @@ pub async fn return_points(
     }
 }
 
+/// Units per SKU summed from `lines` (SKU, units), iterated in the order every transaction of
+/// timeoutd's takes stock rows: ascending SKU, compared as text (the group close and
+/// [`create`]; docs/adoption.md asks a shop's own order service to do the same). Two
+/// transactions that take their stock rows this way never deadlock on them.
+pub fn units_per_sku<'a>(
+    lines: impl IntoIterator<Item = (&'a str, i64)>,
+) -> BTreeMap<&'a str, i64> {
+    let mut per_sku: BTreeMap<&str, i64> = BTreeMap::new();
+    for (sku, units) in lines {
+        *per_sku.entry(sku).or_default() += units;
+    }
+    per_sku
+}
+
 /// The reference order service's create: in one transaction, insert the order and its lines,
 /// lock (subtract) the lines' stock, one statement per SKU in ascending SKU order, lock the
 /// coupon, and insert the order's first outbox row (phase 0, due at the deadline). That row
@@ -551,7 +565,6 @@ pub async fn create(conn: &mut AnyConnection, o: &Order) -> Result<(), DbError> 
     .bind(&o.payment_ref)
     .execute(&mut *conn)
     .await?;
-    let mut per_sku: BTreeMap<&str, i64> = BTreeMap::new();
     for (line, item) in o.items.iter().enumerate() {
         Backend::of(conn).query(
             "INSERT INTO order_items (order_id, line_no, sku, quantity, unit_price_cents) VALUES (?, ?, ?, ?, ?)",
@@ -563,9 +576,12 @@ pub async fn create(conn: &mut AnyConnection, o: &Order) -> Result<(), DbError> 
         .bind(item.unit_price_cents)
         .execute(&mut *conn)
         .await?;
-        *per_sku.entry(item.sku.as_str()).or_default() += i64::from(item.quantity);
     }
-    for (sku, units) in per_sku {
+    let lines = o
+        .items
+        .iter()
+        .map(|i| (i.sku.as_str(), i64::from(i.quantity)));
+    for (sku, units) in units_per_sku(lines) {
         Backend::of(conn)
             .query("UPDATE sku_stock SET available = available - ? WHERE sku = ?")
             .bind(units)

@@ -4,7 +4,7 @@
 //! live here: the stamp, what each effect does inside the transaction, the reason a lost
 //! compare-and-set gives, and each effect's ledger row.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 
 use timeoutd_runtime::model::{Decision, Effect};
 
@@ -221,18 +221,17 @@ impl Dispatcher {
         let leases = orders::live_leases(&mut tx, schema, &lost, now_ms).await?;
         let held = |k: usize| leases.get(ids[k]).copied();
         let closing = || (0..group.len()).filter(|&k| won[k]);
-        // Stock: one statement per SKU, in SKU order (two groups never deadlock on stock rows).
+        // Stock: one statement per SKU, in SKU order (`orders::units_per_sku`: no two of our
+        // transactions deadlock on stock rows).
         // Before the orders' update, so that a group waiting for a hot SKU's row lock (a flash
         // sale's groups all touch the same few) is stamped after the wait: the orders it won
         // are already locked by `lock_pending`.
-        let mut per_sku: BTreeMap<&str, i64> = BTreeMap::new();
+        let mut stock: Vec<(&str, i64)> = Vec::new();
         let mut coupons: Vec<(&str, &str, &str)> = Vec::new();
         for k in closing() {
             for effect in cancels[k].1 {
                 match in_close(effect) {
-                    InClose::Stock { sku, quantity } => {
-                        *per_sku.entry(sku).or_default() += i64::from(quantity)
-                    }
+                    InClose::Stock { sku, quantity } => stock.push((sku, i64::from(quantity))),
                     InClose::Coupon { coupon } => {
                         coupons.push((coupon, ids[k], group[k].order.user.as_str()))
                     }
@@ -241,8 +240,8 @@ impl Dispatcher {
             }
         }
         let mut missing_skus: HashSet<&str> = HashSet::new();
-        for (sku, units) in &per_sku {
-            if !orders::restore_units(&mut tx, schema, sku, *units).await? {
+        for (sku, units) in orders::units_per_sku(stock) {
+            if !orders::restore_units(&mut tx, schema, sku, units).await? {
                 missing_skus.insert(sku);
             }
         }

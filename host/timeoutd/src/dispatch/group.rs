@@ -15,21 +15,37 @@
 //!   decision log, and one update for the outbox rows;
 //! - the permitted waits share another: their next phases' rows, reminders and decisions in
 //!   multi-row statements, for the orders still PENDING (locked likewise);
-//! - if a shared transaction fails, the group is split: each order is tried alone, a group of
-//!   one through the same close ([`super::close`]) or wait ([`super::wait`]), so one bad order
-//!   never holds the others back.
+//! - if a shared transaction loses a lock conflict (a deadlock on hot stock rows), it runs again
+//!   whole after a jittered pause, a few times ([`Dispatcher::commit_together`]);
+//! - if it fails otherwise, or keeps losing, the group is split: each order is tried alone, a
+//!   group of one through the same close ([`super::close`]) or wait ([`super::wait`]), so one
+//!   bad order never holds the others back.
 //!
 //! The lever and its measurement come from graphile-worker, River and db-scheduler (batched
 //! completion; see `../shared/PERFORMANCE.md`); `timeoutd bench` measures it against the
 //! one-order-per-commit baseline in the same run.
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
 
 use futures_util::future::join_all;
 use timeoutd_runtime::model::{Decision, Order};
 
 use super::{Dispatcher, Outcome, Ready, Step, Trigger, permitted};
 use crate::db::{DbError, orders, outbox};
+use crate::retry::Backoff;
+
+/// How many times a group's shared transaction that lost a lock conflict runs again whole
+/// before the group is split ([`Dispatcher::commit_together`]).
+const CONFLICT_RETRIES: u32 = 3;
+
+/// The pause before a lock-conflicted group runs again: 20 ms, doubling, at most 200 ms (before
+/// jitter). A deadlock's other side is a group or a shop write of a few ms, so a short pause
+/// lets it commit; the retries stay well inside a claim's lease.
+const CONFLICT_BACKOFF: Backoff = Backoff {
+    initial: Duration::from_millis(20),
+    max: Duration::from_millis(200),
+};
 
 /// Which shared transaction a group of decisions goes through.
 #[derive(Clone, Copy)]
@@ -158,18 +174,16 @@ impl Dispatcher {
                 continue;
             }
             let readies: Vec<&Ready> = group.iter().map(|(_, r)| r.as_ref()).collect();
-            let committed = match together {
-                GroupKind::Wait => self.wait(&readies).await,
-                GroupKind::Close => self.close(&readies).await,
-            };
-            match committed {
+            match self.commit_together(together, &readies).await {
                 Ok(done) => {
                     for ((i, _), outcome) in group.iter().zip(done) {
                         outcomes[*i] = Some(outcome);
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, orders = group.len(), "group transaction failed; carrying out each decision alone");
+                    if !e.is_lock_conflict() {
+                        tracing::warn!(error = %e, orders = group.len(), "group transaction failed; carrying out each decision alone");
+                    }
                     self.carry_out_each(triggers, group, &mut outcomes).await;
                 }
             }
@@ -178,6 +192,51 @@ impl Dispatcher {
             .into_iter()
             .map(|o| o.expect("every trigger of the group has an outcome"))
             .collect()
+    }
+
+    /// Commits `readies` in one shared transaction of `kind`. A lock conflict (a deadlock with
+    /// another group or the shop's own writes on hot stock rows, a Galera certification
+    /// failure) rolled the whole transaction back, so the group runs again whole, up to
+    /// [`CONFLICT_RETRIES`] times after a jittered pause ([`CONFLICT_BACKOFF`], ×0.5–1.5 so
+    /// the two sides of a deadlock do not meet again): splitting it into one transaction per
+    /// order would put more transactions on the very rows that deadlocked (the soak of
+    /// 2026-12-07: deadlocks fed on their own fallback until the shop fell behind). Any other
+    /// error, or conflicts past the retries, is returned for the caller to split the group.
+    async fn commit_together(
+        &self,
+        kind: GroupKind,
+        readies: &[&Ready],
+    ) -> Result<Vec<Outcome>, DbError> {
+        let name = match kind {
+            GroupKind::Wait => "wait",
+            GroupKind::Close => "close",
+        };
+        let mut conflicts = 0;
+        loop {
+            let committed = match kind {
+                GroupKind::Wait => self.wait(readies).await,
+                GroupKind::Close => self.close(readies).await,
+            };
+            let e = match committed {
+                Err(e) if e.is_lock_conflict() => e,
+                done => return done,
+            };
+            conflicts += 1;
+            let retry = conflicts <= CONFLICT_RETRIES;
+            emit(Event::GroupConflict {
+                group: name,
+                outcome: if retry { "retried" } else { "split" },
+                orders: readies.len(),
+                error: &e.to_string(),
+            });
+            if !retry {
+                return Err(e);
+            }
+            let pause = CONFLICT_BACKOFF
+                .delay(conflicts)
+                .mul_f64(0.5 + fastrand::f64());
+            tokio::time::sleep(pause).await;
+        }
     }
 
     async fn handle_each(&self, triggers: &[Trigger]) -> Vec<Outcome> {

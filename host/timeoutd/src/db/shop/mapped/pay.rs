@@ -79,14 +79,16 @@ impl Mapped {
         ));
         lines.bind(key);
         // Units per SKU, sold in SKU order: the order a group close takes the same stock rows
-        // in (`dispatch/close.rs`), so a payment and a close never wait on each other in a
+        // in (`orders::units_per_sku`), so a payment and a close never wait on each other in a
         // circle.
-        let mut per_sku: std::collections::BTreeMap<String, i64> = Default::default();
+        let mut sold_lines: Vec<(String, i64)> = Vec::new();
         for line in lines.query().fetch_all(&mut *conn).await? {
             let sku: Option<String> = line.try_get("sku")?;
             let units: i64 = line.try_get::<Option<i64>, _>("quantity")?.unwrap_or(0);
-            *per_sku.entry(sku.unwrap_or_default()).or_default() += units;
+            sold_lines.push((sku.unwrap_or_default(), units));
         }
+        let per_sku =
+            crate::db::orders::units_per_sku(sold_lines.iter().map(|(s, u)| (s.as_str(), *u)));
         let st = &self.profile.stock;
         let sku_type = &self.key_types(conn).await?.sku;
         let (set_lock, set_sold) = (self.quote(&st.column), self.quote(sold));
@@ -100,7 +102,7 @@ impl Mapped {
                 .push(&format!(", {set_sold} = COALESCE({sold}, 0) - "))
                 .bind(units)
                 .push(&format!(" WHERE {} = ", self.col(&st.sku)));
-            s.bind_as(sku.as_str(), sku_type);
+            s.bind_as(sku, sku_type);
             s.push(&format!(" AND COALESCE({lock}, 0) >= "))
                 .bind(units)
                 .push(&format!(" AND COALESCE({sold}, 0) >= "))
