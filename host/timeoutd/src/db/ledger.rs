@@ -264,7 +264,7 @@ pub async fn claim_many(
     }
     let rows = db
         .backend()
-        .query("SELECT id FROM effect_ledger WHERE claim_token = ? AND status = 'PENDING'")
+        .query(CLAIMED)
         .bind(token.clone())
         .fetch_all(db.pool())
         .await?;
@@ -275,6 +275,16 @@ pub async fn claim_many(
     Ok((token, ids))
 }
 
+/// The PENDING effects held under a claim token (bound: the token). Found through the
+/// `effect_ledger_claim` index (migration 15) however large the PENDING backlog.
+pub const CLAIMED: &str =
+    "SELECT id FROM effect_ledger WHERE claim_token = ? AND status = 'PENDING'";
+
+/// A claim's lease renewal (bound: the new `claim_until_ms`, the token); through
+/// `effect_ledger_claim` like [`CLAIMED`].
+pub const RENEW: &str =
+    "UPDATE effect_ledger SET claim_until_ms = ? WHERE claim_token = ? AND status = 'PENDING'";
+
 /// Extends the lease of the PENDING effects held under `token` to `until_ms` (their executor
 /// is still at work). Returns how many it still holds.
 ///
@@ -284,9 +294,7 @@ pub async fn renew(db: &Db, token: &str, until_ms: i64) -> Result<u64, DbError> 
     let _gate = db.write_gate().await;
     let done = db
         .backend()
-        .query(
-            "UPDATE effect_ledger SET claim_until_ms = ? WHERE claim_token = ? AND status = 'PENDING'",
-        )
+        .query(RENEW)
         .bind(until_ms)
         .bind(token.to_string())
         .execute(db.pool())

@@ -170,6 +170,12 @@ const SQLITE: &[Step] = &[
         include_str!("../../migrations/sqlite/0014_coupons_by_order.sql"),
         Change::Additive,
     ),
+    (
+        15,
+        "ledger by claim",
+        include_str!("../../migrations/sqlite/0015_ledger_by_claim.sql"),
+        Change::Additive,
+    ),
 ];
 const MYSQL: &[Step] = &[
     (
@@ -256,6 +262,12 @@ const MYSQL: &[Step] = &[
         include_str!("../../migrations/mysql/0014_coupons_by_order.sql"),
         Change::Additive,
     ),
+    (
+        15,
+        "ledger by claim",
+        include_str!("../../migrations/mysql/0015_ledger_by_claim.sql"),
+        Change::Additive,
+    ),
 ];
 const POSTGRES: &[Step] = &[
     (
@@ -328,6 +340,12 @@ const POSTGRES: &[Step] = &[
         14,
         "coupons by order",
         include_str!("../../migrations/postgres/0014_coupons_by_order.sql"),
+        Change::Additive,
+    ),
+    (
+        15,
+        "ledger by claim",
+        include_str!("../../migrations/postgres/0015_ledger_by_claim.sql"),
         Change::Additive,
     ),
 ];
@@ -1076,12 +1094,12 @@ mod tests {
 
     #[test]
     fn a_newer_schema_runs_inside_its_window_and_is_refused_outside() {
-        // MariaDB/MySQL's 12 (the write fence) and every backend's 13 (payment leases) and 14
-        // (coupons by order) are additive: the window still starts at 11.
-        assert_eq!(latest(Backend::MySql), 14);
+        // MariaDB/MySQL's 12 (the write fence) and every backend's 13 (payment leases), 14
+        // (coupons by order) and 15 (ledger by claim) are additive: the window still starts at 11.
+        assert_eq!(latest(Backend::MySql), 15);
         assert_eq!(compatible_from(Backend::MySql), 11);
         assert_eq!(
-            assess(Some(&state(14, Some((14, 11)))), Backend::MySql).unwrap(),
+            assess(Some(&state(15, Some((15, 11)))), Backend::MySql).unwrap(),
             Fit::Current
         );
         assert_eq!(
@@ -1089,10 +1107,10 @@ mod tests {
             Fit::Behind(Some(11))
         );
         let build = latest(Backend::Postgres);
-        assert_eq!(build, 14);
+        assert_eq!(build, 15);
         assert_eq!(compatible_from(Backend::Postgres), 11);
         assert_eq!(
-            assess(Some(&state(14, Some((14, 11)))), Backend::Postgres).unwrap(),
+            assess(Some(&state(15, Some((15, 11)))), Backend::Postgres).unwrap(),
             Fit::Current
         );
         assert_eq!(
@@ -1101,21 +1119,21 @@ mod tests {
         );
         assert_eq!(assess(None, Backend::Postgres).unwrap(), Fit::Behind(None));
         assert!(matches!(
-            assess(Some(&state(15, Some((15, 11)))), Backend::Postgres),
+            assess(Some(&state(16, Some((16, 11)))), Backend::Postgres),
             Ok(Fit::Newer {
-                database: 15,
+                database: 16,
                 compatible_from: 11,
                 ..
             })
         ));
-        let refused = assess(Some(&state(15, Some((15, 15)))), Backend::Postgres).unwrap_err();
+        let refused = assess(Some(&state(16, Some((16, 16)))), Backend::Postgres).unwrap_err();
         assert!(refused.needs_operator());
         let line = refused.to_string();
         assert!(!line.contains('\n'), "{line}");
         for part in [
-            "version 15",
-            "at least 15",
-            "this build's is 14",
+            "version 16",
+            "at least 16",
+            "this build's is 15",
             "upgrade this daemon",
         ] {
             assert!(line.contains(part), "{part}: {line}");
