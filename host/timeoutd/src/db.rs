@@ -16,6 +16,7 @@ pub mod fence;
 pub mod fixtures;
 pub mod journal;
 pub mod ledger;
+pub mod lock_order;
 pub mod maintenance_lease;
 pub mod migrate;
 pub use migrate::latest as latest_schema_version;

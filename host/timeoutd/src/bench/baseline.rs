@@ -19,7 +19,7 @@ use tokio::task::JoinSet;
 
 use super::seed::{coupon_of, lines_of, sku_name};
 use crate::clock::Stopwatch;
-use crate::db::{Db, journal, ledger, orders, outbox};
+use crate::db::{Db, journal, ledger, lock_order, orders, outbox};
 
 /// What the baseline measured.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
@@ -304,7 +304,7 @@ async fn close_group(
             }
         }
     }
-    for (sku, units) in orders::units_per_sku(stock) {
+    for (sku, units) in lock_order::units_per_sku(stock) {
         anyhow::ensure!(
             orders::restore_units(&mut tx, schema, sku, units).await?,
             "no stock row for {sku}"

@@ -2,8 +2,6 @@
 //! with its stock and coupon changes, and the reference order service (create, pay) that the
 //! demo and the tests use exactly as an order service would.
 
-use std::collections::BTreeMap;
-
 use sqlx::{AnyConnection, Row};
 use timeoutd_runtime::model::{Order, OrderItem, OrderStatus};
 
@@ -520,26 +518,12 @@ pub async fn return_points(
     }
 }
 
-/// Units per SKU summed from `lines` (SKU, units), iterated in the order every transaction of
-/// timeoutd's takes stock rows: ascending SKU, compared as text (the group close and
-/// [`create`]; docs/adoption.md asks a shop's own order service to do the same). Two
-/// transactions that take their stock rows this way never deadlock on them.
-pub fn units_per_sku<'a>(
-    lines: impl IntoIterator<Item = (&'a str, i64)>,
-) -> BTreeMap<&'a str, i64> {
-    let mut per_sku: BTreeMap<&str, i64> = BTreeMap::new();
-    for (sku, units) in lines {
-        *per_sku.entry(sku).or_default() += units;
-    }
-    per_sku
-}
-
 /// The reference order service's create: in one transaction, insert the order and its lines,
 /// lock (subtract) the lines' stock, one statement per SKU in ascending SKU order, lock the
 /// coupon, and insert the order's first outbox row (phase 0, due at the deadline). That row
 /// alone is enough for timeoutd to close the order on time.
 ///
-/// Row locks are taken in the close's order (stock rows by ascending SKU, then the coupon:
+/// Row locks are taken in the close's order (stock rows by ascending SKU, [`super::lock_order`], then the coupon:
 /// [`crate::dispatch`]'s group close), so a create and a close never deadlock on them. Taken in
 /// line order, they did: in an hour's soak at 150 orders a second over 8 SKUs, creates and group
 /// closes deadlocked about 15 times a minute, and each deadlocked group was then closed one
@@ -581,7 +565,7 @@ pub async fn create(conn: &mut AnyConnection, o: &Order) -> Result<(), DbError> 
         .items
         .iter()
         .map(|i| (i.sku.as_str(), i64::from(i.quantity)));
-    for (sku, units) in units_per_sku(lines) {
+    for (sku, units) in super::lock_order::units_per_sku(lines) {
         Backend::of(conn)
             .query("UPDATE sku_stock SET available = available - ? WHERE sku = ?")
             .bind(units)

@@ -10,7 +10,7 @@ use timeoutd_runtime::model::{Decision, Effect};
 
 use super::{Decided, Dispatcher, Outcome, Ready};
 use crate::db::shop::mapped::PointsBack;
-use crate::db::{DbError, WriteTx, journal, ledger, orders, outbox};
+use crate::db::{DbError, WriteTx, journal, ledger, lock_order, orders, outbox};
 use crate::events::{Event, emit};
 use crate::kinds::LedgerKind;
 
@@ -221,7 +221,7 @@ impl Dispatcher {
         let leases = orders::live_leases(&mut tx, schema, &lost, now_ms).await?;
         let held = |k: usize| leases.get(ids[k]).copied();
         let closing = || (0..group.len()).filter(|&k| won[k]);
-        // Stock: one statement per SKU, in SKU order (`orders::units_per_sku`: no two of our
+        // Stock: one statement per SKU, in SKU order (`lock_order::units_per_sku`: no two of our
         // transactions deadlock on stock rows).
         // Before the orders' update, so that a group waiting for a hot SKU's row lock (a flash
         // sale's groups all touch the same few) is stamped after the wait: the orders it won
@@ -240,7 +240,7 @@ impl Dispatcher {
             }
         }
         let mut missing_skus: HashSet<&str> = HashSet::new();
-        for (sku, units) in orders::units_per_sku(stock) {
+        for (sku, units) in lock_order::units_per_sku(stock) {
             if !orders::restore_units(&mut tx, schema, sku, units).await? {
                 missing_skus.insert(sku);
             }

@@ -79,7 +79,7 @@ impl Mapped {
         ));
         lines.bind(key);
         // Units per SKU, sold in SKU order: the order a group close takes the same stock rows
-        // in (`orders::units_per_sku`), so a payment and a close never wait on each other in a
+        // in (`lock_order::units_per_sku`), so a payment and a close never wait on each other in a
         // circle.
         let mut sold_lines: Vec<(String, i64)> = Vec::new();
         for line in lines.query().fetch_all(&mut *conn).await? {
@@ -88,7 +88,7 @@ impl Mapped {
             sold_lines.push((sku.unwrap_or_default(), units));
         }
         let per_sku =
-            crate::db::orders::units_per_sku(sold_lines.iter().map(|(s, u)| (s.as_str(), *u)));
+            crate::db::lock_order::units_per_sku(sold_lines.iter().map(|(s, u)| (s.as_str(), *u)));
         let st = &self.profile.stock;
         let sku_type = &self.key_types(conn).await?.sku;
         let (set_lock, set_sold) = (self.quote(&st.column), self.quote(sold));
