@@ -518,17 +518,7 @@ async fn a_payment_finds_its_coupon_by_index() {
             .await
             .unwrap()
             .iter()
-            .map(|row| {
-                (0..sqlx::Row::len(row))
-                    .map(|i| {
-                        sqlx::Row::try_get::<Option<String>, _>(row, i)
-                            .ok()
-                            .flatten()
-                            .unwrap_or_default()
-                    })
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            })
+            .map(plan_line)
             .collect();
         assert!(
             plan.iter().any(|line| line.contains("coupons_order")),
@@ -621,17 +611,7 @@ async fn the_effect_executor_finds_its_claim_by_index_under_a_backlog() {
                 .await
                 .unwrap()
                 .iter()
-                .map(|row| {
-                    (0..sqlx::Row::len(row))
-                        .map(|i| {
-                            sqlx::Row::try_get::<Option<String>, _>(row, i)
-                                .ok()
-                                .flatten()
-                                .unwrap_or_default()
-                        })
-                        .collect::<Vec<_>>()
-                        .join(" ")
-                })
+                .map(plan_line)
                 .collect();
             assert!(
                 plan.iter().any(|line| line.contains(index)),
@@ -640,4 +620,17 @@ async fn the_effect_executor_finds_its_claim_by_index_under_a_backlog() {
         }
         env.cleanup().await;
     }
+}
+
+/// One `EXPLAIN` row as one line: its columns' text joined by spaces (NULLs empty).
+fn plan_line(row: &sqlx::any::AnyRow) -> String {
+    (0..sqlx::Row::len(row))
+        .map(|i| {
+            sqlx::Row::try_get::<Option<String>, _>(row, i)
+                .ok()
+                .flatten()
+                .unwrap_or_default()
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
