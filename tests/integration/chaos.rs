@@ -336,7 +336,7 @@ lease = "5s"
 [dispatch]
 retry_initial = "100ms"
 retry_max = "1s"
-[payment]
+{stock}[payment]
 base_url = "{provider}"
 timeout = "1s"
 unknown_max_wait = "5s"
@@ -366,8 +366,19 @@ channel = "hook"
 [redis]
 url = "{redis_url}"
 {extra}"#,
-        swap = swap_plugin.display()
+        swap = swap_plugin.display(),
+        stock = stock_mode_table()
     )
+}
+
+/// `[dispatch.stock]` as `TIMEOUTD_STOCK_MODE` asks (`journal`; `scripts/chaos --stock journal`,
+/// `scripts/soak --stock journal`), else nothing: the default, `direct`.
+fn stock_mode_table() -> String {
+    match std::env::var("TIMEOUTD_STOCK_MODE").as_deref() {
+        Ok("journal") => "[dispatch.stock]\nmode = \"journal\"\n".to_string(),
+        Ok("direct") | Err(_) => String::new(),
+        Ok(other) => panic!("TIMEOUTD_STOCK_MODE is `direct` or `journal`, not `{other}`"),
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1200,9 +1211,15 @@ pub(crate) async fn audit(
         {
             *held.entry(sqlx::Row::get(&r, 0)).or_default() += sqlx::Row::get::<i64, _>(&r, 1);
         }
+        // Units a journal-mode close appended and no fold has added yet are stock too.
+        let mut journal: HashMap<String, i64> = HashMap::new();
+        for r in rows(shard, "SELECT sku, units FROM stock_journal").await {
+            *journal.entry(sqlx::Row::get(&r, 0)).or_default() += sqlx::Row::get::<i64, _>(&r, 1);
+        }
         for r in rows(shard, "SELECT sku, available FROM sku_stock").await {
             let sku: String = sqlx::Row::get(&r, 0);
-            let available: i64 = sqlx::Row::get(&r, 1);
+            let available: i64 =
+                sqlx::Row::get::<i64, _>(&r, 1) + journal.get(&sku).copied().unwrap_or(0);
             let want = UNITS_PER_SKU - held.get(&sku).copied().unwrap_or(0);
             if available != want {
                 stock_off += 1;

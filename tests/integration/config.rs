@@ -303,3 +303,42 @@ fn the_pool_size_left_out_depends_on_the_backend_and_max_connections_overrides_i
         12
     );
 }
+
+/// `[dispatch.stock]`: the journal needs a pace and a batch, and gives units back to timeoutd's
+/// own `sku_stock` only, so it is refused beside a shop's schema profile, each named by its key.
+#[test]
+fn a_stock_journal_on_a_shops_schema_or_without_a_pace_is_refused() {
+    let raw = r#"
+[database]
+url = "mysql://root@127.0.0.1:3306/test"
+[database.shop]
+profile = "profiles/mall.toml"
+database = "mall"
+[dispatch.stock]
+mode = "journal"
+fold_interval = "0s"
+fold_batch = 0
+[merchants.mall]
+plugin = "builtin:single-phase"
+"#;
+    let problems = Config::from_toml(raw, &repo_root().join("config"), &|_| None).unwrap_err();
+    let keys: Vec<&str> = problems.problems.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "dispatch.stock.fold_interval",
+            "dispatch.stock.fold_batch",
+            "dispatch.stock.mode"
+        ],
+        "{problems}"
+    );
+    assert!(
+        problems
+            .to_string()
+            .contains("timeoutd's own sku_stock only"),
+        "{problems}"
+    );
+    let direct = raw.replace("mode = \"journal\"", "mode = \"direct\"");
+    Config::from_toml(&direct, &repo_root().join("config"), &|_| None)
+        .expect("direct mode on a shop's schema (its fold keys unused)");
+}

@@ -35,6 +35,7 @@ mod shop;
 mod shop_payments;
 mod skew;
 mod soak;
+mod stock_journal;
 mod stripe;
 mod support;
 mod wechatpay;

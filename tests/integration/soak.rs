@@ -53,12 +53,14 @@ async fn postgres() {
     run(Backend::Postgres).await;
 }
 
-/// timeoutd's own tables, which retention keeps bounded (the shop's `orders` grows by design).
-const OWN_TABLES: [&str; 4] = [
+/// timeoutd's own tables, which retention (or, for the stock journal, the fold) keeps bounded
+/// (the shop's `orders` grows by design).
+const OWN_TABLES: [&str; 5] = [
     "order_timeout_msg",
     "effect_ledger",
     "decision_log",
     "dead_letter",
+    "stock_journal",
 ];
 
 /// The ledger's retention window, seconds: `redis.marker_ttl`'s floor of an hour, below which
@@ -99,6 +101,9 @@ struct Reading {
     db_connections: i64,
     /// Rows per table.
     rows: BTreeMap<&'static str, i64>,
+    /// Ledger effects waiting for the executor (`timeoutd_ledger_pending`, the first daemon's
+    /// sample of the database-wide count): an executor behind its producers shows here first.
+    ledger_pending: f64,
     /// Orders created, closed in the interval.
     created: i64,
     closed: i64,
@@ -276,6 +281,10 @@ async fn run(backend: Backend) {
                 reading.daemons.push(DaemonReading::default());
                 continue;
             };
+            if i == 0 {
+                reading.ledger_pending =
+                    metric(&metrics, "timeoutd_ledger_pending ").unwrap_or(0.0);
+            }
             reading.daemons.push(DaemonReading {
                 rss_mib: rss_kib as f64 / 1024.0,
                 threads,
@@ -567,7 +576,7 @@ fn row(r: &Reading) -> String {
     format!(
         "soak {:>5} s  created {:>6} closed {:>6}  late p50/p99/max {}/{}/{} ms  shop write p99/max {}/{} ms  \
          machine busy/iowait {:.0}/{:.0} %  RSS {} MiB  fds {}  threads {}  tasks {}  pool {}  cpu {} s  \
-         db conns {}  rows {}",
+         db conns {}  ledger pending {:.0}  rows {}",
         r.at_s,
         r.created,
         r.closed,
@@ -585,6 +594,7 @@ fn row(r: &Reading) -> String {
         per(&|d| format!("{:.0}", d.pool_open)),
         per(&|d| format!("{:.1}", d.cpu_s)),
         r.db_connections,
+        r.ledger_pending,
         r.rows
             .iter()
             .map(|(t, n)| format!("{t}={n}"))

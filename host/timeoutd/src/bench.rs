@@ -47,7 +47,7 @@ use serde::Serialize;
 pub use report::Report;
 
 use crate::clock::Clock;
-use crate::config::Config;
+use crate::config::{Config, StockMode};
 use crate::daemon::Daemon;
 use crate::db::{Backend, Db};
 
@@ -87,6 +87,8 @@ pub struct BenchArgs {
     pub orders: u32,
     /// SKUs the orders' lines draw on (at least 1; 1 is a flash sale on one stock row).
     pub skus: u32,
+    /// How the daemon's closes give stock back; `None`: as the config's `[dispatch.stock]`.
+    pub stock: Option<crate::config::StockMode>,
     /// How far ahead of the start the shared deadline is put, ms.
     pub lead_ms: i64,
     /// Merchant whose plugin decides (default: the first configured).
@@ -164,6 +166,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     db.close().await;
 
     let mut config = args.config.clone();
+    if let Some(mode) = args.stock {
+        config.dispatch.stock.mode = mode;
+    }
     config.database.url = url.clone();
     config.database.migrate = false;
     config.http = None;
@@ -319,6 +324,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         .as_ref()
         .map(|_| counters::thread_cpu_seconds(watch::WATCHER_THREADS) - watcher_cpu_before);
     let cpu_s = counters::cpu_seconds() - cpu_before - watcher_cpu_s.unwrap_or(0.0);
+    let stock_back_ms = match config.dispatch.stock.mode {
+        StockMode::Direct => None,
+        StockMode::Journal => Some(stock_back(&db, deadline_ms, limit_ms).await?),
+    };
     let daemon_peak_rss_mib = peak_reset.then(counters::peak_rss_mib);
     let drain_end = bottleneck::Snapshot::take();
     let bottleneck =
@@ -349,6 +358,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
             daemons: args.daemons.max(1),
             orders: n,
             skus: args.skus,
+            stock: config.dispatch.stock.mode,
+            stock_back_ms,
             deadline_ms,
             spread_ms: args.spread_ms,
             history: args.history,
@@ -376,6 +387,31 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     }
     db.close().await;
     Ok(report)
+}
+
+/// Polls the stock journal every 20 ms until it is empty; returns when, ms after `deadline_ms`
+/// (database clock).
+///
+/// # Errors
+/// A query failing, or units still in the journal `limit_ms` after the deadline.
+async fn stock_back(db: &Db, deadline_ms: i64, limit_ms: i64) -> anyhow::Result<i64> {
+    loop {
+        let pending = crate::db::stock_journal::units_pending(db, None).await?;
+        let now = db.now_ms().await?;
+        if pending == 0 {
+            progress(format_args!(
+                "every stock unit folded back {:.2} s after the deadline",
+                (now - deadline_ms) as f64 / 1e3
+            ));
+            return Ok(now - deadline_ms);
+        }
+        anyhow::ensure!(
+            now - deadline_ms < limit_ms,
+            "{pending} stock units still in the journal {} s after the deadline",
+            (now - deadline_ms) / 1000
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 fn progress(line: std::fmt::Arguments<'_>) {

@@ -111,6 +111,11 @@ pub enum Command {
         /// close updates. `--skus 1` is a flash sale (every order on one stock row).
         #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
         skus: u32,
+        /// How the daemon's closes give stock back (`[dispatch.stock] mode`; default: the
+        /// config's): `direct` updates `sku_stock` in each close, `journal` appends to the stock
+        /// journal and folds it (the report says when every unit was back).
+        #[arg(long, value_enum)]
+        stock: Option<crate::config::StockMode>,
         /// How far ahead the shared deadline is put once the daemon runs (path `broker`: at
         /// least 15 s, and 4 ms per order, so the broker has every message in its timer wheel).
         #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
@@ -201,6 +206,7 @@ pub fn main() -> ExitCode {
                 path,
                 orders,
                 skus,
+                stock,
                 lead,
                 merchant,
                 daemons,
@@ -215,6 +221,7 @@ pub fn main() -> ExitCode {
                         path,
                         orders,
                         skus,
+                        stock,
                         lead_ms: lead.as_millis() as i64,
                         merchant,
                         daemons,

@@ -361,6 +361,46 @@ pub struct DispatchConfig {
     /// never closed, its stock untouched.
     #[serde(default = "defaults::max_window", with = "duration")]
     pub max_window: Duration,
+    /// `[dispatch.stock]`: how a close gives stock units back.
+    #[serde(default)]
+    pub stock: StockConfig,
+}
+
+/// `[dispatch.stock]`: how a close gives the units of its `restore-stock` effects back to
+/// `sku_stock` (docs/operators.md, "A flash sale: the stock journal").
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StockConfig {
+    /// `"direct"` (default) or `"journal"`.
+    #[serde(default)]
+    pub mode: StockMode,
+    /// `"journal"`: time between two folds of the journal into `sku_stock` (default 50ms). The
+    /// longest a unit given back stays out of `available` is about this plus one fold.
+    #[serde(default = "defaults::stock_fold_interval", with = "duration")]
+    pub fold_interval: Duration,
+    /// `"journal"`: journal rows one fold transaction takes at most (default 2000); a fold
+    /// that takes this many runs again at once.
+    #[serde(default = "defaults::stock_fold_batch")]
+    pub fold_batch: u32,
+}
+
+/// Where a close writes the units it gives back.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum StockMode {
+    /// `UPDATE sku_stock SET available = available + ?` in the close transaction, one statement
+    /// per SKU: a reader sees the units back at the close's commit. Every close of a SKU takes
+    /// its row lock, so closes of one hot SKU commit one after another.
+    #[default]
+    Direct,
+    /// A row per SKU appended to `stock_journal` in the close transaction, added to `sku_stock`
+    /// by a fold every `fold_interval` ([`crate::db::stock_journal`]). No close waits for a
+    /// stock row lock; a reader of `sku_stock.available` sees the units back at the fold's
+    /// commit, never before the close's (an under-count in between, never an over-count).
+    /// timeoutd's own tables only: a schema profile's lock release is checked per close.
+    Journal,
 }
 
 /// `[runtime]`: limits of every plugin call.
@@ -969,6 +1009,12 @@ pub(crate) mod defaults {
     pub fn max_window() -> Duration {
         Duration::from_secs(30 * 24 * 3600)
     }
+    pub fn stock_fold_interval() -> Duration {
+        Duration::from_millis(50)
+    }
+    pub fn stock_fold_batch() -> u32 {
+        2000
+    }
     pub fn payment_lease() -> Duration {
         Duration::from_secs(120)
     }
@@ -1024,6 +1070,7 @@ default_from_serde!(
     SweepConfig,
     RetentionConfig,
     DispatchConfig,
+    StockConfig,
     RuntimeConfig,
     EffectsConfig
 );

@@ -406,6 +406,15 @@ impl Daemon {
             ));
             names.insert(task.id(), "the retention pass");
         }
+        // The stock journal's fold (with `mode = "direct"`: one fold of what a journal-mode run
+        // left behind).
+        let task = tasks.spawn(crate::stock_fold::run(
+            db.clone(),
+            clock.clone(),
+            config.dispatch.stock.clone(),
+            rx.clone(),
+        ));
+        names.insert(task.id(), "the stock journal's fold");
         let http_addr = serve_http(
             config,
             || {

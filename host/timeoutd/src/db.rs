@@ -29,6 +29,7 @@ pub mod replay;
 pub mod retention;
 pub mod shop;
 pub mod slowlog;
+pub mod stock_journal;
 pub mod views;
 
 use std::ops::{Deref, DerefMut};

@@ -204,7 +204,8 @@ pub struct Dispatcher {
     db: Db,
     clock: Clock,
     policies: Arc<Policies>,
-    retry: DispatchConfig,
+    /// `[dispatch]`: retries, the plausible window, how stock is given back.
+    config: DispatchConfig,
     effects: Arc<dyn AfterCommit>,
     provider: Option<align::Provider>,
     /// Plugin calls running at once, at most: one per core. A decision is CPU work (about
@@ -318,7 +319,7 @@ impl Dispatcher {
         db: Db,
         clock: Clock,
         policies: Arc<Policies>,
-        retry: DispatchConfig,
+        config: DispatchConfig,
         effects: Arc<dyn AfterCommit>,
     ) -> Self {
         let cores = std::thread::available_parallelism().map_or(2, usize::from);
@@ -326,7 +327,7 @@ impl Dispatcher {
             db,
             clock,
             policies,
-            retry,
+            config,
             effects,
             provider: None,
             deciders: Arc::new(tokio::sync::Semaphore::new(cores)),
@@ -452,7 +453,8 @@ impl Dispatcher {
             let reason = format!("order is {}", order.status.as_str());
             return Ok(Staged::Ended(Step::NotPending { reason }));
         }
-        if let Some((field, reason)) = implausible(&order, self.retry.max_window.as_millis() as i64)
+        if let Some((field, reason)) =
+            implausible(&order, self.config.max_window.as_millis() as i64)
         {
             tracing::error!(order = %order.id, field, %reason, "quarantined: implausible times; nothing closed");
             emit(Event::Quarantined { field });

@@ -141,6 +141,18 @@ pub enum Event<'a> {
         /// The server's error.
         error: &'a str,
     },
+    /// A fold of the stock journal committed ([`crate::db::stock_journal::fold`]):
+    /// `timeoutd_stock_folded_units_total` and `timeoutd_stock_folded_rows_total` count what it
+    /// gave back to `sku_stock`; `timeoutd_stock_fold_lag_seconds` is how long its oldest row
+    /// waited (the longest a reader of `available` saw those units missing after the close).
+    StockFolded {
+        /// Journal rows folded.
+        rows: u64,
+        /// Units given back, over all SKUs.
+        units: i64,
+        /// The fold's commit time − its oldest row's `created_at_ms` (the close's), ms.
+        lag_ms: i64,
+    },
     /// An order the provider said was paid was aligned to PAID instead of closed
     /// (`timeoutd_payments_aligned_total`).
     Aligned,
@@ -323,6 +335,16 @@ pub fn emit(event: Event<'_>) {
             }
             counter!("timeoutd_group_conflicts_total", "group" => group, "outcome" => outcome)
                 .increment(1);
+        }
+        Event::StockFolded {
+            rows,
+            units,
+            lag_ms,
+        } => {
+            tracing::debug!(rows, units, lag_ms, "stock journal folded");
+            counter!("timeoutd_stock_folded_rows_total").increment(rows);
+            counter!("timeoutd_stock_folded_units_total").increment(units.max(0) as u64);
+            histogram!("timeoutd_stock_fold_lag_seconds").record(lag_ms.max(0) as f64 / 1e3);
         }
         Event::Aligned => {
             counter!("timeoutd_payments_aligned_total").increment(1);

@@ -46,4 +46,5 @@ pub mod rocketmq;
 pub mod shards;
 pub mod shutdown;
 pub mod sources;
+pub mod stock_fold;
 pub mod telemetry;

@@ -23,6 +23,12 @@ pub struct Report {
     pub skus: u32,
     /// Daemons that drained it together.
     pub daemons: u32,
+    /// How the closes gave stock back (`[dispatch.stock] mode`).
+    pub stock: crate::config::StockMode,
+    /// `journal`: when the last journal row had been folded (every unit back in
+    /// `sku_stock.available`), ms after the (first) deadline, as polled every 20 ms after the
+    /// drain. `None` in `direct` mode (the units are back at each close's commit).
+    pub stock_back_ms: Option<i64>,
     /// Deadlines this far apart, ms (0: one shared instant).
     pub spread_ms: i64,
     /// PAID/CLOSED orders of the past in the tables besides the burst.
@@ -193,6 +199,14 @@ impl Report {
             self.backend, self.path, self.orders, self.skus, self.daemons
         ));
         out.push_str(&format!(
+            "  stock               {:?}{}\n",
+            self.stock,
+            self.stock_back_ms.map_or(String::new(), |ms| format!(
+                " · every unit folded back {:.2} s after the deadline",
+                ms as f64 / 1e3
+            ))
+        ));
+        out.push_str(&format!(
             "  closes/s            {:>10.0}   baseline {:>8.0}   ratio {:.2}\n",
             self.closes_per_s, self.baseline_closes_per_s, self.ratio
         ));
@@ -297,6 +311,8 @@ pub(super) struct Inputs {
     pub daemons: u32,
     pub orders: u32,
     pub skus: u32,
+    pub stock: crate::config::StockMode,
+    pub stock_back_ms: Option<i64>,
     pub deadline_ms: i64,
     pub spread_ms: i64,
     pub history: u32,
@@ -371,6 +387,8 @@ pub(super) async fn collect(db: &Db, closes: &Closes, i: Inputs) -> anyhow::Resu
         daemons: i.daemons,
         orders: i.orders,
         skus: i.skus,
+        stock: i.stock,
+        stock_back_ms: i.stock_back_ms,
         spread_ms: i.spread_ms,
         history: i.history,
         sweep_query_ms,

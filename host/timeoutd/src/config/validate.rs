@@ -227,6 +227,32 @@ fn url(url: &str, at: &str, p: &mut ConfigProblems) {
     }
 }
 
+/// `[dispatch.stock]`: the journal folds at some pace, and only into timeoutd's own
+/// `sku_stock` (a schema profile's lock release is guarded per close: `lock_stock >= units`).
+fn stock(c: &Config, p: &mut ConfigProblems) {
+    let st = &c.dispatch.stock;
+    if st.mode != super::StockMode::Journal {
+        return;
+    }
+    if st.fold_interval.is_zero() {
+        p.push("dispatch.stock.fold_interval", "must be longer than 0ms");
+    }
+    if st.fold_batch == 0 {
+        p.push(
+            "dispatch.stock.fold_batch",
+            "must be at least 1 (rows per fold)",
+        );
+    }
+    if c.database.shop.is_some() {
+        p.push(
+            "dispatch.stock.mode",
+            "\"journal\" gives units back to timeoutd's own sku_stock only; with [database.shop] \
+             a close releases the shop's stock itself, each line guarded in its own transaction \
+             (use \"direct\")",
+        );
+    }
+}
+
 pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
     let mut p = ConfigProblems::default();
     database(c, &mut p);
@@ -268,6 +294,7 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
             "is longer than dispatch.retry_max",
         );
     }
+    stock(c, &mut p);
     if c.sweep.enabled && !c.outbox.enabled {
         p.push(
             "sweep.enabled",

@@ -156,7 +156,7 @@ pub struct AuditCounts {
     pub closed_early: i64,
     /// `closed` decisions logged for daemon orders.
     pub closed_decisions: i64,
-    /// Stock units available over all SKUs.
+    /// Stock units over all SKUs: available, plus the stock journal's units not yet folded.
     pub stock_units: i64,
     /// Coupons not AVAILABLE.
     pub coupons_held: i64,
@@ -187,10 +187,16 @@ pub async fn audit_counts(db: &Db) -> Result<AuditCounts, DbError> {
         "SELECT COUNT(*) FROM decision_log WHERE outcome = 'closed' AND order_id LIKE 'd-%'",
     )
     .await?;
+    // The stock journal's units not yet folded are stock too (`[dispatch.stock] mode =
+    // "journal"`): exactly once is `available` plus the journal.
     let units = match db.backend() {
-        Backend::MySql => "SELECT CAST(SUM(available) AS SIGNED) FROM sku_stock",
+        Backend::MySql => {
+            "SELECT CAST(SUM(available) + (SELECT COALESCE(SUM(units), 0) FROM stock_journal) \
+             AS SIGNED) FROM sku_stock"
+        }
         Backend::Sqlite | Backend::Postgres => {
-            "SELECT CAST(SUM(available) AS BIGINT) FROM sku_stock"
+            "SELECT CAST(SUM(available) + (SELECT COALESCE(SUM(units), 0) FROM stock_journal) \
+             AS BIGINT) FROM sku_stock"
         }
     };
     let stock_units = scalar(db, units).await?;

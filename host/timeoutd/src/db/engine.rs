@@ -49,6 +49,7 @@ pub const TABLES: &[&str] = &[
     "maintenance_lease",
     "write_fence",
     "payment_leases",
+    "stock_journal",
 ];
 
 /// What the server is.

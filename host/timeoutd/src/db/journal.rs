@@ -121,6 +121,12 @@ pub const SOURCE_ROCKETMQ_PAID: &str = "rocketmq-paid";
 /// ([`crate::rocketmq::dlq`]).
 pub const SOURCE_ROCKETMQ_DLQ: &str = "rocketmq-dlq";
 
+/// `dead_letter.source` of stock-journal units whose `sku_stock` row was gone when they were
+/// folded ([`super::stock_journal::fold`]): the payload names the SKU, the units and the
+/// journal rows. It names no order (one journal row holds many orders' units); an operator gives
+/// the units back by hand, or dismisses it.
+pub const SOURCE_STOCK_JOURNAL: &str = "stock-journal";
+
 /// Dead letters about one trigger row or broker message, not about the order it names (a row
 /// due at no clock's time, a message that could not be read or was given up on): an OPEN one does
 /// not keep the sweep off its order (FAILURES.md F14: a poison message's order still closes by

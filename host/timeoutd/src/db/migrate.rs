@@ -176,6 +176,12 @@ const SQLITE: &[Step] = &[
         include_str!("../../migrations/sqlite/0015_ledger_by_claim.sql"),
         Change::Additive,
     ),
+    (
+        16,
+        "stock journal",
+        include_str!("../../migrations/sqlite/0016_stock_journal.sql"),
+        Change::Additive,
+    ),
 ];
 const MYSQL: &[Step] = &[
     (
@@ -268,6 +274,12 @@ const MYSQL: &[Step] = &[
         include_str!("../../migrations/mysql/0015_ledger_by_claim.sql"),
         Change::Additive,
     ),
+    (
+        16,
+        "stock journal",
+        include_str!("../../migrations/mysql/0016_stock_journal.sql"),
+        Change::Additive,
+    ),
 ];
 const POSTGRES: &[Step] = &[
     (
@@ -346,6 +358,12 @@ const POSTGRES: &[Step] = &[
         15,
         "ledger by claim",
         include_str!("../../migrations/postgres/0015_ledger_by_claim.sql"),
+        Change::Additive,
+    ),
+    (
+        16,
+        "stock journal",
+        include_str!("../../migrations/postgres/0016_stock_journal.sql"),
         Change::Additive,
     ),
 ];
@@ -1080,7 +1098,7 @@ mod tests {
             .map(|&(_, _, sql, _)| statements(sql).len())
             .collect();
         // Counted by hand: the lines ending a statement, outside comments.
-        assert_eq!(counts, [13, 3, 1, 6, 2, 1, 3, 1, 11, 5, 2, 1, 1, 1, 2]);
+        assert_eq!(counts, [13, 3, 1, 6, 2, 1, 3, 1, 11, 5, 2, 1, 1, 1, 2, 1]);
         for &(version, _, sql, _) in MYSQL {
             for s in statements(sql) {
                 assert!(!s.contains("--") && !s.ends_with(';'), "{version}: {s}");
@@ -1095,11 +1113,12 @@ mod tests {
     #[test]
     fn a_newer_schema_runs_inside_its_window_and_is_refused_outside() {
         // MariaDB/MySQL's 12 (the write fence) and every backend's 13 (payment leases), 14
-        // (coupons by order) and 15 (ledger by claim) are additive: the window still starts at 11.
-        assert_eq!(latest(Backend::MySql), 15);
+        // (coupons by order), 15 (ledger by claim) and 16 (stock journal) are additive: the window
+        // still starts at 11.
+        assert_eq!(latest(Backend::MySql), 16);
         assert_eq!(compatible_from(Backend::MySql), 11);
         assert_eq!(
-            assess(Some(&state(15, Some((15, 11)))), Backend::MySql).unwrap(),
+            assess(Some(&state(16, Some((16, 11)))), Backend::MySql).unwrap(),
             Fit::Current
         );
         assert_eq!(
@@ -1107,10 +1126,10 @@ mod tests {
             Fit::Behind(Some(11))
         );
         let build = latest(Backend::Postgres);
-        assert_eq!(build, 15);
+        assert_eq!(build, 16);
         assert_eq!(compatible_from(Backend::Postgres), 11);
         assert_eq!(
-            assess(Some(&state(15, Some((15, 11)))), Backend::Postgres).unwrap(),
+            assess(Some(&state(16, Some((16, 11)))), Backend::Postgres).unwrap(),
             Fit::Current
         );
         assert_eq!(
@@ -1119,29 +1138,29 @@ mod tests {
         );
         assert_eq!(assess(None, Backend::Postgres).unwrap(), Fit::Behind(None));
         assert!(matches!(
-            assess(Some(&state(16, Some((16, 11)))), Backend::Postgres),
+            assess(Some(&state(17, Some((17, 11)))), Backend::Postgres),
             Ok(Fit::Newer {
-                database: 16,
+                database: 17,
                 compatible_from: 11,
                 ..
             })
         ));
-        let refused = assess(Some(&state(16, Some((16, 16)))), Backend::Postgres).unwrap_err();
+        let refused = assess(Some(&state(17, Some((17, 17)))), Backend::Postgres).unwrap_err();
         assert!(refused.needs_operator());
         let line = refused.to_string();
         assert!(!line.contains('\n'), "{line}");
         for part in [
-            "version 16",
-            "at least 16",
-            "this build's is 15",
+            "version 17",
+            "at least 17",
+            "this build's is 16",
             "upgrade this daemon",
         ] {
             assert!(line.contains(part), "{part}: {line}");
         }
         assert!(matches!(
-            assess(Some(&state(16, None)), Backend::Postgres),
+            assess(Some(&state(17, None)), Backend::Postgres),
             Err(SchemaError::TooNew {
-                compatible_from: 16,
+                compatible_from: 17,
                 ..
             })
         ));
@@ -1168,10 +1187,10 @@ mod tests {
             assess(Some(&s), Backend::MySql).unwrap(),
             Fit::Behind(Some(9))
         );
-        s.half_applied.as_mut().unwrap().version = 16;
+        s.half_applied.as_mut().unwrap().version = 17;
         assert!(matches!(
             assess(Some(&s), Backend::MySql),
-            Err(SchemaError::HalfApplied { version: 16, .. })
+            Err(SchemaError::HalfApplied { version: 17, .. })
         ));
     }
 }

@@ -4,13 +4,14 @@
 //! live here: the stamp, what each effect does inside the transaction, the reason a lost
 //! compare-and-set gives, and each effect's ledger row.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 use timeoutd_runtime::model::{Decision, Effect};
 
 use super::{Decided, Dispatcher, Outcome, Ready};
+use crate::config::StockMode;
 use crate::db::shop::mapped::PointsBack;
-use crate::db::{DbError, WriteTx, journal, ledger, lock_order, orders, outbox};
+use crate::db::{DbError, WriteTx, journal, ledger, lock_order, orders, outbox, stock_journal};
 use crate::events::{Event, emit};
 use crate::kinds::LedgerKind;
 
@@ -19,7 +20,8 @@ use crate::kinds::LedgerKind;
 /// same (`tests::every_effect_is_in_the_transaction_where_its_kind_is_at_home`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum InClose<'e> {
-    /// `quantity` units of `sku` back to `sku_stock`.
+    /// `quantity` units of `sku` back to `sku_stock`: updated in the transaction, or appended
+    /// to the stock journal (`[dispatch.stock] mode`).
     Stock {
         /// The SKU.
         sku: &'e str,
@@ -221,17 +223,17 @@ impl Dispatcher {
         let leases = orders::live_leases(&mut tx, schema, &lost, now_ms).await?;
         let held = |k: usize| leases.get(ids[k]).copied();
         let closing = || (0..group.len()).filter(|&k| won[k]);
-        // Stock: one statement per SKU, in SKU order (`lock_order::units_per_sku`: no two of our
-        // transactions deadlock on stock rows).
-        // Before the orders' update, so that a group waiting for a hot SKU's row lock (a flash
-        // sale's groups all touch the same few) is stamped after the wait: the orders it won
-        // are already locked by `lock_pending`.
         let mut stock: Vec<(&str, i64)> = Vec::new();
         let mut coupons: Vec<(&str, &str, &str)> = Vec::new();
+        // Orders giving back each SKU (the stock journal's row says how many).
+        let mut givers: BTreeMap<&str, HashSet<usize>> = BTreeMap::new();
         for k in closing() {
             for effect in cancels[k].1 {
                 match in_close(effect) {
-                    InClose::Stock { sku, quantity } => stock.push((sku, i64::from(quantity))),
+                    InClose::Stock { sku, quantity } => {
+                        stock.push((sku, i64::from(quantity)));
+                        givers.entry(sku).or_default().insert(k);
+                    }
                     InClose::Coupon { coupon } => {
                         coupons.push((coupon, ids[k], group[k].order.user.as_str()))
                     }
@@ -239,16 +241,36 @@ impl Dispatcher {
                 }
             }
         }
+        let per_sku = lock_order::units_per_sku(stock);
         let mut missing_skus: HashSet<&str> = HashSet::new();
-        for (sku, units) in lock_order::units_per_sku(stock) {
-            if !orders::restore_units(&mut tx, schema, sku, units).await? {
-                missing_skus.insert(sku);
+        // Direct: one statement per SKU, in SKU order (`lock_order::units_per_sku`: no two of
+        // our transactions deadlock on stock rows). Before the orders' update, so that a group
+        // waiting for a hot SKU's row lock (a flash sale's groups all touch the same few) is
+        // stamped after the wait: the orders it won are already locked by `lock_pending`.
+        if self.config.stock.mode == StockMode::Direct {
+            for (&sku, &units) in &per_sku {
+                if !orders::restore_units(&mut tx, schema, sku, units).await? {
+                    missing_skus.insert(sku);
+                }
             }
         }
         // The close's stamp: when it is written, not when the group was decided. Staged groups
         // queue for the writer (SQLite) or for the hot rows; a stamp read before that said an
         // order closed up to a second before it did.
         let written_ms = self.written_at(&mut tx, now_ms).await?;
+        // Journal: one insert, which waits for no stock row; a fold adds the units to
+        // `sku_stock` after this commit (`db::stock_journal`).
+        if self.config.stock.mode == StockMode::Journal {
+            let releases: Vec<stock_journal::Release<'_>> = per_sku
+                .iter()
+                .map(|(&sku, &units)| stock_journal::Release {
+                    sku,
+                    units,
+                    orders: givers.get(sku).map_or(0, |g| g.len() as i64),
+                })
+                .collect();
+            missing_skus = stock_journal::append(&mut tx, &releases, written_ms).await?;
+        }
         let stamps: Vec<(&str, orders::CloseStamp<'_>)> = closing()
             .map(|k| (ids[k], decided[k].close_stamp(cancels[k].0)))
             .collect();

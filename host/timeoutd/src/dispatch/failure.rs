@@ -10,8 +10,8 @@ impl Dispatcher {
     /// Backoff between attempts of a trigger (`dispatch.retry_initial` doubling to `retry_max`).
     pub(crate) fn backoff(&self) -> Backoff {
         Backoff {
-            initial: self.retry.retry_initial,
-            max: self.retry.retry_max,
+            initial: self.config.retry_initial,
+            max: self.config.retry_max,
         }
     }
 
@@ -39,7 +39,7 @@ impl Dispatcher {
         transient: bool,
     ) -> Outcome {
         let attempts = trigger.attempt + 1;
-        let exhausted = attempts >= self.retry.max_attempts;
+        let exhausted = attempts >= self.config.max_attempts;
         let result = async {
             let now_ms = match decided {
                 Some(d) => d.now_ms,
