@@ -104,9 +104,9 @@ each_backend! {
 }
 
 /// A close in journal mode commits while another transaction holds the SKU's stock row (a
-/// create queued on the hot row): it waits for no stock lock. The fold then waits for that row,
-/// a second fold running at the same time skips the rows the first holds, and the units come
-/// back once when the row is free.
+/// create queued on the hot row): it waits for no stock lock. The fold then waits for that row;
+/// a second fold running at the same time skips the journal rows the first holds and gives back
+/// the other SKU's, and every unit comes back once when the row is free.
 async fn a_journal_close_does_not_wait_for_a_held_stock_row(env: &Env) {
     env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
     for i in 0..3 {
@@ -138,14 +138,22 @@ async fn a_journal_close_does_not_wait_for_a_held_stock_row(env: &Env) {
     let db = env.db.clone();
     let first = tokio::spawn(async move { stock_journal::fold(&db, T0 + 50, 2000).await });
     env.until_waiting_on_a_lock().await;
+    // A fold takes one SKU per transaction: the waiting fold holds sku-a's journal row, so a
+    // second fold skips it and gives back sku-b's, whose row is free.
     let second = stock_journal::fold(&env.db, T0 + 51, 2000).await.unwrap();
     assert_eq!(
-        second.rows, 0,
-        "the rows the waiting fold holds are skipped"
+        (second.rows, second.units),
+        (1, 3),
+        "sku-b's row, not the held sku-a's"
+    );
+    assert_eq!(
+        env.stock("sku-b").await,
+        100,
+        "back while sku-a's row is held"
     );
     other.rollback().await.unwrap();
     let first = first.await.unwrap().unwrap();
-    assert_eq!((first.rows, first.units), (2, 9));
+    assert_eq!((first.rows, first.units), (1, 6), "sku-a's, once");
     assert_eq!(
         (env.stock("sku-a").await, env.stock("sku-b").await),
         (100, 100)

@@ -16,13 +16,13 @@
 //! told "sold out"; nothing is ever sold twice). Exact stock at any instant is
 //! `available + SUM(units) of the journal for that SKU` ([`units_pending`]).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 use sqlx::{AnyConnection, Row};
 
 use super::journal::{self, DeadLetter};
 use super::shop::Schema;
-use super::{Backend, Db, DbError, lock_order, orders};
+use super::{Backend, Db, DbError, orders};
 
 /// One SKU's part of a close transaction: `units` given back by `orders` orders.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,45 +101,70 @@ pub struct Folded {
     pub missing: Vec<(String, i64)>,
 }
 
-/// Folds up to `batch` of the oldest journal rows into `sku_stock` in one transaction: the rows
-/// are locked (`FOR UPDATE SKIP LOCKED` on MySQL/PostgreSQL, whose sessions run at READ
-/// COMMITTED: a concurrent fold takes others, and no gap is locked, so the closes' inserts never
-/// wait for a fold) and deleted, then each SKU's units are added with one update, in the
-/// stock-row order of [`lock_order::units_per_sku`], last, so the hot rows are held from their
-/// update to the commit only. A SKU whose row is gone is dead-lettered with its units and
-/// journal ids.
+/// Folds up to `batch` of the oldest journal rows into `sku_stock`, one transaction per SKU (in
+/// SKU order): the SKU's rows are locked (`FOR UPDATE
+/// SKIP LOCKED` on MySQL/PostgreSQL, whose sessions run at READ COMMITTED: a concurrent fold takes
+/// others, and no gap is locked, so the closes' inserts never wait for a fold) and deleted, then
+/// its units are added with one update, last, and committed. So a fold holds one hot row at a
+/// time, from its update to its commit: a fold of eight SKUs in one transaction held each row it
+/// had updated while it queued for the next one behind the order service's creates, and the
+/// creates queued behind it (the 2026-12-07 soak). A SKU whose row is gone is dead-lettered with
+/// its units and journal ids.
 ///
 /// # Errors
-/// [`DbError`] when a statement fails; the transaction rolls back and the rows stay for the
-/// next fold.
+/// [`DbError`] when a statement fails; that SKU's transaction rolls back and its rows stay for
+/// the next fold (the SKUs folded before it stay folded).
 pub async fn fold(db: &Db, now_ms: i64, batch: u32) -> Result<Folded, DbError> {
+    // The candidates, read without a lock; an idle journal costs this one read, not a write
+    // transaction (SQLite's writer, a fence).
+    let candidates: Vec<(i64, String)> = db
+        .backend()
+        .query("SELECT id, sku FROM stock_journal ORDER BY id LIMIT ?")
+        .bind(i64::from(batch.max(1)))
+        .fetch_all(db.pool())
+        .await?
+        .iter()
+        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+        .collect::<Result<_, sqlx::Error>>()?;
+    let mut per_sku: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
+    for (id, sku) in &candidates {
+        per_sku.entry(sku.as_str()).or_default().push(*id);
+    }
+    let mut folded = Folded::default();
+    for (sku, ids) in per_sku {
+        fold_sku(db, sku, &ids, now_ms, &mut folded).await?;
+    }
+    Ok(folded)
+}
+
+/// One SKU's part of [`fold`]: its rows among `ids` that no other fold holds, in one
+/// transaction, added to `folded`.
+async fn fold_sku(
+    db: &Db,
+    sku: &str,
+    ids: &[i64],
+    now_ms: i64,
+    folded: &mut Folded,
+) -> Result<(), DbError> {
     let backend = db.backend();
     let lock = match backend {
         Backend::Sqlite => "",
         Backend::MySql | Backend::Postgres => " FOR UPDATE SKIP LOCKED",
     };
-    // An idle journal costs one read, not a write transaction (SQLite's writer, a fence).
-    let any = backend
-        .query("SELECT id FROM stock_journal LIMIT 1")
-        .fetch_optional(db.pool())
-        .await?;
-    if any.is_none() {
-        return Ok(Folded::default());
-    }
+    let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
     let mut tx = db.begin().await?;
-    let rows: Vec<(i64, String, i64, i64)> = backend
+    let rows: Vec<(i64, i64, i64)> = backend
         .query_owned(format!(
-            "SELECT id, sku, units, created_at_ms FROM stock_journal ORDER BY id LIMIT ?{lock}"
+            "SELECT id, units, created_at_ms FROM stock_journal WHERE id IN ({list}){lock}"
         ))
-        .bind(i64::from(batch.max(1)))
         .fetch_all(&mut *tx)
         .await?
         .iter()
-        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?)))
+        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
         .collect::<Result<_, sqlx::Error>>()?;
     if rows.is_empty() {
         tx.rollback().await?;
-        return Ok(Folded::default());
+        return Ok(());
     }
     let taken: Vec<String> = rows.iter().map(|r| r.0.to_string()).collect();
     backend
@@ -149,21 +174,13 @@ pub async fn fold(db: &Db, now_ms: i64, batch: u32) -> Result<Folded, DbError> {
         ))
         .execute(&mut *tx)
         .await?;
-    let mut folded = Folded {
-        rows: rows.len() as u64,
-        oldest_ms: rows.iter().map(|r| r.3).min(),
-        ..Folded::default()
-    };
-    let per_sku = lock_order::units_per_sku(rows.iter().map(|r| (r.1.as_str(), r.2)));
-    for (sku, units) in per_sku {
-        if orders::restore_units(&mut tx, &Schema::Canonical, sku, units).await? {
-            folded.units += units;
-            continue;
-        }
-        let ids: Vec<i64> = rows.iter().filter(|r| r.1 == sku).map(|r| r.0).collect();
+    let units: i64 = rows.iter().map(|r| r.1).sum();
+    let restored = orders::restore_units(&mut tx, &Schema::Canonical, sku, units).await?;
+    if !restored {
         let reason = format!(
             "no sku_stock row for `{sku}`: {units} units of the stock journal could not be given back"
         );
+        let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
         journal::dead_letter(
             &mut tx,
             &DeadLetter {
@@ -177,10 +194,16 @@ pub async fn fold(db: &Db, now_ms: i64, batch: u32) -> Result<Folded, DbError> {
             now_ms,
         )
         .await?;
-        folded.missing.push((sku.to_string(), units));
     }
     tx.commit().await?;
-    Ok(folded)
+    folded.rows += rows.len() as u64;
+    let oldest = rows.iter().map(|r| r.2).min();
+    folded.oldest_ms = folded.oldest_ms.into_iter().chain(oldest).min();
+    match restored {
+        true => folded.units += units,
+        false => folded.missing.push((sku.to_string(), units)),
+    }
+    Ok(())
 }
 
 /// Units in the journal not yet folded, for `sku` (all SKUs when `None`): what a reader of
