@@ -247,12 +247,16 @@ impl Dispatcher {
         // our transactions deadlock on stock rows). Before the orders' update, so that a group
         // waiting for a hot SKU's row lock (a flash sale's groups all touch the same few) is
         // stamped after the wait: the orders it won are already locked by `lock_pending`.
-        if self.config.stock.mode == StockMode::Direct {
-            for (&sku, &units) in &per_sku {
-                if !orders::restore_units(&mut tx, schema, sku, units).await? {
-                    missing_skus.insert(sku);
+        match self.config.stock.mode {
+            StockMode::Direct => {
+                for (&sku, &units) in &per_sku {
+                    if !orders::restore_units(&mut tx, schema, sku, units).await? {
+                        missing_skus.insert(sku);
+                    }
                 }
             }
+            // Appended after the stamp, below.
+            StockMode::Journal => {}
         }
         // The close's stamp: when it is written, not when the group was decided. Staged groups
         // queue for the writer (SQLite) or for the hot rows; a stamp read before that said an
@@ -260,16 +264,19 @@ impl Dispatcher {
         let written_ms = self.written_at(&mut tx, now_ms).await?;
         // Journal: one insert, which waits for no stock row; a fold adds the units to
         // `sku_stock` after this commit (`db::stock_journal`).
-        if self.config.stock.mode == StockMode::Journal {
-            let releases: Vec<stock_journal::Release<'_>> = per_sku
-                .iter()
-                .map(|(&sku, &units)| stock_journal::Release {
-                    sku,
-                    units,
-                    orders: givers.get(sku).map_or(0, |g| g.len() as i64),
-                })
-                .collect();
-            missing_skus = stock_journal::append(&mut tx, &releases, written_ms).await?;
+        match self.config.stock.mode {
+            StockMode::Direct => {}
+            StockMode::Journal => {
+                let releases: Vec<stock_journal::Release<'_>> = per_sku
+                    .iter()
+                    .map(|(&sku, &units)| stock_journal::Release {
+                        sku,
+                        units,
+                        orders: givers.get(sku).map_or(0, |g| g.len() as i64),
+                    })
+                    .collect();
+                missing_skus = stock_journal::append(&mut tx, &releases, written_ms).await?;
+            }
         }
         let stamps: Vec<(&str, orders::CloseStamp<'_>)> = closing()
             .map(|k| (ids[k], decided[k].close_stamp(cancels[k].0)))
