@@ -12,7 +12,7 @@ use crate::support::{Env, each_backend, eventually, order};
 /// The ops token every admin test config grants.
 pub(crate) const TOKEN: &str = "test-token-0123456789";
 
-fn admin_config(env: &Env, merchants: &str) -> timeoutd::config::Config {
+pub(crate) fn admin_config(env: &Env, merchants: &str) -> timeoutd::config::Config {
     admin_config_with_sweep(env, merchants, "enabled = false")
 }
 
@@ -26,7 +26,7 @@ fn admin_config_with_sweep(env: &Env, merchants: &str, sweep: &str) -> timeoutd:
     timeoutd::config::Config::from_toml(&toml, env.dir.path(), &|_| None).unwrap()
 }
 
-const ACME: &str = "[merchants.acme]\nplugin = \"builtin:single-phase\"\n";
+pub(crate) const ACME: &str = "[merchants.acme]\nplugin = \"builtin:single-phase\"\n";
 
 /// The admin API of a running daemon, called with the ops token.
 pub(crate) struct Api {

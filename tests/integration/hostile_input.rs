@@ -471,6 +471,11 @@ fn request() -> impl Strategy<Value = Request> {
         (segment(), segment()).prop_map(|(a, b)| format!("/v1/dead-letters?status={a}&limit={b}")),
         Just("/v1/sweep".to_string()),
         Just("/v1/backlog".to_string()),
+        Just("/v1/pauses".to_string()),
+        segment().prop_map(|s| format!("/v1/merchants/{s}/pause")),
+        segment().prop_map(|s| format!("/v1/merchants/{s}/resume")),
+        segment().prop_map(|s| format!("/v1/orders/{s}/pause")),
+        segment().prop_map(|s| format!("/v1/orders/{s}/resume")),
         (segment(), segment()).prop_map(|(a, b)| format!("/{a}/{b}")),
     ];
     let body = prop_oneof![
@@ -496,8 +501,11 @@ fn request() -> impl Strategy<Value = Request> {
         .prop_map(
             |(admin, method, http_path, admin_path, body, json, token)| {
                 // The operator's token only where a call writes nothing the property checks: not
-                // the sweep's tuning, not on the payment listener.
-                let writes = admin_path.starts_with("/v1/sweep") && method == "PUT";
+                // the sweep's tuning, not a pause (it holds the fixture's triggers), not on the
+                // payment listener.
+                let writes = (admin_path.starts_with("/v1/sweep") && method == "PUT")
+                    || (method == "POST"
+                        && (admin_path.ends_with("/pause") || admin_path.ends_with("/resume")));
                 let token = match token {
                     Some(t) if t == crate::admin::TOKEN && (!admin || writes) => {
                         Some("wrong-token-0123456789")

@@ -18,6 +18,7 @@ mod group;
 mod hostile_input;
 mod input;
 mod leases;
+mod pauses;
 mod payments;
 mod pipeline;
 mod plugin_cli;

@@ -1,7 +1,7 @@
 //! The operators' API: probes, Prometheus metrics, and under bearer-token auth (every call
 //! audited in `admin_audit`) the overdue orders, an order's timeline, manual close, dead letters
-//! and their re-drive, failed ledger effects and their retry, plugins, and the sweep's run-time
-//! tuning. `GET /v1/openapi.json` describes it.
+//! and their re-drive, failed ledger effects and their retry, plugins, the sweep's run-time
+//! tuning, and pausing a merchant or an order. `GET /v1/openapi.json` describes it.
 //!
 //! Manual close and re-drive are never side doors: a manual close is a trigger of kind `manual`
 //! through the same dispatcher (plugin, guard, compare-and-set, ledger); a re-drive re-arms the
@@ -11,6 +11,7 @@ mod dead_letters;
 mod ledger;
 mod ops;
 mod orders;
+mod pauses;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -52,6 +53,11 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/plugins/reload"),
     ("get", "/v1/sweep"),
     ("put", "/v1/sweep"),
+    ("get", "/v1/pauses"),
+    ("post", "/v1/merchants/{merchant}/pause"),
+    ("post", "/v1/merchants/{merchant}/resume"),
+    ("post", "/v1/orders/{id}/pause"),
+    ("post", "/v1/orders/{id}/resume"),
 ];
 
 /// The operators' console: one page over this API (sign in with a token).
@@ -195,6 +201,11 @@ fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     written
 }
 
+/// Who made an authenticated call: its token's name (`[admin.tokens]`), handed to handlers that
+/// record it (a pause's `paused_by`).
+#[derive(Debug, Clone)]
+pub struct Actor(pub String);
+
 /// An API error: a status and a message naming what was wrong.
 pub struct ApiError(pub StatusCode, pub String);
 
@@ -244,6 +255,17 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/plugins", get(ops::plugins))
         .route("/v1/plugins/reload", post(ops::reload_plugins))
         .route("/v1/sweep", get(ops::sweep_get).put(ops::sweep_put))
+        .route("/v1/pauses", get(pauses::list))
+        .route(
+            "/v1/merchants/{merchant}/pause",
+            post(pauses::pause_merchant),
+        )
+        .route(
+            "/v1/merchants/{merchant}/resume",
+            post(pauses::resume_merchant),
+        )
+        .route("/v1/orders/{id}/pause", post(pauses::pause_order))
+        .route("/v1/orders/{id}/resume", post(pauses::resume_order))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             authenticate_and_audit,
@@ -282,8 +304,12 @@ async fn authenticate_and_audit(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .and_then(|token| state.tokens.get(token).cloned());
+    let mut request = request;
     let response = match &actor {
-        Some(_) => next.run(request).await,
+        Some(name) => {
+            request.extensions_mut().insert(Actor(name.clone()));
+            next.run(request).await
+        }
         None => ApiError(
             StatusCode::UNAUTHORIZED,
             "a valid bearer token is required".into(),

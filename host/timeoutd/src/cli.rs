@@ -1,5 +1,7 @@
-//! The `timeoutd` command line: `run`, `validate`, `demo`, `arm`, `plugin` (see
-//! [`crate::plugin_cli`]).
+//! The `timeoutd` command line: `run`, `validate`, `demo`, `arm`, `pause`, `resume`, `pauses`
+//! ([`pauses`]), `plugin` (see [`crate::plugin_cli`]).
+
+pub mod pauses;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -144,6 +146,36 @@ pub enum Command {
         #[arg(long)]
         plot: Option<PathBuf>,
     },
+    /// Pause a merchant's orders, or one order: no close and no reminder until resumed; their
+    /// triggers are held, not dropped, and paid notices still apply. Takes effect at once on
+    /// every daemon of the database. Exits 1 when the target cannot be paused.
+    Pause {
+        /// Configuration file (its database, and its merchants).
+        #[arg(long, default_value = "config/timeoutd.toml")]
+        config: PathBuf,
+        /// What to pause.
+        #[command(flatten)]
+        target: pauses::Target,
+        /// Why, kept with the pause and shown by `pauses` and the console.
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// End a pause: the held triggers are due at once and decided again against the database
+    /// clock (an order paid meanwhile is left alone). Exits 1 when the target is not paused.
+    Resume {
+        /// Configuration file.
+        #[arg(long, default_value = "config/timeoutd.toml")]
+        config: PathBuf,
+        /// What to resume.
+        #[command(flatten)]
+        target: pauses::Target,
+    },
+    /// List the pauses in force, one per line.
+    Pauses {
+        /// Configuration file.
+        #[arg(long, default_value = "config/timeoutd.toml")]
+        config: PathBuf,
+    },
     /// A merchant's tools for a plugin file: `check`, `test` (a CASES.toml file), `replay`
     /// (over the recorded decisions).
     Plugin {
@@ -162,7 +194,10 @@ pub fn main() -> ExitCode {
         Command::Demo { .. }
         | Command::Plugin { .. }
         | Command::Bench { .. }
-        | Command::Doctor { .. } => "warn",
+        | Command::Doctor { .. }
+        | Command::Pause { .. }
+        | Command::Resume { .. }
+        | Command::Pauses { .. } => "warn",
         _ => "warn,timeoutd=info,timeoutd_runtime=info",
     };
     // `run` loads its config before logging starts: its [tracing] decides where spans go.
@@ -201,6 +236,22 @@ pub fn main() -> ExitCode {
                 Err(code) => code,
             },
             Command::Plugin { command } => crate::plugin_cli::run(command).await,
+            Command::Pause {
+                config,
+                target,
+                reason,
+            } => match load(&config) {
+                Ok(loaded) => pauses::pause(&config, &loaded, &target, &reason).await,
+                Err(code) => code,
+            },
+            Command::Resume { config, target } => match load(&config) {
+                Ok(loaded) => pauses::resume(&config, &loaded, &target).await,
+                Err(code) => code,
+            },
+            Command::Pauses { config } => match load(&config) {
+                Ok(loaded) => pauses::list(&config, &loaded).await,
+                Err(code) => code,
+            },
             Command::Bench {
                 config,
                 path,

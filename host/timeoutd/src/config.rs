@@ -361,6 +361,11 @@ pub struct DispatchConfig {
     /// never closed, its stock untouched.
     #[serde(default = "defaults::max_window", with = "duration")]
     pub max_window: Duration,
+    /// How long a trigger of a paused merchant or order is held before it is looked at again
+    /// (default 5m). Resuming wakes the held triggers at once (`db::pauses::resume`); this is
+    /// the bound for one it missed, e.g. a pause ended by deleting its `pauses` row by hand.
+    #[serde(default = "defaults::pause_recheck", with = "duration")]
+    pub pause_recheck: Duration,
     /// `[dispatch.stock]`: how a close gives stock units back.
     #[serde(default)]
     pub stock: StockConfig,
@@ -1008,6 +1013,9 @@ pub(crate) mod defaults {
     }
     pub fn max_window() -> Duration {
         Duration::from_secs(30 * 24 * 3600)
+    }
+    pub fn pause_recheck() -> Duration {
+        Duration::from_secs(300)
     }
     pub fn stock_fold_interval() -> Duration {
         Duration::from_millis(50)

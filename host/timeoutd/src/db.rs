@@ -22,6 +22,7 @@ pub mod migrate;
 pub use migrate::latest as latest_schema_version;
 pub mod orders;
 pub mod outbox;
+pub mod pauses;
 pub mod payments;
 pub mod pooler;
 pub mod relay;

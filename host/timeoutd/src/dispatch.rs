@@ -4,6 +4,8 @@
 //! The rules, each in one place:
 //! - a trigger carries only an order id, a phase and a hint; everything else is re-read;
 //! - not PENDING → the trigger is a no-op ([`Outcome::NoOp`]);
+//! - the order or its merchant paused by an operator → held, the plugin not asked
+//!   ([`Outcome::Paused`], `db::pauses`);
 //! - before the deadline (database clock) → deferred to the deadline, the plugin is not asked
 //!   ([`Outcome::Deferred`], F2);
 //! - `cancel` → [`close`]: one compare-and-set PENDING→CLOSED with stock, coupon and ledger rows
@@ -38,7 +40,7 @@ pub use align::PaymentQuery;
 use ask::{Answered, Asking, Staged};
 
 use crate::config::{DispatchConfig, OnPluginError, PaymentConfig};
-use crate::db::{Db, DbError, journal, orders, outbox};
+use crate::db::{Db, DbError, journal, orders, outbox, pauses};
 use crate::events::{Event, emit};
 use crate::policies::{MerchantPolicy, Policies};
 
@@ -171,6 +173,14 @@ pub enum Outcome {
     /// The merchant's plugin is tripped (failed repeatedly): the trigger waits until then.
     Tripped {
         /// When the trip ends, epoch ms.
+        until_ms: i64,
+    },
+    /// The order or its merchant is paused by an operator: the trigger is held until then
+    /// (its row deferred by `dispatch.pause_recheck`, woken at once on resume) and decided again.
+    Paused {
+        /// Which pause holds it.
+        scope: pauses::Scope,
+        /// When it is looked at again, epoch ms.
         until_ms: i64,
     },
     /// The decision exceeded the order and was refused (dead-lettered).
@@ -389,11 +399,12 @@ impl Dispatcher {
 
     async fn try_handle(&self, trigger: &Trigger) -> Result<Outcome, DbError> {
         let now_ms = self.clock.now_ms(&self.db).await?;
+        let paused = pauses::in_force(&self.db).await?;
         let loaded = {
             let mut conn = self.db.pool().acquire().await?;
             orders::load(&mut conn, self.db.schema(), &trigger.order_id).await
         };
-        match self.prepare(trigger, now_ms, loaded).await? {
+        match self.prepare(trigger, now_ms, &paused, loaded).await? {
             Step::Done(outcome) => Ok(outcome),
             Step::NotPending { reason } => {
                 self.finish_row(trigger, now_ms, &reason).await?;
@@ -411,9 +422,10 @@ impl Dispatcher {
         &self,
         trigger: &Trigger,
         now_ms: i64,
+        paused: &pauses::Paused,
         loaded: Result<Option<Order>, DbError>,
     ) -> Result<Step, DbError> {
-        match self.stage(trigger, now_ms, loaded).await? {
+        match self.stage(trigger, now_ms, paused, loaded).await? {
             Staged::Ended(step) => Ok(step),
             Staged::Ask(asking) => {
                 let (asking, answered) = self
@@ -427,11 +439,13 @@ impl Dispatcher {
     }
 
     /// The part of [`Dispatcher::prepare`] before the plugin call: everything that ends a
-    /// trigger without asking its plugin, else what the call needs.
+    /// trigger without asking its plugin, else what the call needs. `paused` is the pauses in
+    /// force, read once for the trigger or its group.
     async fn stage(
         &self,
         trigger: &Trigger,
         now_ms: i64,
+        paused: &pauses::Paused,
         loaded: Result<Option<Order>, DbError>,
     ) -> Result<Staged, DbError> {
         let order = match loaded {
@@ -472,6 +486,11 @@ impl Dispatcher {
             return Ok(Staged::Ended(Step::Done(
                 self.hold(trigger, &order, now_ms, "quarantined row")
                     .await?,
+            )));
+        }
+        if let Some(scope) = paused.holds(&order.merchant, &order.id) {
+            return Ok(Staged::Ended(Step::Done(
+                self.pause(trigger, &order, now_ms, scope).await?,
             )));
         }
         let early = trigger.kind != TriggerKind::Manual && now_ms < order.deadline_ms;
@@ -648,6 +667,37 @@ impl Dispatcher {
         Ok(Outcome::Deferred {
             until_ms: order.deadline_ms,
         })
+    }
+
+    /// Holds a trigger of a paused order (`scope` says which pause) without asking its plugin:
+    /// its row is deferred by `dispatch.pause_recheck` (to the deadline at the earliest) and
+    /// noted so that resuming wakes it
+    /// ([`pauses::held_note`]); a trigger without a row is dropped (the order's own row is
+    /// held the same way, and the sweep re-arms one that has none).
+    async fn pause(
+        &self,
+        trigger: &Trigger,
+        order: &Order,
+        now_ms: i64,
+        scope: pauses::Scope,
+    ) -> Result<Outcome, DbError> {
+        // Not before the order's deadline: an early look (a 0.2.0 plugin's, a broker message
+        // that came early) has nothing to decide until then while paused.
+        let until_ms =
+            (now_ms + self.config.pause_recheck.as_millis() as i64).max(order.deadline_ms);
+        let target = match scope {
+            pauses::Scope::Merchant => order.merchant.as_str(),
+            pauses::Scope::Order => order.id.as_str(),
+        };
+        if let Some(row) = trigger.row() {
+            outbox::defer(&self.db, row, until_ms, &pauses::held_note(scope, target)).await?;
+        }
+        emit(Event::TriggerPaused {
+            merchant: &order.merchant,
+            scope: scope.as_str(),
+        });
+        tracing::debug!(order = %order.id, merchant = %order.merchant, scope = scope.as_str(), until_ms, "paused; trigger held");
+        Ok(Outcome::Paused { scope, until_ms })
     }
 
     /// Carries out one decision on its own: the guard, then its transaction.

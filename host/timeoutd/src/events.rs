@@ -40,6 +40,14 @@ pub enum Event<'a> {
         /// `taken` or `refused`.
         outcome: &'static str,
     },
+    /// A trigger of a paused order was held, its plugin not asked
+    /// (`timeoutd_triggers_paused_total{merchant, scope}`; `scope` is `merchant` or `order`).
+    TriggerPaused {
+        /// Merchant.
+        merchant: &'a str,
+        /// Which pause held it: `merchant` or `order`.
+        scope: &'static str,
+    },
     /// A merchant's plugin was tripped by its circuit breaker.
     PluginTripped {
         /// Merchant.
@@ -226,6 +234,10 @@ pub fn emit(event: Event<'_>) {
         }
         Event::PluginReloaded { merchant, outcome } => {
             counter!("timeoutd_plugin_reloads_total", "merchant" => merchant.to_string(), "outcome" => outcome)
+                .increment(1);
+        }
+        Event::TriggerPaused { merchant, scope } => {
+            counter!("timeoutd_triggers_paused_total", "merchant" => merchant.to_string(), "scope" => scope)
                 .increment(1);
         }
         Event::PluginTripped { merchant, plugin } => {

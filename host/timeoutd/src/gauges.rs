@@ -3,14 +3,16 @@
 //! [`crate::db::backlog::read`] (index reads only, so sampling stays cheap with millions of
 //! orders).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Serialize;
+use timeoutd_runtime::model::OrderStatus;
 use tokio::sync::watch;
 
 use crate::clock::Clock;
 use crate::context::Context;
-use crate::db::{Db, DbError, backlog};
+use crate::db::{Db, DbError, backlog, orders, pauses};
 use crate::events::gauge_set;
 
 /// One sample.
@@ -19,8 +21,12 @@ pub struct Sample {
     /// When it was taken, epoch ms by the daemon's clock (0 before the first sample): how fresh
     /// `/v1/backlog` is, and how an observer knows the alert rules were evaluated since.
     pub sampled_at_ms: i64,
-    /// PENDING orders past their deadline by more than the overdue margin, by merchant.
+    /// PENDING orders past their deadline by more than the overdue margin, by merchant, paused
+    /// ones left out: what the overdue alert pages about.
     pub overdue_open: Vec<(String, i64)>,
+    /// The overdue orders an operator paused (their merchant, or each order), by merchant:
+    /// shown apart so that a pause pages nobody (`timeoutd_overdue_paused_orders`).
+    pub overdue_paused: Vec<(String, i64)>,
     /// Open dead letters.
     pub dead_letters_open: i64,
     /// PENDING ledger effects.
@@ -55,10 +61,15 @@ pub async fn sample(
     policies: &crate::policies::Policies,
 ) -> Result<Sample, DbError> {
     let now = clock.now_ms(db).await?;
-    let backlog = backlog::read(db, now, now - margin.as_millis() as i64).await?;
+    let before_ms = now - margin.as_millis() as i64;
+    let backlog = backlog::read(db, now, before_ms).await?;
+    let paused = pauses::in_force(db).await?;
+    let (overdue_open, overdue_paused) =
+        split_paused(db, backlog.overdue_open, &paused, before_ms).await?;
     Ok(Sample {
         sampled_at_ms: now,
-        overdue_open: backlog.overdue_open,
+        overdue_open,
+        overdue_paused,
         dead_letters_open: backlog.dead_letters_open,
         ledger_pending: backlog.ledger_pending,
         ledger_oldest_pending_ms: backlog.ledger_oldest_created_ms.map_or(0, |t| now - t),
@@ -67,6 +78,39 @@ pub async fn sample(
         sweep_consecutive_failures: crate::sources::sweep::consecutive_failures(),
         plugins_tripped: policies.tripped(now),
     })
+}
+
+/// Splits overdue counts by merchant into those to page about and those paused: a paused
+/// merchant's count moves whole; an order paused alone moves from its merchant's count when it
+/// is still PENDING and overdue (one read per such order: pauses of single orders are few).
+async fn split_paused(
+    db: &Db,
+    overdue: Vec<(String, i64)>,
+    paused: &pauses::Paused,
+    before_ms: i64,
+) -> Result<(Vec<(String, i64)>, Vec<(String, i64)>), DbError> {
+    if paused.is_empty() {
+        return Ok((overdue, Vec::new()));
+    }
+    let (mut open, mut held): (BTreeMap<String, i64>, BTreeMap<String, i64>) = overdue
+        .into_iter()
+        .partition(|(merchant, _)| !paused.merchant(merchant));
+    let mut conn = db.pool().acquire().await?;
+    for id in paused.orders() {
+        let Ok(Some(order)) = orders::load(&mut conn, db.schema(), id).await else {
+            continue;
+        };
+        let overdue = order.status == OrderStatus::Pending && order.deadline_ms <= before_ms;
+        if !overdue || paused.merchant(&order.merchant) {
+            continue;
+        }
+        if let Some(n) = open.get_mut(&order.merchant).filter(|n| **n > 0) {
+            *n -= 1;
+            *held.entry(order.merchant).or_default() += 1;
+        }
+    }
+    open.retain(|_, n| *n > 0);
+    Ok((open.into_iter().collect(), held.into_iter().collect()))
 }
 
 /// Publishes `s` as gauges.
@@ -81,6 +125,16 @@ pub fn publish(s: &Sample, merchants: &[String]) {
             "timeoutd_overdue_open_orders",
             &[("merchant", merchant.clone())],
             n as f64,
+        );
+        let held = s
+            .overdue_paused
+            .iter()
+            .find(|(m, _)| m == merchant)
+            .map_or(0, |(_, n)| *n);
+        gauge_set(
+            "timeoutd_overdue_paused_orders",
+            &[("merchant", merchant.clone())],
+            held as f64,
         );
     }
     gauge_set(

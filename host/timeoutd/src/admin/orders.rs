@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use timeoutd_runtime::model::OrderStatus;
 
 use super::{AdminState, ApiError, ApiResult};
-use crate::db::{orders, outbox, views};
+use crate::db::{orders, outbox, pauses, views};
 
 /// `?limit=` (default 100, at most 1000).
 #[derive(Debug, Deserialize)]
@@ -23,12 +23,22 @@ impl Limit {
 }
 
 /// `GET /v1/orders/overdue`: open orders past their deadline by more than `admin.overdue_margin`,
-/// most overdue first, with the reason of an open dead letter when there is one.
+/// most overdue first, with the reason of an open dead letter when there is one and `paused`
+/// (`"merchant"`, `"order"` or null) when an operator holds it.
 pub async fn overdue(State(s): State<AdminState>, Query(limit): Query<Limit>) -> ApiResult<Value> {
     let now = s.clock.now_ms(&s.db).await?;
     let orders = views::overdue_orders(&s.db, now, s.overdue_margin_ms, limit.get())
         .await
         .map_err(ApiError::query)?;
+    let paused = pauses::in_force(&s.db).await.map_err(ApiError::query)?;
+    let mut orders = serde_json::to_value(orders).expect("overdue orders serialise");
+    for o in orders.as_array_mut().into_iter().flatten() {
+        let held = match (o["merchant"].as_str(), o["id"].as_str()) {
+            (Some(merchant), Some(id)) => paused.holds(merchant, id),
+            _ => None,
+        };
+        o["paused"] = serde_json::to_value(held).expect("a scope serialises");
+    }
     Ok(Json(json!({ "now_ms": now, "orders": orders })))
 }
 
@@ -58,7 +68,7 @@ pub async fn timeline(State(s): State<AdminState>, Path(id): Path<String>) -> Ap
 
 /// `POST /v1/orders/{id}/close`: a `manual` trigger through the dispatcher — the merchant's
 /// plugin decides, the guard checks, the compare-and-set closes. 409 when the order is not
-/// PENDING or its deadline has not passed.
+/// PENDING, is paused (or its merchant is), or its deadline has not passed.
 pub async fn close(State(s): State<AdminState>, Path(id): Path<String>) -> ApiResult<Value> {
     let order = {
         let mut conn =
@@ -85,6 +95,20 @@ pub async fn close(State(s): State<AdminState>, Path(id): Path<String>) -> ApiRe
         return Err(ApiError(
             StatusCode::CONFLICT,
             format!("order `{id}` is {}", order.status.as_str()),
+        ));
+    }
+    if let Some(scope) = pauses::in_force(&s.db)
+        .await
+        .map_err(ApiError::query)?
+        .holds(&order.merchant, &order.id)
+    {
+        let what = match scope {
+            pauses::Scope::Merchant => format!("its merchant `{}` is paused", order.merchant),
+            pauses::Scope::Order => "it is paused".to_string(),
+        };
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("order `{id}` is not closed: {what}; resume first"),
         ));
     }
     let now = s.clock.now_ms(&s.db).await?;

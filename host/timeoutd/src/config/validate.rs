@@ -227,9 +227,16 @@ fn url(url: &str, at: &str, p: &mut ConfigProblems) {
     }
 }
 
-/// `[dispatch.stock]`: the journal folds at some pace, and only into timeoutd's own
-/// `sku_stock` (a schema profile's lock release is guarded per close: `lock_stock >= units`).
-fn stock(c: &Config, p: &mut ConfigProblems) {
+/// `[dispatch]`: a paused trigger is held for some time; `[dispatch.stock]`: the journal folds
+/// at some pace, and only into timeoutd's own `sku_stock` (a schema profile's lock release is
+/// guarded per close: `lock_stock >= units`).
+fn dispatch(c: &Config, p: &mut ConfigProblems) {
+    if c.dispatch.pause_recheck.is_zero() {
+        p.push(
+            "dispatch.pause_recheck",
+            "must be longer than 0ms (a held trigger would be looked at again at once, forever)",
+        );
+    }
     let st = &c.dispatch.stock;
     if st.mode != super::StockMode::Journal {
         return;
@@ -294,7 +301,7 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
             "is longer than dispatch.retry_max",
         );
     }
-    stock(c, &mut p);
+    dispatch(c, &mut p);
     if c.sweep.enabled && !c.outbox.enabled {
         p.push(
             "sweep.enabled",

@@ -50,6 +50,7 @@ pub const TABLES: &[&str] = &[
     "write_fence",
     "payment_leases",
     "stock_journal",
+    "pauses",
 ];
 
 /// What the server is.

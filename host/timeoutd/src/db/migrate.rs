@@ -182,6 +182,12 @@ const SQLITE: &[Step] = &[
         include_str!("../../migrations/sqlite/0016_stock_journal.sql"),
         Change::Additive,
     ),
+    (
+        17,
+        "pauses",
+        include_str!("../../migrations/sqlite/0017_pauses.sql"),
+        Change::Additive,
+    ),
 ];
 const MYSQL: &[Step] = &[
     (
@@ -280,6 +286,12 @@ const MYSQL: &[Step] = &[
         include_str!("../../migrations/mysql/0016_stock_journal.sql"),
         Change::Additive,
     ),
+    (
+        17,
+        "pauses",
+        include_str!("../../migrations/mysql/0017_pauses.sql"),
+        Change::Additive,
+    ),
 ];
 const POSTGRES: &[Step] = &[
     (
@@ -364,6 +376,12 @@ const POSTGRES: &[Step] = &[
         16,
         "stock journal",
         include_str!("../../migrations/postgres/0016_stock_journal.sql"),
+        Change::Additive,
+    ),
+    (
+        17,
+        "pauses",
+        include_str!("../../migrations/postgres/0017_pauses.sql"),
         Change::Additive,
     ),
 ];
@@ -1098,7 +1116,10 @@ mod tests {
             .map(|&(_, _, sql, _)| statements(sql).len())
             .collect();
         // Counted by hand: the lines ending a statement, outside comments.
-        assert_eq!(counts, [13, 3, 1, 6, 2, 1, 3, 1, 11, 5, 2, 1, 1, 1, 2, 1]);
+        assert_eq!(
+            counts,
+            [13, 3, 1, 6, 2, 1, 3, 1, 11, 5, 2, 1, 1, 1, 2, 1, 1]
+        );
         for &(version, _, sql, _) in MYSQL {
             for s in statements(sql) {
                 assert!(!s.contains("--") && !s.ends_with(';'), "{version}: {s}");
@@ -1113,12 +1134,12 @@ mod tests {
     #[test]
     fn a_newer_schema_runs_inside_its_window_and_is_refused_outside() {
         // MariaDB/MySQL's 12 (the write fence) and every backend's 13 (payment leases), 14
-        // (coupons by order), 15 (ledger by claim) and 16 (stock journal) are additive: the window
+        // (coupons by order), 15 (ledger by claim), 16 (stock journal) and 17 (pauses) are additive: the window
         // still starts at 11.
-        assert_eq!(latest(Backend::MySql), 16);
+        assert_eq!(latest(Backend::MySql), 17);
         assert_eq!(compatible_from(Backend::MySql), 11);
         assert_eq!(
-            assess(Some(&state(16, Some((16, 11)))), Backend::MySql).unwrap(),
+            assess(Some(&state(17, Some((17, 11)))), Backend::MySql).unwrap(),
             Fit::Current
         );
         assert_eq!(
@@ -1126,10 +1147,10 @@ mod tests {
             Fit::Behind(Some(11))
         );
         let build = latest(Backend::Postgres);
-        assert_eq!(build, 16);
+        assert_eq!(build, 17);
         assert_eq!(compatible_from(Backend::Postgres), 11);
         assert_eq!(
-            assess(Some(&state(16, Some((16, 11)))), Backend::Postgres).unwrap(),
+            assess(Some(&state(17, Some((17, 11)))), Backend::Postgres).unwrap(),
             Fit::Current
         );
         assert_eq!(
@@ -1138,29 +1159,29 @@ mod tests {
         );
         assert_eq!(assess(None, Backend::Postgres).unwrap(), Fit::Behind(None));
         assert!(matches!(
-            assess(Some(&state(17, Some((17, 11)))), Backend::Postgres),
+            assess(Some(&state(18, Some((18, 11)))), Backend::Postgres),
             Ok(Fit::Newer {
-                database: 17,
+                database: 18,
                 compatible_from: 11,
                 ..
             })
         ));
-        let refused = assess(Some(&state(17, Some((17, 17)))), Backend::Postgres).unwrap_err();
+        let refused = assess(Some(&state(18, Some((18, 18)))), Backend::Postgres).unwrap_err();
         assert!(refused.needs_operator());
         let line = refused.to_string();
         assert!(!line.contains('\n'), "{line}");
         for part in [
-            "version 17",
-            "at least 17",
-            "this build's is 16",
+            "version 18",
+            "at least 18",
+            "this build's is 17",
             "upgrade this daemon",
         ] {
             assert!(line.contains(part), "{part}: {line}");
         }
         assert!(matches!(
-            assess(Some(&state(17, None)), Backend::Postgres),
+            assess(Some(&state(18, None)), Backend::Postgres),
             Err(SchemaError::TooNew {
-                compatible_from: 17,
+                compatible_from: 18,
                 ..
             })
         ));

@@ -44,7 +44,8 @@ pub async fn claim_for_relay(
 const MARK_SENT_CHUNK: usize = 64;
 
 /// The relay published these rows, `(row id, message id)`: each is SENT at `now_ms` with its
-/// message id and its claim dropped, in statements of at most [`MARK_SENT_CHUNK`] rows
+/// message id and its claim dropped, its `last_error` cleared unless it notes a pause (which
+/// the resume and the sweep read: [`super::pauses::KEEP_HELD_NOTE`]), in statements of at most [`MARK_SENT_CHUNK`] rows
 /// (`message_id = CASE id WHEN ? THEN ? … END`). A row whose claim `token` was lost meanwhile
 /// (a consumer or the outbox timer has it now) is left alone.
 ///
@@ -62,8 +63,9 @@ pub async fn mark_sent(
         let marks = super::orders::marks(chunk.len());
         let mut q = db.backend().query_owned(format!(
             "UPDATE order_timeout_msg SET status = 'SENT', sent_at_ms = ?, \
-             message_id = {case}, last_error = NULL, claim_token = NULL, \
-             claim_until_ms = NULL WHERE id IN ({marks}) AND claim_token = ? AND status = 'PENDING'"
+             message_id = {case}, last_error = {kept}, claim_token = NULL, \
+             claim_until_ms = NULL WHERE id IN ({marks}) AND claim_token = ? AND status = 'PENDING'",
+            kept = super::pauses::KEEP_HELD_NOTE
         ));
         q = q.bind(now_ms);
         for (id, message_id) in chunk {

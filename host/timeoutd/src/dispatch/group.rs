@@ -111,12 +111,16 @@ impl Dispatcher {
         let Ok(now_ms) = self.clock.now_ms(&self.db).await else {
             return self.handle_each(triggers).await;
         };
+        let Ok(paused) = crate::db::pauses::in_force(&self.db).await else {
+            return self.handle_each(triggers).await;
+        };
         // Missing or unreadable orders go alone: `handle` names what is wrong with them.
+        let paused = &paused;
         let staged = join_all(triggers.iter().map(|t| {
             let order = found.remove(&t.order_id);
             async move {
                 match order {
-                    Some(order) => Some(self.stage(t, now_ms, Ok(Some(order))).await),
+                    Some(order) => Some(self.stage(t, now_ms, paused, Ok(Some(order))).await),
                     None => None,
                 }
             }
