@@ -1,9 +1,10 @@
 // Drives the timeoutd console in headless Chromium: load, sign in with a token, find the
-// overdue order, close it (accepting the confirmation), and see it CLOSED.
-// Usage: node console.test.mjs BASE_URL TOKEN ORDER_ID  (exit 0 on success)
+// overdue order, pause its merchant (the close is then refused, naming the pause, and the order
+// shows as paused), resume it, close the order (accepting the confirmations), and see it CLOSED.
+// Usage: node console.test.mjs BASE_URL TOKEN ORDER_ID MERCHANT  (exit 0 on success)
 import { chromium } from "playwright-core";
 
-const [base, token, orderId] = process.argv.slice(2);
+const [base, token, orderId, merchant] = process.argv.slice(2);
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
   args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -17,6 +18,19 @@ try {
   await page.click("#signin-button");
   const row = page.locator(`#overdue tr[data-order="${orderId}"]`);
   await row.waitFor({ timeout: 10000 });
+  await page.selectOption("#pause-scope", "merchants");
+  await page.fill("#pause-target", merchant);
+  await page.fill("#pause-reason", "console test");
+  await page.click("#pause-button");
+  const pause = page.locator(`#pauses tr[data-pause="merchant:${merchant}"]`);
+  await pause.waitFor({ timeout: 10000 });
+  await row.locator("td", { hasText: "merchant" }).waitFor({ timeout: 10000 });
+  await row.locator("button.close-order").click();
+  await page.waitForFunction(
+    () => document.getElementById("message").textContent.includes("is paused"),
+    null, { timeout: 10000 });
+  await pause.locator("button.resume").click();
+  await pause.waitFor({ state: "detached", timeout: 10000 });
   await row.locator("button.close-order").click();
   await page.waitForFunction(
     (id) => document.getElementById("order-status").textContent === `Order ${id} is CLOSED`,

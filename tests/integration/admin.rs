@@ -566,8 +566,9 @@ each_backend! {
 }
 
 /// The console end to end in headless Chromium (Debian's /usr/bin/chromium, driven by
-/// playwright-core from `tests/console`): load, sign in, find the overdue order, close it, see it
-/// CLOSED — and the database agrees.
+/// playwright-core from `tests/console`): load, sign in, find the overdue order, pause its
+/// merchant (the close is refused naming the pause), resume, close it, see it CLOSED — and the
+/// database agrees, the pause and the resume audited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_closes_an_overdue_order_in_headless_chromium() {
     let dir = crate::support::repo_root().join("tests/console");
@@ -585,7 +586,7 @@ async fn console_closes_an_overdue_order_in_headless_chromium() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let run = tokio::process::Command::new("node")
         .arg("console.test.mjs")
-        .args([&base, TOKEN, "console-1"])
+        .args([&base, TOKEN, "console-1", "acme"])
         .current_dir(&dir)
         .output()
         .await
@@ -598,6 +599,17 @@ async fn console_closes_an_overdue_order_in_headless_chromium() {
         String::from_utf8_lossy(&run.stderr)
     );
     assert_eq!(env.status("console-1").await, "CLOSED");
+    for path in ["/v1/merchants/acme/pause", "/v1/merchants/acme/resume"] {
+        assert_eq!(
+            env.int(
+                "SELECT COUNT(*) FROM admin_audit WHERE status = 200 AND path = ?",
+                path
+            )
+            .await,
+            1,
+            "{path}"
+        );
+    }
     assert_eq!(
         env.text("SELECT closed_by FROM orders WHERE id = ?", "console-1")
             .await,

@@ -1208,10 +1208,10 @@ mod tests {
             assess(Some(&s), Backend::MySql).unwrap(),
             Fit::Behind(Some(9))
         );
-        s.half_applied.as_mut().unwrap().version = 17;
+        s.half_applied.as_mut().unwrap().version = 18;
         assert!(matches!(
             assess(Some(&s), Backend::MySql),
-            Err(SchemaError::HalfApplied { version: 17, .. })
+            Err(SchemaError::HalfApplied { version: 18, .. })
         ));
     }
 }
