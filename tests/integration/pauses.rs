@@ -193,3 +193,32 @@ fn a_zero_pause_recheck_is_refused_by_name() {
     .to_string();
     assert!(problems.contains("dispatch.pause_recheck"), "{problems}");
 }
+
+each_backend! {
+    async fn a_held_row_the_relay_sent_keeps_its_note_stays_live_for_the_sweep_and_is_woken(env) {
+        use timeoutd::db::{outbox, pauses, relay};
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        let config = env.config(&[("acme", "builtin:single-phase", &[])], "");
+        let d = env.dispatcher(&config, Clock::Database).await;
+        let now = env.db.now_ms().await.unwrap();
+        pauses::pause(&env.db, pauses::Scope::Merchant, "acme", now, "ops", "").await.unwrap();
+        env.create(&order("r1", "acme", now - 60_000)).await;
+        let outcomes = env.process(&d, now).await;
+        assert!(matches!(outcomes.as_slice(), [Outcome::Paused { .. }]), "{outcomes:?}");
+        // Held for minutes, so past `rocketmq.relay_lead`: the relay sends it like any row.
+        let (token, rows) = relay::claim_for_relay(&env.db, now, 3_000, 100, 30_000).await.unwrap();
+        assert_eq!(rows.len(), 1, "the held row is relayed");
+        relay::mark_sent(&env.db, &token, now, &[(rows[0].id, "msg-r1".to_string())]).await.unwrap();
+        let note = pauses::held_note(pauses::Scope::Merchant, "acme");
+        assert_eq!(env.text("SELECT status FROM order_timeout_msg WHERE order_id = ?", "r1").await, "SENT");
+        assert_eq!(note_of(env, "r1").await, note, "the relay keeps a pause's note");
+        let orphans = outbox::find_orphans(&env.db, now + 1_000, 0, 100).await.unwrap();
+        assert!(orphans.iter().all(|o| o.order_id != "r1"), "a held row stays live for the sweep: {orphans:?}");
+        assert_eq!(pauses::resume(&env.db, pauses::Scope::Merchant, "acme", now).await.unwrap(), Some(1));
+        assert_eq!(env.text("SELECT status FROM order_timeout_msg WHERE order_id = ?", "r1").await, "PENDING");
+        let outcomes = env.process(&d, env.db.now_ms().await.unwrap()).await;
+        assert!(matches!(outcomes.as_slice(), [Outcome::Closed { .. }]), "{outcomes:?}");
+        assert_eq!((env.status("r1").await, env.stock("sku-a").await), ("CLOSED".to_string(), 10));
+        assert_eq!(pauses::resume(&env.db, pauses::Scope::Merchant, "acme", now).await.unwrap(), None, "not paused");
+    }
+}
