@@ -28,6 +28,7 @@ mod poolers;
 mod prefetch;
 mod provider_fakes;
 mod redis_server;
+mod redrive;
 mod retention;
 mod rocketmq;
 mod runtime;

@@ -46,6 +46,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/dead-letters"),
     ("get", "/v1/dead-letters/{id}"),
     ("post", "/v1/dead-letters/{id}/redrive"),
+    ("post", "/v1/dead-letters/redrive"),
     ("get", "/v1/ledger/failed"),
     ("post", "/v1/ledger/{id}/retry"),
     ("get", "/v1/backlog"),
@@ -249,6 +250,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/dead-letters", get(dead_letters::list))
         .route("/v1/dead-letters/{id}", get(dead_letters::inspect))
         .route("/v1/dead-letters/{id}/redrive", post(dead_letters::redrive))
+        .route("/v1/dead-letters/redrive", post(dead_letters::redrive_many))
         .route("/v1/ledger/failed", get(ledger::failed))
         .route("/v1/ledger/{id}/retry", post(ledger::retry))
         .route("/v1/backlog", get(ops::backlog))

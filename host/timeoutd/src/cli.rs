@@ -1,7 +1,8 @@
 //! The `timeoutd` command line: `run`, `validate`, `demo`, `arm`, `pause`, `resume`, `pauses`
-//! ([`pauses`]), `plugin` (see [`crate::plugin_cli`]).
+//! ([`pauses`]), `redrive` ([`redrive`]), `plugin` (see [`crate::plugin_cli`]).
 
 pub mod pauses;
+pub mod redrive;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -170,6 +171,17 @@ pub enum Command {
         #[command(flatten)]
         target: pauses::Target,
     },
+    /// Re-drive every OPEN dead letter a filter matches (their orders re-armed as `manual`
+    /// triggers, paced), a page at a time; `--dry-run` lists them. Re-driving the same set
+    /// again changes nothing: a letter is re-driven once.
+    Redrive {
+        /// Configuration file.
+        #[arg(long, default_value = "config/timeoutd.toml")]
+        config: PathBuf,
+        /// The filter and the pace.
+        #[command(flatten)]
+        args: redrive::RedriveArgs,
+    },
     /// List the pauses in force, one per line.
     Pauses {
         /// Configuration file.
@@ -197,7 +209,8 @@ pub fn main() -> ExitCode {
         | Command::Doctor { .. }
         | Command::Pause { .. }
         | Command::Resume { .. }
-        | Command::Pauses { .. } => "warn",
+        | Command::Pauses { .. }
+        | Command::Redrive { .. } => "warn",
         _ => "warn,timeoutd=info,timeoutd_runtime=info",
     };
     // `run` loads its config before logging starts: its [tracing] decides where spans go.
@@ -246,6 +259,10 @@ pub fn main() -> ExitCode {
             },
             Command::Resume { config, target } => match load(&config) {
                 Ok(loaded) => pauses::resume(&config, &loaded, &target).await,
+                Err(code) => code,
+            },
+            Command::Redrive { config, args } => match load(&config) {
+                Ok(loaded) => redrive::run(&config, &loaded, &args).await,
                 Err(code) => code,
             },
             Command::Pauses { config } => match load(&config) {

@@ -39,6 +39,7 @@ pub mod paid;
 pub mod plugin_cli;
 pub mod policies;
 pub mod ratecap;
+pub mod redrive;
 pub mod retention;
 /// The backoff rule and the default retry settings (shared with the plugin harness).
 pub use timeoutd_runtime::retry;

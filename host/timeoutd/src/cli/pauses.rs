@@ -34,7 +34,7 @@ impl Target {
 }
 
 /// Who the CLI audits a change as: `cli:<$USER>` (`cli:unknown` without `USER`).
-fn actor() -> String {
+pub(super) fn actor() -> String {
     format!(
         "cli:{}",
         std::env::var("USER").unwrap_or_else(|_| "unknown".to_string())

@@ -295,6 +295,49 @@ pub async fn dead_letters(
         .collect::<Result<Vec<_>, sqlx::Error>>()?)
 }
 
+/// OPEN dead letters with an id above `after_id`, oldest first, at most `limit`: of `source`
+/// when given, dead-lettered in `[since_ms, until_ms)` (epoch ms) when given. A bulk re-drive
+/// reads its pages with this (`crate::redrive`), resuming after the last id it saw.
+///
+/// # Errors
+/// [`DbError::Sql`] when the query fails or a column cannot be read.
+pub async fn open_dead_letters_after(
+    db: &Db,
+    after_id: i64,
+    source: Option<&str>,
+    since_ms: Option<i64>,
+    until_ms: Option<i64>,
+    limit: i64,
+) -> Result<Vec<DeadLetterRow>, DbError> {
+    let mut sql = format!("{DEAD_LETTER_COLUMNS} WHERE status = 'OPEN' AND id > ?");
+    if source.is_some() {
+        sql += " AND source = ?";
+    }
+    if since_ms.is_some() {
+        sql += " AND created_at_ms >= ?";
+    }
+    if until_ms.is_some() {
+        sql += " AND created_at_ms < ?";
+    }
+    sql += " ORDER BY id LIMIT ?";
+    let mut q = db.backend().query_owned(sql).bind(after_id);
+    if let Some(source) = source {
+        q = q.bind(source.to_string());
+    }
+    if let Some(t) = since_ms {
+        q = q.bind(t);
+    }
+    if let Some(t) = until_ms {
+        q = q.bind(t);
+    }
+    Ok(q.bind(limit)
+        .fetch_all(db.pool())
+        .await?
+        .iter()
+        .map(dead_letter_of)
+        .collect::<Result<Vec<_>, sqlx::Error>>()?)
+}
+
 /// Dead letter `id` whole (its payload as received, source, attempts), as
 /// `GET /v1/dead-letters/{id}` shows it; `None` when there is no such row.
 ///
