@@ -472,6 +472,8 @@ fn request() -> impl Strategy<Value = Request> {
         Just("/v1/sweep".to_string()),
         Just("/v1/backlog".to_string()),
         Just("/v1/pauses".to_string()),
+        Just("/v1/dead-letters/redrive".to_string()),
+        Just("/v1/ledger/retry".to_string()),
         segment().prop_map(|s| format!("/v1/merchants/{s}/pause")),
         segment().prop_map(|s| format!("/v1/merchants/{s}/resume")),
         segment().prop_map(|s| format!("/v1/orders/{s}/pause")),
@@ -501,11 +503,18 @@ fn request() -> impl Strategy<Value = Request> {
         .prop_map(
             |(admin, method, http_path, admin_path, body, json, token)| {
                 // The operator's token only where a call writes nothing the property checks: not
-                // the sweep's tuning, not a pause (it holds the fixture's triggers), not on the
-                // payment listener.
+                // the sweep's tuning, not a pause (it holds the fixture's triggers), not a bulk
+                // re-drive or retry, not on the payment listener.
                 let writes = (admin_path.starts_with("/v1/sweep") && method == "PUT")
                     || (method == "POST"
-                        && (admin_path.ends_with("/pause") || admin_path.ends_with("/resume")));
+                        && [
+                            "/pause",
+                            "/resume",
+                            "/v1/dead-letters/redrive",
+                            "/v1/ledger/retry",
+                        ]
+                        .iter()
+                        .any(|end| admin_path.ends_with(end)));
                 let token = match token {
                     Some(t) if t == crate::admin::TOKEN && (!admin || writes) => {
                         Some("wrong-token-0123456789")

@@ -3,6 +3,7 @@
 mod admin;
 mod alipay;
 mod architecture;
+mod bulk;
 mod chaos;
 mod chaos_mall;
 mod config;
@@ -28,7 +29,6 @@ mod poolers;
 mod prefetch;
 mod provider_fakes;
 mod redis_server;
-mod redrive;
 mod retention;
 mod rocketmq;
 mod runtime;

@@ -7,6 +7,7 @@
 //! through the same dispatcher (plugin, guard, compare-and-set, ledger); a re-drive re-arms the
 //! order's outbox row, which the outbox timer then handles like any other.
 
+mod bulk;
 mod dead_letters;
 mod ledger;
 mod ops;
@@ -49,6 +50,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/dead-letters/redrive"),
     ("get", "/v1/ledger/failed"),
     ("post", "/v1/ledger/{id}/retry"),
+    ("post", "/v1/ledger/retry"),
     ("get", "/v1/backlog"),
     ("get", "/v1/plugins"),
     ("post", "/v1/plugins/reload"),
@@ -253,6 +255,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/dead-letters/redrive", post(dead_letters::redrive_many))
         .route("/v1/ledger/failed", get(ledger::failed))
         .route("/v1/ledger/{id}/retry", post(ledger::retry))
+        .route("/v1/ledger/retry", post(ledger::retry_many))
         .route("/v1/backlog", get(ops::backlog))
         .route("/v1/plugins", get(ops::plugins))
         .route("/v1/plugins/reload", post(ops::reload_plugins))

@@ -1,8 +1,8 @@
 //! The `timeoutd` command line: `run`, `validate`, `demo`, `arm`, `pause`, `resume`, `pauses`
-//! ([`pauses`]), `redrive` ([`redrive`]), `plugin` (see [`crate::plugin_cli`]).
+//! ([`pauses`]), `redrive`, `retry-effects` ([`bulk`]), `plugin` (see [`crate::plugin_cli`]).
 
+pub mod bulk;
 pub mod pauses;
-pub mod redrive;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -180,7 +180,19 @@ pub enum Command {
         config: PathBuf,
         /// The filter and the pace.
         #[command(flatten)]
-        args: redrive::RedriveArgs,
+        args: bulk::RedriveArgs,
+    },
+    /// Retry every FAILED ledger effect a filter matches (back to PENDING with a fresh attempt
+    /// budget, paced; the daemon's effect executor runs them under their original idempotency
+    /// keys), a page at a time; `--dry-run` lists them. An effect applied in the close (stock,
+    /// coupon) is never retried: it is listed as skipped.
+    RetryEffects {
+        /// Configuration file.
+        #[arg(long, default_value = "config/timeoutd.toml")]
+        config: PathBuf,
+        /// The filter and the pace.
+        #[command(flatten)]
+        args: bulk::RetryArgs,
     },
     /// List the pauses in force, one per line.
     Pauses {
@@ -210,7 +222,8 @@ pub fn main() -> ExitCode {
         | Command::Pause { .. }
         | Command::Resume { .. }
         | Command::Pauses { .. }
-        | Command::Redrive { .. } => "warn",
+        | Command::Redrive { .. }
+        | Command::RetryEffects { .. } => "warn",
         _ => "warn,timeoutd=info,timeoutd_runtime=info",
     };
     // `run` loads its config before logging starts: its [tracing] decides where spans go.
@@ -262,7 +275,11 @@ pub fn main() -> ExitCode {
                 Err(code) => code,
             },
             Command::Redrive { config, args } => match load(&config) {
-                Ok(loaded) => redrive::run(&config, &loaded, &args).await,
+                Ok(loaded) => bulk::redrive(&config, &loaded, &args).await,
+                Err(code) => code,
+            },
+            Command::RetryEffects { config, args } => match load(&config) {
+                Ok(loaded) => bulk::retry_effects(&config, &loaded, &args).await,
                 Err(code) => code,
             },
             Command::Pauses { config } => match load(&config) {

@@ -18,6 +18,7 @@ pub mod admin;
 pub mod alerts;
 pub mod bench;
 pub mod build_info;
+pub mod bulk;
 pub mod cli;
 pub mod clock;
 pub mod config;
@@ -39,7 +40,6 @@ pub mod paid;
 pub mod plugin_cli;
 pub mod policies;
 pub mod ratecap;
-pub mod redrive;
 pub mod retention;
 /// The backoff rule and the default retry settings (shared with the plugin harness).
 pub use timeoutd_runtime::retry;

@@ -7,9 +7,10 @@ use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::bulk::{self, Asked};
 use super::{Actor, AdminState, ApiError, ApiResult};
+use crate::bulk::dead_letters::{self as redrive, Redriven};
 use crate::db::views::{self, DeadLetterRow};
-use crate::redrive::{self, Redriven};
 
 /// `?status=OPEN|REDRIVEN|DISMISSED&limit=`.
 #[derive(Debug, Deserialize)]
@@ -50,7 +51,7 @@ async fn one(s: &AdminState, id: i64) -> Result<DeadLetterRow, ApiError> {
 /// order (latest phase, due now, attempts reset); the outbox timer takes it from there. An order
 /// not yet due is left to its own trigger at its deadline (`rearmed: false`). Answers
 /// `{redriven, order_id, rearmed, due_ms[, phase]}`; 409 when it is not OPEN or names no order.
-/// One rule for this and the bulk re-drive: [`crate::redrive::one`].
+/// One rule for this and the bulk re-drive: [`crate::bulk::dead_letters::one`].
 pub async fn redrive(State(s): State<AdminState>, Path(id): Path<i64>) -> ApiResult<Value> {
     let letter = one(&s, id).await?;
     let now = s.clock.now_ms(&s.db).await?;
@@ -82,90 +83,39 @@ pub async fn redrive(State(s): State<AdminState>, Path(id): Path<i64>) -> ApiRes
     }
 }
 
-/// The body of `POST /v1/dead-letters/redrive`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Bulk {
-    /// Which OPEN letters (every one when absent).
-    #[serde(default)]
-    filter: redrive::Filter,
-    /// The cursor: letters with a greater id (default 0, the start).
-    #[serde(default)]
-    after_id: i64,
-    /// OPEN letters read (default 100, at most 1000).
-    limit: Option<u32>,
-    /// Re-drives per second at most (default 50).
-    per_second: Option<u32>,
-    /// Match only, change nothing (default false).
-    #[serde(default)]
-    dry_run: bool,
-}
-
-/// `POST /v1/dead-letters/redrive`: one page of a bulk re-drive ([`crate::redrive::page`]):
-/// `{scanned, matched, redriven, next_after_id}`. Call again with `after_id = next_after_id`
-/// until it is null; `dry_run` first to see what would go. What it did is audited beside the
-/// call (method `BULK`, the filter and the counts).
+/// `POST /v1/dead-letters/redrive`: one page of a bulk re-drive
+/// ([`crate::bulk::dead_letters::page`]): `{scanned, matched, redriven, next_after_id}`. Call
+/// again with `after_id = next_after_id` until it is null; `dry_run` first to see what would
+/// go. What it did is audited beside the call (method `BULK`, the filter and the counts).
 pub async fn redrive_many(
     State(s): State<AdminState>,
     Extension(actor): Extension<Actor>,
     body: Bytes,
 ) -> ApiResult<Value> {
-    let bulk: Bulk = if body.iter().all(u8::is_ascii_whitespace) {
-        Bulk::default()
-    } else {
-        serde_json::from_slice(&body).map_err(|e| {
-            ApiError(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "body: expected {{\"filter\": {{merchant, source, reason_contains, since_ms, \
-                     until_ms}}, \"after_id\", \"limit\", \"per_second\", \"dry_run\"}}: {e}"
-                ),
-            )
-        })?
-    };
-    let limit = bulk.limit.unwrap_or(100);
-    if !(1..=redrive::PAGE_MAX).contains(&limit) {
-        return Err(ApiError(
-            StatusCode::BAD_REQUEST,
-            format!("limit: {limit} is not within 1..={}", redrive::PAGE_MAX),
-        ));
-    }
-    let per_second = bulk.per_second.unwrap_or(50);
-    if per_second == 0 {
-        return Err(ApiError(
-            StatusCode::BAD_REQUEST,
-            "per_second: must be at least 1".into(),
-        ));
-    }
-    let pace = redrive::Pace {
-        limit,
-        per_second,
-        dry_run: bulk.dry_run,
-    };
-    let page = redrive::page(&s.db, &bulk.filter, bulk.after_id, pace, || {
+    let (asked, pace) = Asked::<redrive::Filter>::read(
+        &body,
+        "merchant, source, reason_contains, since_ms, until_ms",
+    )?;
+    let page = redrive::page(&s.db, &asked.filter, asked.after_id, pace, || {
         s.clock.now_ms(&s.db)
     })
     .await
     .map_err(ApiError::query)?;
-    let rearmed = page
+    if page
         .redriven
         .iter()
-        .filter(|r| matches!(r, Redriven::Rearmed { .. }))
-        .count();
-    if rearmed > 0 {
+        .any(|r| matches!(r, Redriven::Rearmed { .. }))
+    {
         s.waker.notify_one();
     }
-    let now = s.clock.now_ms(&s.db).await?;
     let what = format!(
         "redrive dead letters filter={} after_id={} dry_run={} matched={} redriven={}",
-        serde_json::to_string(&bulk.filter).expect("a filter serialises"),
-        bulk.after_id,
-        bulk.dry_run,
+        serde_json::to_string(&asked.filter).expect("a filter serialises"),
+        asked.after_id,
+        pace.dry_run,
         page.matched.len(),
         page.redriven.len()
     );
-    crate::db::audit::record(&s.db, now, &actor.0, "BULK", &what, 200)
-        .await
-        .map_err(ApiError::query)?;
+    bulk::audit(&s, &actor, &what).await?;
     Ok(Json(serde_json::to_value(page).expect("a page serialises")))
 }

@@ -362,6 +362,8 @@ pub struct FailedEffect {
     pub key: String,
     /// Its order.
     pub order_id: String,
+    /// Its order's merchant.
+    pub merchant: String,
     /// Effect kind.
     pub kind: String,
     /// Attempts made.
@@ -379,26 +381,76 @@ pub struct FailedEffect {
 pub async fn failed_effects(db: &Db, limit: i64) -> Result<Vec<FailedEffect>, DbError> {
     let rows = db
         .backend()
-        .query(
-            "SELECT id, idempotency_key, order_id, kind, attempts, last_error, updated_at_ms FROM effect_ledger \
-             WHERE status = 'FAILED' ORDER BY id DESC LIMIT ?",
-        )
+        .query_owned(format!(
+            "{FAILED_EFFECT_COLUMNS} WHERE status = 'FAILED' ORDER BY id DESC LIMIT ?"
+        ))
         .bind(limit)
         .fetch_all(db.pool())
         .await?;
     Ok(rows
         .iter()
-        .map(|r| {
-            Ok(FailedEffect {
-                id: r.try_get(0)?,
-                key: r.try_get(1)?,
-                order_id: r.try_get(2)?,
-                kind: r.try_get(3)?,
-                attempts: r.try_get(4)?,
-                reason: r.try_get(5)?,
-                failed_at_ms: r.try_get(6)?,
-            })
-        })
+        .map(failed_effect_of)
+        .collect::<Result<Vec<_>, sqlx::Error>>()?)
+}
+
+/// The columns of a [`FailedEffect`], in its fields' order.
+const FAILED_EFFECT_COLUMNS: &str = "SELECT id, idempotency_key, order_id, merchant_id, kind, \
+     attempts, last_error, updated_at_ms FROM effect_ledger";
+
+fn failed_effect_of(r: &sqlx::any::AnyRow) -> Result<FailedEffect, sqlx::Error> {
+    Ok(FailedEffect {
+        id: r.try_get(0)?,
+        key: r.try_get(1)?,
+        order_id: r.try_get(2)?,
+        merchant: r.try_get(3)?,
+        kind: r.try_get(4)?,
+        attempts: r.try_get(5)?,
+        reason: r.try_get(6)?,
+        failed_at_ms: r.try_get(7)?,
+    })
+}
+
+/// FAILED ledger effects with an id above `after_id`, oldest first, at most `limit`: of
+/// `merchant` and `kind` when given, failed (last updated) in `[since_ms, until_ms)` (epoch ms)
+/// when given. A bulk retry reads its pages with this (`crate::bulk::effects`).
+///
+/// # Errors
+/// [`DbError::Sql`] when the query fails or a column cannot be read.
+pub async fn failed_effects_after(
+    db: &Db,
+    after_id: i64,
+    merchant: Option<&str>,
+    kind: Option<&str>,
+    since_ms: Option<i64>,
+    until_ms: Option<i64>,
+    limit: i64,
+) -> Result<Vec<FailedEffect>, DbError> {
+    let mut sql = format!("{FAILED_EFFECT_COLUMNS} WHERE status = 'FAILED' AND id > ?");
+    if merchant.is_some() {
+        sql += " AND merchant_id = ?";
+    }
+    if kind.is_some() {
+        sql += " AND kind = ?";
+    }
+    if since_ms.is_some() {
+        sql += " AND updated_at_ms >= ?";
+    }
+    if until_ms.is_some() {
+        sql += " AND updated_at_ms < ?";
+    }
+    sql += " ORDER BY id LIMIT ?";
+    let mut q = db.backend().query_owned(sql).bind(after_id);
+    for text in [merchant, kind].into_iter().flatten() {
+        q = q.bind(text.to_string());
+    }
+    for t in [since_ms, until_ms].into_iter().flatten() {
+        q = q.bind(t);
+    }
+    Ok(q.bind(limit)
+        .fetch_all(db.pool())
+        .await?
+        .iter()
+        .map(failed_effect_of)
         .collect::<Result<Vec<_>, sqlx::Error>>()?)
 }
 

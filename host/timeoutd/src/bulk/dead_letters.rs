@@ -11,10 +11,10 @@
 //! run stopped half-way resumes where it left off.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::{PAGE_MAX, Pace};
 use crate::db::outbox::{self, Orphan, SOURCE_MANUAL};
 use crate::db::views::{self, DeadLetterRow};
 use crate::db::{Db, DbError, journal, orders};
@@ -153,20 +153,6 @@ pub struct Matched {
     pub reason: String,
 }
 
-/// How a bulk page runs.
-#[derive(Debug, Clone, Copy)]
-pub struct Pace {
-    /// OPEN letters read at most (1..=1000).
-    pub limit: u32,
-    /// Re-drives per second at most (at least 1).
-    pub per_second: u32,
-    /// Match only: nothing is changed.
-    pub dry_run: bool,
-}
-
-/// The most letters one page reads.
-pub const PAGE_MAX: u32 = 1_000;
-
 /// Reads the OPEN letters after `after_id` (at most `pace.limit`), keeps those `filter`
 /// matches, and unless `pace.dry_run` re-drives them ([`one`]) at most `pace.per_second` a
 /// second. `now` gives the time of each re-drive (the database clock).
@@ -212,9 +198,7 @@ where
     };
     let mut out = Page {
         scanned: letters.len(),
-        next_after_id: (letters.len() as u32 == limit)
-            .then(|| letters.last().map(|l| l.id))
-            .flatten(),
+        next_after_id: super::next_after(letters.len(), limit, letters.last().map(|l| l.id)),
         ..Page::default()
     };
     let chosen: Vec<&DeadLetterRow> = letters
@@ -241,11 +225,8 @@ where
     if pace.dry_run {
         return Ok(out);
     }
-    let gap = Duration::from_secs(1) / pace.per_second.max(1);
     for (i, letter) in chosen.into_iter().enumerate() {
-        if i > 0 {
-            tokio::time::sleep(gap).await;
-        }
+        pace.wait_turn(i).await;
         out.redriven.push(one(db, letter, now().await?).await?);
     }
     Ok(out)

@@ -1,6 +1,8 @@
-//! Re-driving dead letters in bulk (`crate::redrive`, `POST /v1/dead-letters/redrive`,
-//! `timeoutd redrive`): a filter, a dry run, pages with a cursor, a pace, an audit row, and
-//! exactly once — re-driving the same set twice changes nothing the second time.
+//! Operations on a filtered set (`timeoutd::bulk`): dead letters re-driven
+//! (`POST /v1/dead-letters/redrive`, `timeoutd redrive`) and FAILED effects retried
+//! (`POST /v1/ledger/retry`, `timeoutd retry-effects`): a filter, a dry run, pages with a
+//! cursor, a pace, an audit row, and exactly once — the same set twice changes nothing the
+//! second time.
 
 use std::time::{Duration, Instant};
 
@@ -8,7 +10,7 @@ use serde_json::{Value, json};
 use timeoutd::clock::Clock;
 use timeoutd::daemon::Daemon;
 
-use crate::admin::{ACME, Api, admin_config};
+use crate::admin::{ACME, Api, TOKEN, admin_config};
 use crate::support::{Env, each_backend, eventually, order, timeoutd_bin};
 
 /// Dead-letters `ids` (orders of `merchant`, due a minute ago): a dispatcher with no plugin
@@ -141,5 +143,80 @@ each_backend! {
         env.process(&d, env.db.now_ms().await.unwrap()).await;
         assert_eq!((env.status("c-1").await, env.status("c-2").await, env.stock("sku-a").await), ("CLOSED".to_string(), "CLOSED".to_string(), 10));
         assert_eq!(env.int("SELECT COUNT(*) FROM admin_audit WHERE method = 'CLI' AND actor = ?", "cli:bob").await, 1, "one page re-driven, audited");
+    }
+}
+
+each_backend! {
+    /// Payment closes the provider refused for good, for two merchants, and a stock release
+    /// that failed in the close (its SKU has no stock row): a bulk retry of one merchant's
+    /// close-payment effects lists them on a dry run, retries them once the provider accepts,
+    /// closes each trade once under its original key, leaves the other merchant's FAILED, and
+    /// never retries the stock release (applied in the close). The same set again matches
+    /// nothing; the CLI does the same for the other merchant.
+    async fn a_bulk_retry_of_failed_effects_retries_each_once_and_never_an_in_close_effect(env) {
+        env.stock_up(&[("sku-a", 10)]).await;
+        let provider = crate::fakes::Provider::start().await;
+        let orders = [("acme", "p-1"), ("acme", "p-2"), ("m2", "p-3")];
+        for (merchant, id) in orders {
+            let key = format!("{merchant}/{id}/0/3");
+            provider.books.lock().unwrap().answers.insert(key, (400, json!({ "error": "unknown reference" })));
+        }
+        let toml = format!(
+            "[admin]\nlisten = \"127.0.0.1:0\"\n[admin.tokens]\nops = \"{TOKEN}\"\n[sweep]\nenabled = false\n\
+             [runtime]\ndeadline = \"2s\"\n[payment]\nbase_url = \"{}\"\nattempts = 1\n[database]\nurl = \"{}\"\n{ACME}\
+             [merchants.m2]\nplugin = \"builtin:single-phase\"\n",
+            provider.base_url, env.url
+        );
+        let config = timeoutd::config::Config::from_toml(&toml, env.dir.path(), &|_| None).unwrap();
+        let now = env.db.now_ms().await.unwrap();
+        for (merchant, id) in orders {
+            env.create(&order(id, merchant, now - 1_000)).await;
+        }
+        let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
+        let api = Api::of(&daemon);
+        let failed = |kind: &'static str| async move {
+            env.int("SELECT COUNT(*) FROM effect_ledger WHERE status = 'FAILED' AND kind = ?", kind).await
+        };
+        let done = || async { env.int("SELECT COUNT(*) FROM effect_ledger WHERE status = 'DONE' AND kind = ?", "close-payment").await };
+        eventually(Duration::from_secs(30), "every close-payment ends FAILED", || async { failed("close-payment").await == 3 }).await;
+        assert_eq!(failed("restore-stock").await, 3, "sku-b has no stock row: failed in each close");
+        let path = "/v1/ledger/retry";
+        let acme = json!({ "filter": { "merchant": "acme" }, "dry_run": true });
+        let (status, dry) = api.call("POST", path, Some(acme)).await;
+        assert_eq!((status, ids(&dry, "matched").len(), ids(&dry, "retried").len()), (200, 4, 0), "acme's 2 payments and 2 stock releases: {dry}");
+        assert_eq!(failed("close-payment").await, 3, "a dry run changes nothing");
+        let (status, refused) = api.call("POST", path, Some(json!({ "filter": { "status": "FAILED" } }))).await;
+        assert!(status == 400 && refused["error"].as_str().unwrap().contains("status"), "{status} {refused}");
+
+        // The provider accepts now; the operator retries acme's FAILED effects.
+        provider.books.lock().unwrap().answers.clear();
+        let (status, page) = api.call("POST", path, Some(json!({ "filter": { "merchant": "acme" } }))).await;
+        assert_eq!(status, 200, "{page}");
+        let outcomes: Vec<&str> = page["retried"].as_array().unwrap().iter().map(|r| r["outcome"].as_str().unwrap()).collect();
+        assert_eq!(outcomes.iter().filter(|o| **o == "retrying").count(), 2, "{page}");
+        assert_eq!(outcomes.iter().filter(|o| **o == "in-transaction").count(), 2, "{page}");
+        eventually(Duration::from_secs(30), "acme's retried closes complete", || async { done().await == 2 }).await;
+        assert_eq!(failed("close-payment").await, 1, "the other merchant's stays FAILED");
+        let (_, again) = api.call("POST", path, Some(json!({ "filter": { "merchant": "acme", "kind": "close-payment" } }))).await;
+        assert_eq!(ids(&again, "matched").len(), 0, "the same set again matches nothing: {again}");
+
+        // The other merchant's, from the CLI.
+        let file = env.dir.path().join("bulk.toml");
+        std::fs::write(&file, &toml).unwrap();
+        let mut cli = tokio::process::Command::new(timeoutd_bin());
+        cli.args(["retry-effects", "--merchant", "m2", "--kind", "close-payment", "--reason-contains", "400", "--config"]).arg(&file).env("USER", "carol");
+        let out = crate::support::stdout_of_success(&mut cli).await;
+        assert!(out.contains("p-3\tm2\tclose-payment") && out.trim_end().ends_with("1 failed effect(s) matched; retrying 1"), "{out}");
+        eventually(Duration::from_secs(30), "m2's retried close completes", || async { done().await == 3 }).await;
+        daemon.stop().await;
+
+        assert_eq!(failed("restore-stock").await, 3, "never retried: applied in the close");
+        let closes = provider.books.lock().unwrap().closes.clone();
+        for (merchant, id) in orders {
+            let key = format!("{merchant}/{id}/0/3");
+            assert_eq!(closes.iter().filter(|(_, k)| *k == key).count(), 1, "{id} closed once under its original key: {closes:?}");
+        }
+        assert_eq!(env.int("SELECT COUNT(*) FROM admin_audit WHERE method = 'BULK' AND actor = ?", "ops").await, 3);
+        assert_eq!(env.int("SELECT COUNT(*) FROM admin_audit WHERE method = 'CLI' AND actor = ?", "cli:carol").await, 1);
     }
 }

@@ -1,0 +1,286 @@
+//! `timeoutd redrive` and `timeoutd retry-effects`: every OPEN dead letter, or every FAILED
+//! ledger effect, a filter matches, changed a page at a time with no daemon needed
+//! (`crate::bulk`), or listed with `--dry-run`. Resumable with `--after-id` (each page's line on
+//! stderr names the cursor it reached); audited in `admin_audit` by `cli:<$USER>`.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use clap::Args;
+
+use crate::bulk::dead_letters::{self, Redriven};
+use crate::bulk::effects::{self, Retried};
+use crate::bulk::{PAGE_MAX, Pace};
+use crate::config::Config;
+use crate::db::{Db, DbError};
+
+/// What both bulk commands take besides their filter.
+#[derive(Debug, Args)]
+pub struct PageArgs {
+    /// Only rows of this long before now (`30m`, `2h`, `7d`): dead-lettered, or failed.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub since: Option<std::time::Duration>,
+    /// Start after this id (a stopped run's last cursor).
+    #[arg(long, default_value_t = 0)]
+    pub after_id: i64,
+    /// Rows read per page (1–1000).
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=i64::from(PAGE_MAX)))]
+    pub page: u32,
+    /// Changes per second at most.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+    pub per_second: u32,
+    /// List what would change; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+impl PageArgs {
+    fn pace(&self) -> Pace {
+        Pace {
+            limit: self.page,
+            per_second: self.per_second,
+            dry_run: self.dry_run,
+        }
+    }
+}
+
+/// `timeoutd redrive`'s filter.
+#[derive(Debug, Args)]
+pub struct RedriveArgs {
+    /// Only letters of this merchant's orders.
+    #[arg(long)]
+    pub merchant: Option<String>,
+    /// Only letters of this source (`outbox`, `rocketmq`, `quarantined-row`, …).
+    #[arg(long)]
+    pub source: Option<String>,
+    /// Only letters whose reason contains this text (case-sensitive).
+    #[arg(long)]
+    pub reason_contains: Option<String>,
+    /// Pages, pace, dry run.
+    #[command(flatten)]
+    pub page: PageArgs,
+}
+
+/// `timeoutd retry-effects`'s filter.
+#[derive(Debug, Args)]
+pub struct RetryArgs {
+    /// Only this merchant's effects.
+    #[arg(long)]
+    pub merchant: Option<String>,
+    /// Only effects of this kind (`notify`, `close-payment`, …).
+    #[arg(long)]
+    pub kind: Option<String>,
+    /// Only effects whose last error contains this text (case-sensitive).
+    #[arg(long)]
+    pub reason_contains: Option<String>,
+    /// Pages, pace, dry run.
+    #[command(flatten)]
+    pub page: PageArgs,
+}
+
+/// `timeoutd redrive`: one line per matched letter on stdout (`id order merchant source reason
+/// outcome`, tab-separated), the last line the totals. Exits 0, or 1 when the database fails
+/// (naming the cursor to resume from).
+pub async fn redrive(path: &Path, config: &Config, args: &RedriveArgs) -> ExitCode {
+    let Some((db, now)) = open(path, config).await else {
+        return ExitCode::FAILURE;
+    };
+    let filter = dead_letters::Filter {
+        merchant: args.merchant.clone(),
+        source: args.source.clone(),
+        reason_contains: args.reason_contains.clone(),
+        since_ms: args.page.since.map(|d| now - d.as_millis() as i64),
+        until_ms: None,
+    };
+    let filter_text = serde_json::to_string(&filter).expect("a filter serialises");
+    let pace = args.page.pace();
+    let (db, filter) = (&db, &filter);
+    let run = pages(
+        db,
+        "redrive",
+        &filter_text,
+        &args.page,
+        move |after_id| async move {
+            let page = dead_letters::page(db, filter, after_id, pace, || db.now_ms()).await?;
+            for (m, outcome) in page.matched.iter().zip(
+                page.redriven
+                    .iter()
+                    .map(Some)
+                    .chain(std::iter::repeat(None)),
+            ) {
+                let outcome = match outcome {
+                    None => "would re-drive",
+                    Some(Redriven::Rearmed { .. }) => "re-armed",
+                    Some(Redriven::LeftToDeadline { .. }) => "left to its deadline",
+                    Some(Redriven::NoOrder { .. }) => "skipped: names no order",
+                    Some(Redriven::NotOpen { .. }) => "skipped: no longer OPEN",
+                };
+                println!(
+                    "{}\t{}\t{}\t{}\t{}\t{outcome}",
+                    m.id,
+                    m.order_id.as_deref().unwrap_or("-"),
+                    m.merchant.as_deref().unwrap_or("-"),
+                    m.source,
+                    m.reason
+                );
+            }
+            let rearmed = page
+                .redriven
+                .iter()
+                .filter(|r| matches!(r, Redriven::Rearmed { .. }))
+                .count();
+            Ok((
+                page.matched.len(),
+                page.redriven.len(),
+                rearmed,
+                page.next_after_id,
+            ))
+        },
+    )
+    .await;
+    finish(
+        run,
+        "dead letter(s)",
+        ("re-armed", "would re-drive"),
+        args.page.dry_run,
+    )
+}
+
+/// `timeoutd retry-effects`: one line per matched effect on stdout (`id order merchant kind
+/// attempts reason outcome`, tab-separated), the last line the totals. Exits as `redrive`.
+pub async fn retry_effects(path: &Path, config: &Config, args: &RetryArgs) -> ExitCode {
+    let Some((db, now)) = open(path, config).await else {
+        return ExitCode::FAILURE;
+    };
+    let filter = effects::Filter {
+        merchant: args.merchant.clone(),
+        kind: args.kind.clone(),
+        reason_contains: args.reason_contains.clone(),
+        since_ms: args.page.since.map(|d| now - d.as_millis() as i64),
+        until_ms: None,
+    };
+    let filter_text = serde_json::to_string(&filter).expect("a filter serialises");
+    let pace = args.page.pace();
+    let (db, filter) = (&db, &filter);
+    let run = pages(
+        db,
+        "retry failed effects",
+        &filter_text,
+        &args.page,
+        move |after_id| async move {
+            let page = effects::page(db, filter, after_id, pace).await?;
+            for (e, outcome) in page
+                .matched
+                .iter()
+                .zip(page.retried.iter().map(Some).chain(std::iter::repeat(None)))
+            {
+                let outcome = match outcome {
+                    None => "would retry",
+                    Some(Retried::Retrying { .. }) => "retrying",
+                    Some(Retried::InTransaction { .. }) => {
+                        "skipped: applied in the close; fix by hand"
+                    }
+                    Some(Retried::NotFailed { .. }) => "skipped: no longer FAILED",
+                };
+                println!(
+                    "{}\t{}\t{}\t{}\t{}\t{}\t{outcome}",
+                    e.id,
+                    e.order_id,
+                    e.merchant,
+                    e.kind,
+                    e.attempts,
+                    e.reason.as_deref().unwrap_or("")
+                );
+            }
+            let retrying = page
+                .retried
+                .iter()
+                .filter(|r| matches!(r, Retried::Retrying { .. }))
+                .count();
+            Ok((
+                page.matched.len(),
+                page.retried.len(),
+                retrying,
+                page.next_after_id,
+            ))
+        },
+    )
+    .await;
+    finish(
+        run,
+        "failed effect(s)",
+        ("retrying", "would retry"),
+        args.page.dry_run,
+    )
+}
+
+/// Totals of a run: rows matched, rows changed (the operation's success), or the failure and
+/// the cursor to resume from.
+type Run = Result<(usize, usize), (DbError, i64)>;
+
+/// Runs `one_page` from `args.after_id` until the last page, auditing each page that changed
+/// something. `one_page` answers (matched, attempted, changed, next cursor).
+async fn pages<F, Fut>(db: &Db, operation: &str, filter: &str, args: &PageArgs, one_page: F) -> Run
+where
+    F: Fn(i64) -> Fut,
+    Fut: Future<Output = Result<(usize, usize, usize, Option<i64>), DbError>>,
+{
+    let actor = super::pauses::actor();
+    let (mut after_id, mut matched, mut changed) = (args.after_id, 0, 0);
+    loop {
+        let (m, attempted, c, next) = one_page(after_id).await.map_err(|e| (e, after_id))?;
+        matched += m;
+        changed += c;
+        if attempted > 0 {
+            let what = format!("{operation} filter={filter} after_id={after_id} changed={c}");
+            let at = db.now_ms().await.map_err(|e| (e, after_id))?;
+            crate::db::audit::record(db, at, &actor, "CLI", &what, 200)
+                .await
+                .map_err(|e| (e, after_id))?;
+        }
+        match next {
+            Some(next) => {
+                eprintln!("page done: {matched} matched so far; cursor {next}");
+                after_id = next;
+            }
+            None => return Ok((matched, changed)),
+        }
+    }
+}
+
+/// Prints the totals (`N <what> matched; <done> M`, or `<would> N` on a dry run) and gives the
+/// exit code.
+fn finish(run: Run, what: &str, (done_verb, would): (&str, &str), dry_run: bool) -> ExitCode {
+    match run {
+        Ok((matched, done)) => {
+            if dry_run {
+                println!("{matched} {what} matched; {would} {matched}");
+            } else {
+                println!("{matched} {what} matched; {done_verb} {done}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err((e, after_id)) => {
+            eprintln!("{e}; resume with --after-id {after_id}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The database as the daemon opens it, and its clock's reading.
+async fn open(path: &Path, config: &Config) -> Option<(Db, i64)> {
+    let db = match crate::daemon::open_database(config).await {
+        Ok(db) => db,
+        Err(e) => {
+            eprintln!("{}: cannot open the database: {e}", path.display());
+            return None;
+        }
+    };
+    match db.now_ms().await {
+        Ok(now) => Some((db, now)),
+        Err(e) => {
+            eprintln!("{}: {e}", path.display());
+            None
+        }
+    }
+}
