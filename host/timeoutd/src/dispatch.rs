@@ -671,9 +671,9 @@ impl Dispatcher {
 
     /// Holds a trigger of a paused order (`scope` says which pause) without asking its plugin:
     /// its row is deferred by `dispatch.pause_recheck` (to the deadline at the earliest) and
-    /// noted so that resuming wakes it
-    /// ([`pauses::held_note`]); a trigger without a row is dropped (the order's own row is
-    /// held the same way, and the sweep re-arms one that has none).
+    /// noted so that resuming wakes it ([`pauses::held_note`]); a trigger without a row is
+    /// dropped (the order's own row is held the same way, and the sweep re-arms one that has
+    /// none).
     async fn pause(
         &self,
         trigger: &Trigger,

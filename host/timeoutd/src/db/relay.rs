@@ -45,8 +45,8 @@ const MARK_SENT_CHUNK: usize = 64;
 
 /// The relay published these rows, `(row id, message id)`: each is SENT at `now_ms` with its
 /// message id and its claim dropped, its `last_error` cleared unless it notes a pause (which
-/// the resume and the sweep read: [`super::pauses::KEEP_HELD_NOTE`]), in statements of at most [`MARK_SENT_CHUNK`] rows
-/// (`message_id = CASE id WHEN ? THEN ? … END`). A row whose claim `token` was lost meanwhile
+/// the resume and the sweep read: [`super::pauses::KEEP_HELD_NOTE`]), in statements of at
+/// most [`MARK_SENT_CHUNK`] rows (`message_id = CASE id WHEN ? THEN ? … END`). A row whose claim `token` was lost meanwhile
 /// (a consumer or the outbox timer has it now) is left alone.
 ///
 /// # Errors
