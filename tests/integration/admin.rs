@@ -567,8 +567,8 @@ each_backend! {
 
 /// The console end to end in headless Chromium (Debian's /usr/bin/chromium, driven by
 /// playwright-core from `tests/console`): load, sign in, find the overdue order, pause its
-/// merchant (the close is refused naming the pause), resume, close it, see it CLOSED — and the
-/// database agrees, the pause and the resume audited.
+/// merchant (the order shows as paused, its Close button disabled), resume, close it, see it
+/// CLOSED — and the database agrees, the pause and the resume audited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_closes_an_overdue_order_in_headless_chromium() {
     let dir = crate::support::repo_root().join("tests/console");
