@@ -132,9 +132,9 @@ each_backend! {
         assert!(listed.trim_end().ends_with("2 dead letter(s) matched; would re-drive 2"), "{listed}");
         assert_eq!(env.int("SELECT COUNT(*) FROM dead_letter WHERE status = ?", "OPEN").await, 2);
         let done = crate::support::stdout_of_success(&mut cli(&["--merchant", "acme", "--since", "1h", "--per-second", "100"])).await;
-        assert!(done.trim_end().ends_with("2 dead letter(s) matched; re-armed 2"), "{done}");
+        assert!(done.trim_end().ends_with("2 dead letter(s) matched; re-driven 2"), "{done}");
         let again = crate::support::stdout_of_success(&mut cli(&["--merchant", "acme"])).await;
-        assert!(again.trim_end().ends_with("0 dead letter(s) matched; re-armed 0"), "{again}");
+        assert!(again.trim_end().ends_with("0 dead letter(s) matched; re-driven 0"), "{again}");
         let refused = cli(&["--page", "0"]).output().await.unwrap();
         assert_eq!(refused.status.code(), Some(2), "clap refuses a page of 0");
 

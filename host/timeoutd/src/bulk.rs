@@ -4,7 +4,9 @@
 //! order after a cursor (a run stopped half-way resumes after the last id it saw), a dry run
 //! that only lists, and a pace (`per_second`) so a thousand rows do not land on the dispatcher
 //! or the effect executor at once. Each operation moves a row only from the state it filters
-//! on (a compare-and-set), so running the same set twice changes nothing the second time.
+//! on (a compare-and-set), so running the same set twice changes nothing the second time, save
+//! rows that came back to that state meanwhile (an effect retried and FAILED again, a new
+//! dead letter of a re-driven order).
 
 pub mod dead_letters;
 pub mod effects;

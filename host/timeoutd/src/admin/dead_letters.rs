@@ -114,7 +114,7 @@ pub async fn redrive_many(
         asked.after_id,
         pace.dry_run,
         page.matched.len(),
-        page.redriven.len()
+        page.redriven.iter().filter(|r| r.changed()).count()
     );
     bulk::audit(&s, &actor, &what).await?;
     Ok(Json(serde_json::to_value(page).expect("a page serialises")))

@@ -75,7 +75,10 @@ pub async fn retry_many(
         asked.after_id,
         pace.dry_run,
         page.matched.len(),
-        page.retried.len()
+        page.retried
+            .iter()
+            .filter(|r| matches!(r, Retried::Retrying { .. }))
+            .count()
     );
     bulk::audit(&s, &actor, &what).await?;
     Ok(Json(serde_json::to_value(page).expect("a page serialises")))

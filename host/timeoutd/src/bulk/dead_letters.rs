@@ -2,7 +2,8 @@
 //! a filter matches, page by page (`POST /v1/dead-letters/redrive`, `timeoutd redrive`).
 //!
 //! A re-drive marks the letter REDRIVEN (a compare-and-set on OPEN, so a letter is re-driven
-//! once however often the same set is asked for) and re-arms its order's latest outbox row as a
+//! once however often the same set is asked for; an order dead-lettered again gets a new
+//! letter) and re-arms its order's latest outbox row as a
 //! `manual` trigger, due now, with a fresh attempt budget; the outbox timer takes it from there,
 //! through the merchant's plugin and the guard like any trigger. An order not yet due is left
 //! to its own row at its deadline, a letter that names no order (a poison message's) is
@@ -79,6 +80,16 @@ pub enum Redriven {
     },
 }
 
+impl Redriven {
+    /// Whether the letter was marked REDRIVEN (re-armed, or left to its order's deadline).
+    pub fn changed(&self) -> bool {
+        match self {
+            Redriven::Rearmed { .. } | Redriven::LeftToDeadline { .. } => true,
+            Redriven::NoOrder { .. } | Redriven::NotOpen { .. } => false,
+        }
+    }
+}
+
 /// Re-drives OPEN letter `letter` at `now_ms` (epoch ms): see the module's doc.
 ///
 /// # Errors
@@ -130,7 +141,8 @@ pub async fn one(db: &Db, letter: &DeadLetterRow, now_ms: i64) -> Result<Redrive
 pub struct Page {
     /// OPEN letters read in this page (before the merchant and reason filters).
     pub scanned: usize,
-    /// The letters the filter matched, by id: what a dry run would re-drive.
+    /// The letters the filter matched, by id: what a run takes (a letter naming no order is
+    /// then skipped, as its outcome says).
     pub matched: Vec<Matched>,
     /// What re-driving each matched letter came to (empty on a dry run).
     pub redriven: Vec<Redriven>,
@@ -159,8 +171,8 @@ pub struct Matched {
 ///
 /// # Errors
 /// [`DbError`] when a read fails, or a re-drive's statement fails (the letters before it are
-/// re-driven; the next run's cursor starts after the last letter of the page, so run the same
-/// page again: a letter already REDRIVEN is `NotOpen`, never re-driven twice).
+/// re-driven and the page's cursor is lost: run the same `after_id` again, a letter already
+/// REDRIVEN is no longer OPEN and is not read again).
 pub async fn page<F, Fut>(
     db: &Db,
     filter: &Filter,

@@ -2,8 +2,8 @@
 //! filter matches, page by page (`POST /v1/ledger/retry`, `timeoutd retry-effects`).
 //!
 //! A retry moves a FAILED external effect back to PENDING with a fresh attempt budget (a
-//! compare-and-set on FAILED, so an effect is retried once however often the same set is asked
-//! for); the effect executor's next round carries it out under its original idempotency key,
+//! compare-and-set on FAILED, so asking for the same set again retries nothing the first ask
+//! retried, unless it has FAILED again since); the effect executor's next round carries it out under its original idempotency key,
 //! so the receiver still recognises a repeat. An effect the close transaction applies (stock,
 //! coupon, points) is never retried here: the executor cannot redo it, an operator corrects
 //! the data by hand.
@@ -23,7 +23,7 @@ pub struct Filter {
     /// Only this merchant's effects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merchant: Option<String>,
-    /// Only effects of this kind (`notify`, `flash-sale-release`, `close-payment`, …).
+    /// Only effects of this kind (`notify`, `restore-flash-stock`, `close-payment`, …).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
     /// Only effects whose last error contains this text (case-sensitive).
@@ -86,7 +86,8 @@ pub async fn one(db: &Db, id: i64, kind: &str) -> Result<Retried, DbError> {
 pub struct Page {
     /// FAILED effects read in this page (before the reason filter).
     pub scanned: usize,
-    /// The effects the filter matched: what a dry run would retry.
+    /// The effects the filter matched: what a run takes (one applied in the close is then
+    /// skipped, as its outcome says).
     pub matched: Vec<FailedEffect>,
     /// What retrying each matched effect came to (empty on a dry run).
     pub retried: Vec<Retried>,

@@ -124,15 +124,11 @@ pub async fn redrive(path: &Path, config: &Config, args: &RedriveArgs) -> ExitCo
                     m.reason
                 );
             }
-            let rearmed = page
-                .redriven
-                .iter()
-                .filter(|r| matches!(r, Redriven::Rearmed { .. }))
-                .count();
+            let redriven = page.redriven.iter().filter(|r| r.changed()).count();
             Ok((
                 page.matched.len(),
                 page.redriven.len(),
-                rearmed,
+                redriven,
                 page.next_after_id,
             ))
         },
@@ -141,7 +137,7 @@ pub async fn redrive(path: &Path, config: &Config, args: &RedriveArgs) -> ExitCo
     finish(
         run,
         "dead letter(s)",
-        ("re-armed", "would re-drive"),
+        ("re-driven", "would re-drive"),
         args.page.dry_run,
     )
 }
@@ -218,8 +214,9 @@ pub async fn retry_effects(path: &Path, config: &Config, args: &RetryArgs) -> Ex
 /// the cursor to resume from.
 type Run = Result<(usize, usize), (DbError, i64)>;
 
-/// Runs `one_page` from `args.after_id` until the last page, auditing each page that changed
-/// something. `one_page` answers (matched, attempted, changed, next cursor).
+/// Runs `one_page` from `args.after_id` until the last page, auditing each page that attempted
+/// a change, and keeping the pace across pages (one gap before a page that follows one that
+/// attempted changes). `one_page` answers (matched, attempted, changed, next cursor).
 async fn pages<F, Fut>(db: &Db, operation: &str, filter: &str, args: &PageArgs, one_page: F) -> Run
 where
     F: Fn(i64) -> Fut,
@@ -241,6 +238,9 @@ where
         match next {
             Some(next) => {
                 eprintln!("page done: {matched} matched so far; cursor {next}");
+                if attempted > 0 {
+                    args.pace().wait_turn(1).await;
+                }
                 after_id = next;
             }
             None => return Ok((matched, changed)),

@@ -297,7 +297,7 @@ pub async fn dead_letters(
 
 /// OPEN dead letters with an id above `after_id`, oldest first, at most `limit`: of `source`
 /// when given, dead-lettered in `[since_ms, until_ms)` (epoch ms) when given. A bulk re-drive
-/// reads its pages with this (`crate::redrive`), resuming after the last id it saw.
+/// reads its pages with this (`crate::bulk::dead_letters`), resuming after the last id it saw.
 ///
 /// # Errors
 /// [`DbError::Sql`] when the query fails or a column cannot be read.
