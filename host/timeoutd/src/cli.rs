@@ -568,6 +568,33 @@ async fn arm(path: &std::path::Path, config: &Config, orders: &[String]) -> Exit
     }
 }
 
+/// The database of `config` as the daemon opens it (engine, pooler and schema checks,
+/// migrations), for the operator commands that change rows (`pause`, `resume`, `redrive`,
+/// `retry-effects`); `None` after saying why on stderr.
+async fn open_database(path: &std::path::Path, config: &Config) -> Option<crate::db::Db> {
+    match crate::daemon::open_database(config).await {
+        Ok(db) => Some(db),
+        Err(e) => {
+            eprintln!("{}: cannot open the database: {e}", path.display());
+            None
+        }
+    }
+}
+
+/// Who the operator commands audit a change as: `cli:<$USER>` (`cli:unknown` without `USER`).
+fn actor() -> String {
+    format!(
+        "cli:{}",
+        std::env::var("USER").unwrap_or_else(|_| "unknown".to_string())
+    )
+}
+
+/// One `admin_audit` row, at `now_ms`, for a change an operator command made: by [`actor`],
+/// method `CLI`, `what` as the path, status 200.
+async fn audit(db: &crate::db::Db, now_ms: i64, what: &str) -> Result<(), crate::db::DbError> {
+    crate::db::audit::record(db, now_ms, &actor(), "CLI", what, 200).await
+}
+
 async fn wait_for_signal() {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .expect("install SIGTERM handler");

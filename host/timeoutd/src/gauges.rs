@@ -115,27 +115,18 @@ async fn split_paused(
 
 /// Publishes `s` as gauges.
 pub fn publish(s: &Sample, merchants: &[String]) {
+    let count = |by: &[(String, i64)], merchant: &str| {
+        by.iter()
+            .find(|(m, _)| m == merchant)
+            .map_or(0, |(_, n)| *n) as f64
+    };
     for merchant in merchants {
-        let n = s
-            .overdue_open
-            .iter()
-            .find(|(m, _)| m == merchant)
-            .map_or(0, |(_, n)| *n);
-        gauge_set(
-            "timeoutd_overdue_open_orders",
-            &[("merchant", merchant.clone())],
-            n as f64,
-        );
-        let held = s
-            .overdue_paused
-            .iter()
-            .find(|(m, _)| m == merchant)
-            .map_or(0, |(_, n)| *n);
-        gauge_set(
-            "timeoutd_overdue_paused_orders",
-            &[("merchant", merchant.clone())],
-            held as f64,
-        );
+        for (name, by) in [
+            ("timeoutd_overdue_open_orders", &s.overdue_open),
+            ("timeoutd_overdue_paused_orders", &s.overdue_paused),
+        ] {
+            gauge_set(name, &[("merchant", merchant.clone())], count(by, merchant));
+        }
     }
     gauge_set(
         "timeoutd_dead_letters_open",

@@ -222,7 +222,6 @@ where
     F: Fn(i64) -> Fut,
     Fut: Future<Output = Result<(usize, usize, usize, Option<i64>), DbError>>,
 {
-    let actor = super::pauses::actor();
     let (mut after_id, mut matched, mut changed) = (args.after_id, 0, 0);
     loop {
         let (m, attempted, c, next) = one_page(after_id).await.map_err(|e| (e, after_id))?;
@@ -231,7 +230,7 @@ where
         if attempted > 0 {
             let what = format!("{operation} filter={filter} after_id={after_id} changed={c}");
             let at = db.now_ms().await.map_err(|e| (e, after_id))?;
-            crate::db::audit::record(db, at, &actor, "CLI", &what, 200)
+            super::audit(db, at, &what)
                 .await
                 .map_err(|e| (e, after_id))?;
         }
@@ -267,15 +266,9 @@ fn finish(run: Run, what: &str, (done_verb, would): (&str, &str), dry_run: bool)
     }
 }
 
-/// The database as the daemon opens it, and its clock's reading.
+/// The database as the daemon opens it ([`super::open_database`]), and its clock's reading.
 async fn open(path: &Path, config: &Config) -> Option<(Db, i64)> {
-    let db = match crate::daemon::open_database(config).await {
-        Ok(db) => db,
-        Err(e) => {
-            eprintln!("{}: cannot open the database: {e}", path.display());
-            return None;
-        }
-    };
+    let db = super::open_database(path, config).await?;
     match db.now_ms().await {
         Ok(now) => Some((db, now)),
         Err(e) => {

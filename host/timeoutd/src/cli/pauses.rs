@@ -8,8 +8,8 @@ use std::process::ExitCode;
 use clap::Args;
 
 use crate::config::Config;
+use crate::db::DbError;
 use crate::db::pauses::{self, Scope};
-use crate::db::{Db, DbError};
 
 /// What a pause or a resume is about: a merchant, or one order.
 #[derive(Debug, Args)]
@@ -33,14 +33,6 @@ impl Target {
     }
 }
 
-/// Who the CLI audits a change as: `cli:<$USER>` (`cli:unknown` without `USER`).
-pub(super) fn actor() -> String {
-    format!(
-        "cli:{}",
-        std::env::var("USER").unwrap_or_else(|_| "unknown".to_string())
-    )
-}
-
 /// `timeoutd pause`: exits 0 when paused (or paused already: the first pause stands, and is
 /// shown), 1 when the target cannot be paused (an unknown merchant, an order that does not
 /// exist or is not PENDING) or the database fails.
@@ -55,7 +47,7 @@ pub async fn pause(path: &Path, config: &Config, target: &Target, reason: &str) 
         );
         return ExitCode::FAILURE;
     }
-    let Some(db) = open(path, config).await else {
+    let Some(db) = super::open_database(path, config).await else {
         return ExitCode::FAILURE;
     };
     let made = async {
@@ -65,9 +57,9 @@ pub async fn pause(path: &Path, config: &Config, target: &Target, reason: &str) 
             return Ok(Err(format!("order `{id}` {why}")));
         }
         let now = db.now_ms().await?;
-        let (pause, new) = pauses::pause(&db, scope, id, now, &actor(), reason).await?;
+        let (pause, new) = pauses::pause(&db, scope, id, now, &super::actor(), reason).await?;
         if new {
-            audit(&db, now, &format!("pause {} {id}", scope.as_str())).await?;
+            super::audit(&db, now, &format!("pause {} {id}", scope.as_str())).await?;
         }
         Ok::<_, DbError>(Ok((pause, new)))
     };
@@ -103,14 +95,14 @@ pub async fn pause(path: &Path, config: &Config, target: &Target, reason: &str) 
 /// when the target was not paused or the database fails.
 pub async fn resume(path: &Path, config: &Config, target: &Target) -> ExitCode {
     let (scope, id) = target.scope();
-    let Some(db) = open(path, config).await else {
+    let Some(db) = super::open_database(path, config).await else {
         return ExitCode::FAILURE;
     };
     let done = async {
         let now = db.now_ms().await?;
         let woken = pauses::resume(&db, scope, id, now).await?;
         if woken.is_some() {
-            audit(&db, now, &format!("resume {} {id}", scope.as_str())).await?;
+            super::audit(&db, now, &format!("resume {} {id}", scope.as_str())).await?;
         }
         Ok::<_, DbError>(woken)
     };
@@ -136,7 +128,7 @@ pub async fn resume(path: &Path, config: &Config, target: &Target) -> ExitCode {
 /// `timeoutd pauses`: one line per pause in force (`scope target paused_at_ms paused_by
 /// reason`, tab-separated), nothing when none.
 pub async fn list(path: &Path, config: &Config) -> ExitCode {
-    let Some(db) = open(path, config).await else {
+    let Some(db) = super::open_database(path, config).await else {
         return ExitCode::FAILURE;
     };
     match pauses::list(&db).await {
@@ -158,20 +150,4 @@ pub async fn list(path: &Path, config: &Config) -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// The database as the daemon opens it (engine, pooler and schema checks, migrations).
-async fn open(path: &Path, config: &Config) -> Option<Db> {
-    match crate::daemon::open_database(config).await {
-        Ok(db) => Some(db),
-        Err(e) => {
-            eprintln!("{}: cannot open the database: {e}", path.display());
-            None
-        }
-    }
-}
-
-/// One `admin_audit` row for a change made here (method `CLI`, status 200).
-async fn audit(db: &Db, now_ms: i64, what: &str) -> Result<(), DbError> {
-    crate::db::audit::record(db, now_ms, &actor(), "CLI", what, 200).await
 }
