@@ -1,8 +1,9 @@
 //! Operations on a filtered set (`timeoutd::bulk`): dead letters re-driven
-//! (`POST /v1/dead-letters/redrive`, `timeoutd redrive`) and FAILED effects retried
-//! (`POST /v1/ledger/retry`, `timeoutd retry-effects`): a filter, a dry run, pages with a
-//! cursor, a pace, an audit row, and exactly once — the same set twice changes nothing the
-//! second time.
+//! (`POST /v1/dead-letters/redrive`, `timeoutd redrive`), FAILED effects retried
+//! (`POST /v1/ledger/retry`, `timeoutd retry-effects`), PENDING orders closed or re-armed
+//! (`POST /v1/orders/close|rearm`, `timeoutd close-orders|rearm-orders`): a filter, a dry run,
+//! pages with a cursor, a pace, an audit row, and exactly once — the same set twice changes
+//! nothing the second time.
 
 use std::time::{Duration, Instant};
 
@@ -219,4 +220,315 @@ each_backend! {
         assert_eq!(env.int("SELECT COUNT(*) FROM admin_audit WHERE method = 'BULK' AND actor = ?", "ops").await, 3);
         assert_eq!(env.int("SELECT COUNT(*) FROM admin_audit WHERE method = 'CLI' AND actor = ?", "cli:carol").await, 1);
     }
+}
+
+/// Runs `sql` on the test database.
+async fn exec(env: &Env, sql: String) {
+    env.db
+        .backend()
+        .query_owned(sql)
+        .execute(env.db.pool())
+        .await
+        .unwrap();
+}
+
+/// The `done` outcomes of an order page, as `order:outcome[:why]`.
+fn outcomes(page: &Value) -> Vec<String> {
+    page["done"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| match d["why"].as_str() {
+            Some(why) => format!(
+                "{}:{}:{why}",
+                d["order_id"].as_str().unwrap(),
+                d["outcome"].as_str().unwrap()
+            ),
+            None => format!(
+                "{}:{}",
+                d["order_id"].as_str().unwrap(),
+                d["outcome"].as_str().unwrap()
+            ),
+        })
+        .collect()
+}
+
+each_backend! {
+    /// Overdue orders whose triggers were lost (or pushed an hour out by a wait): a bulk close
+    /// of one merchant's dry-runs page by page, then queues each overdue order once and the
+    /// daemon's outbox timer closes them through the plugin; a paused order, a dead-lettered
+    /// one and one not due are left as they are, the other merchant's untouched until named by
+    /// id. The same set again changes nothing.
+    async fn a_bulk_close_queues_each_overdue_order_once_and_leaves_paused_dead_lettered_and_not_due(env) {
+        env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
+        dead_lettered(env, "acme", &["x-dl"]).await;
+        let now = env.db.now_ms().await.unwrap();
+        for id in ["x-1", "x-2", "x-3", "x-paused"] {
+            env.create(&order(id, "acme", now - 60_000)).await;
+        }
+        env.create(&order("x-later", "acme", now + 600_000)).await;
+        env.create(&order("y-1", "m2", now - 60_000)).await;
+        // Triggers lost, save x-3's, which a plugin's wait pushed an hour out.
+        exec(env, "DELETE FROM order_timeout_msg WHERE order_id IN ('x-1', 'x-2', 'x-paused', 'y-1')".into()).await;
+        exec(env, format!("UPDATE order_timeout_msg SET due_ms = {}, source = 'wait' WHERE order_id = 'x-3'", now + 3_600_000)).await;
+        let merchants = format!("{ACME}[merchants.m2]\nplugin = \"builtin:single-phase\"\n");
+        let daemon = Daemon::start(&admin_config(env, &merchants), Clock::Database).await.unwrap();
+        let api = Api::of(&daemon);
+        assert_eq!(api.call("POST", "/v1/orders/x-paused/pause", None).await.0, 200);
+        let path = "/v1/orders/close";
+        let manual = || async { env.int("SELECT COUNT(*) FROM order_timeout_msg WHERE source = ?", "manual").await };
+
+        // A dry run, two a page: acme's five overdue orders once each, in id order, with what
+        // would happen; nothing changed.
+        let (mut after, mut seen, mut pages) = (Value::Null, Vec::new(), 0);
+        loop {
+            let (status, page) = api.call("POST", path, Some(json!({ "filter": { "merchant": "acme" }, "after_id": after, "limit": 2, "dry_run": true }))).await;
+            assert_eq!((status, page["dry_run"].as_bool()), (200, Some(true)), "{page}");
+            seen.extend(outcomes(&page));
+            pages += 1;
+            match &page["next_after_id"] {
+                Value::Null => break,
+                next => after = next.clone(),
+            }
+        }
+        assert_eq!(seen, ["x-1:queued", "x-2:queued", "x-3:queued", "x-dl:skipped:dead-lettered", "x-paused:skipped:paused"], "{pages} pages");
+        assert_eq!(pages, 3);
+        assert_eq!(manual().await, 0, "a dry run changes nothing");
+
+        for (body, says) in [
+            (json!({ "filter": { "merchnt": "acme" } }), "merchnt"),
+            (json!({ "filter": { "deadline_from_ms": 5, "deadline_to_ms": 5 } }), "deadline_from_ms"),
+            (json!({ "filter": { "order_ids": vec!["o"; 1001] } }), "order_ids"),
+            (json!({ "per_second": 0 }), "per_second"),
+        ] {
+            let (status, answer) = api.call("POST", path, Some(body.clone())).await;
+            assert!(status == 400 && answer["error"].as_str().unwrap().contains(says), "{status} {answer}");
+        }
+
+        // The run, paced at 20 a second: three queued, at least two gaps of 50 ms.
+        let started = Instant::now();
+        let (status, page) = api.call("POST", path, Some(json!({ "filter": { "merchant": "acme" }, "per_second": 20 }))).await;
+        assert!(started.elapsed() >= Duration::from_millis(100), "paced: {:?}", started.elapsed());
+        assert_eq!(status, 200, "{page}");
+        assert_eq!(outcomes(&page), ["x-1:queued", "x-2:queued", "x-3:queued", "x-dl:skipped:dead-lettered", "x-paused:skipped:paused"]);
+        for id in ["x-1", "x-2", "x-3"] {
+            eventually(Duration::from_secs(30), "a queued order closes", || async { env.status(id).await == "CLOSED" }).await;
+        }
+        // The same set again: only the two left as they were, nothing queued.
+        let (_, again) = api.call("POST", path, Some(json!({ "filter": { "merchant": "acme" } }))).await;
+        assert_eq!(outcomes(&again), ["x-dl:skipped:dead-lettered", "x-paused:skipped:paused"]);
+        // The other merchant's, by id; a not-yet-due id is not matched at all.
+        let (_, by_id) = api.call("POST", path, Some(json!({ "filter": { "order_ids": ["y-1", "x-later"] } }))).await;
+        assert_eq!(outcomes(&by_id), ["y-1:queued"]);
+        eventually(Duration::from_secs(30), "y-1 closes", || async { env.status("y-1").await == "CLOSED" }).await;
+        daemon.stop().await;
+
+        for id in ["x-1", "x-2", "x-3", "y-1"] {
+            assert_eq!(env.int("SELECT COUNT(*) FROM decision_log WHERE outcome = 'closed' AND order_id = ?", id).await, 1, "{id} closed once");
+        }
+        for id in ["x-later", "x-paused", "x-dl"] {
+            assert_eq!(env.status(id).await, "PENDING", "{id} left as it was");
+        }
+        assert_eq!(env.stock("sku-a").await, 100 - 2 * 3, "each closed order's units back once; the three open ones keep theirs");
+        assert_eq!(env.int("SELECT COUNT(*) FROM admin_audit WHERE method = 'BULK' AND actor = ?", "ops").await, 6, "every page, dry runs too");
+        assert!(env.text("SELECT path FROM admin_audit WHERE method = 'BULK' AND path LIKE ? ORDER BY id DESC LIMIT 1", "close orders%").await.contains("changed=1"));
+    }
+}
+
+each_backend! {
+    /// Orders whose triggers were lost: `timeoutd rearm-orders` lists them on a dry run, gives
+    /// each its row back due at its deadline (one not yet due is held until then, not closed
+    /// early), skips one with a live trigger, and changes nothing the second time;
+    /// `timeoutd close-orders` does not match an order not yet due.
+    async fn rearm_orders_gives_lost_triggers_back_at_their_deadlines_once(env) {
+        env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+        let now = env.db.now_ms().await.unwrap();
+        let soon = now + 3_000;
+        env.create(&order("r-over", "acme", now - 60_000)).await;
+        env.create(&order("r-soon", "acme", soon)).await;
+        env.create(&order("r-live", "acme", now + 600_000)).await;
+        exec(env, "DELETE FROM order_timeout_msg WHERE order_id IN ('r-over', 'r-soon')".into()).await;
+        let file = env.single_phase_config_file("rearm.toml");
+        let cli = |command: &str, args: &[&str]| {
+            let mut c = tokio::process::Command::new(timeoutd_bin());
+            c.arg(command).args(args).arg("--config").arg(&file).env("USER", "dave");
+            c
+        };
+        let listed = crate::support::stdout_of_success(&mut cli("rearm-orders", &["--merchant", "acme", "--dry-run", "--page", "2"])).await;
+        assert!(listed.contains("r-over\tacme\t") && listed.contains("would re-arm"), "{listed}");
+        assert!(listed.contains("r-live\tacme\t") && listed.contains("phase 0 PENDING order-service\tskipped: it has a live trigger"), "{listed}");
+        assert!(listed.trim_end().ends_with("3 pending order(s) matched; would re-arm 2"), "{listed}");
+        assert_eq!(env.int("SELECT COUNT(*) FROM order_timeout_msg WHERE order_id LIKE ?", "r-%").await, 1, "a dry run writes nothing");
+
+        let done = crate::support::stdout_of_success(&mut cli("rearm-orders", &["--merchant", "acme", "--per-second", "100"])).await;
+        assert!(done.trim_end().ends_with("3 pending order(s) matched; re-armed 2"), "{done}");
+        for (id, due) in [("r-over", now - 60_000), ("r-soon", soon)] {
+            assert_eq!(env.int("SELECT due_ms FROM order_timeout_msg WHERE status = 'PENDING' AND phase = 0 AND order_id = ?", id).await, due, "{id} due at its deadline");
+        }
+        let again = crate::support::stdout_of_success(&mut cli("rearm-orders", &["--merchant", "acme"])).await;
+        assert!(again.trim_end().ends_with("3 pending order(s) matched; re-armed 0"), "{again}");
+        let close = crate::support::stdout_of_success(&mut cli("close-orders", &["--order", "r-live", "--order", "r-soon"])).await;
+        assert!(close.trim_end().ends_with("0 pending order(s) matched; queued to close 0"), "not due, not matched: {close}");
+
+        let config = env.config(&[("acme", "builtin:single-phase", &[])], "");
+        let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
+        eventually(Duration::from_secs(30), "the overdue order closes", || async { env.status("r-over").await == "CLOSED" }).await;
+        if env.db.now_ms().await.unwrap() < soon - 500 {
+            assert_eq!(env.status("r-soon").await, "PENDING", "not closed before its deadline");
+        }
+        eventually(Duration::from_secs(30), "the re-armed order closes at its deadline", || async { env.status("r-soon").await == "CLOSED" }).await;
+        daemon.stop().await;
+        let closed_at = env.int("SELECT decided_at_ms FROM decision_log WHERE outcome = 'closed' AND order_id = ?", "r-soon").await;
+        assert!(closed_at >= soon, "decided at {closed_at}, due {soon}");
+        assert_eq!(env.status("r-live").await, "PENDING");
+        assert_eq!(env.int("SELECT COUNT(*) FROM admin_audit WHERE method = 'CLI' AND actor = ?", "cli:dave").await, 1, "the one page that changed rows, audited");
+    }
+}
+
+/// A bulk close and re-arm on macrozheng/mall's own tables through the shipped profile
+/// (`oms_order`, a `BIGINT` id, the window from `oms_order_setting`): pages follow the table's
+/// numeric id order (9, 10, 100, not the text order 10, 100, 9); a re-armed order not yet due
+/// gets its row due at `create_time` plus the window (mall writes no outbox rows, so only the
+/// sweep would find it, after its grace); the queued closes close each overdue order once.
+async fn bulk_orders_on_malls_tables(backend: timeoutd::db::Backend) {
+    use timeoutd::bulk::Pace;
+    use timeoutd::bulk::orders::{self, Done, Filter, Op};
+
+    use crate::shop::{Mall, Placed, WINDOW_MS};
+
+    let mall = Mall::on(backend).await;
+    let now = mall.env.db.now_ms().await.unwrap() / 1_000 * 1_000;
+    mall.stock_up(&[401], 100).await;
+    mall.member(41, 0, &[]).await;
+    let fresh = now - 60_000;
+    for (id, created_ms) in [
+        (9, now - WINDOW_MS - 60_000),
+        (10, now - WINDOW_MS - 60_000),
+        (100, now - WINDOW_MS - 60_000),
+        (11, fresh),
+    ] {
+        mall.place(&Placed {
+            id,
+            member: 41,
+            coupon: None,
+            points: None,
+            lines: &[(401, 1, "1.00")],
+            created_ms,
+            status: 0,
+            deleted: 0,
+        })
+        .await;
+    }
+    let config = mall.config("");
+    let db = mall.mapped(&config);
+    let pace = |limit, dry_run| Pace {
+        limit,
+        per_second: 1_000,
+        dry_run,
+    };
+    let (mut after, mut seen) = (None::<String>, Vec::new());
+    loop {
+        let page = orders::page(
+            &db,
+            Op::Close,
+            &Filter::default(),
+            after.as_deref(),
+            pace(1, true),
+            || db.now_ms(),
+        )
+        .await
+        .unwrap();
+        seen.extend(page.matched.iter().map(|o| o.id.clone()));
+        match page.next_after_id {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(
+        seen,
+        ["9", "10", "100"],
+        "the overdue ones, in the table's numeric order"
+    );
+
+    let only_11 = Filter {
+        order_ids: Some(vec!["11".into()]),
+        ..Filter::default()
+    };
+    let page = orders::page(&db, Op::Rearm, &only_11, None, pace(100, false), || {
+        db.now_ms()
+    })
+    .await
+    .unwrap();
+    assert!(
+        matches!(&page.done[..], [Done::Rearmed { due_ms, .. }] if *due_ms == fresh + WINDOW_MS),
+        "{:?}",
+        page.done
+    );
+    let again = orders::page(&db, Op::Rearm, &only_11, None, pace(100, false), || {
+        db.now_ms()
+    })
+    .await
+    .unwrap();
+    assert!(!again.done[0].changed(), "re-armed once: {:?}", again.done);
+
+    let page = orders::page(
+        &db,
+        Op::Close,
+        &Filter {
+            merchant: Some("mall".into()),
+            ..Filter::default()
+        },
+        None,
+        pace(100, false),
+        || db.now_ms(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        page.done.iter().filter(|d| d.changed()).count(),
+        3,
+        "{:?}",
+        page.done
+    );
+    let d = mall.env.dispatcher(&config, Clock::Database).await;
+    mall.env.process(&d, db.now_ms().await.unwrap()).await;
+    for id in [9, 10, 100] {
+        assert_eq!(mall.status(id).await, 4, "{id} closed as mall closes");
+    }
+    assert_eq!(
+        mall.status(11).await,
+        0,
+        "not due: left to its re-armed row"
+    );
+    assert_eq!(
+        mall.locked(401).await,
+        1,
+        "three locks released once, 11's kept"
+    );
+    let none = orders::page(
+        &db,
+        Op::Close,
+        &Filter::default(),
+        None,
+        pace(100, false),
+        || db.now_ms(),
+    )
+    .await
+    .unwrap();
+    assert!(
+        none.matched.is_empty(),
+        "closed orders are no longer pending: {:?}",
+        none.matched
+    );
+    mall.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_orders_page_and_arm_malls_own_orders() {
+    bulk_orders_on_malls_tables(timeoutd::db::Backend::MySql).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_orders_page_and_arm_malls_own_orders_on_postgresql() {
+    bulk_orders_on_malls_tables(timeoutd::db::Backend::Postgres).await;
 }

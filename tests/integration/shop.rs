@@ -20,7 +20,7 @@ use timeoutd_runtime::model::TriggerKind;
 use crate::support::{Env, repo_root};
 
 /// mall's payment window (`oms_order_setting.normal_order_overtime` of the fixture), ms.
-const WINDOW_MS: i64 = 15 * 60_000;
+pub(crate) const WINDOW_MS: i64 = 15 * 60_000;
 
 /// A mall database beside a test's timeoutd database, on the same server.
 pub struct Mall {

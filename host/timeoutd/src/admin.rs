@@ -44,6 +44,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/orders/overdue"),
     ("get", "/v1/orders/{id}"),
     ("post", "/v1/orders/{id}/close"),
+    ("post", "/v1/orders/close"),
+    ("post", "/v1/orders/rearm"),
     ("get", "/v1/dead-letters"),
     ("get", "/v1/dead-letters/{id}"),
     ("post", "/v1/dead-letters/{id}/redrive"),
@@ -249,6 +251,8 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/orders/overdue", get(orders::overdue))
         .route("/v1/orders/{id}", get(orders::timeline))
         .route("/v1/orders/{id}/close", post(orders::close))
+        .route("/v1/orders/close", post(orders::close_many))
+        .route("/v1/orders/rearm", post(orders::rearm_many))
         .route("/v1/dead-letters", get(dead_letters::list))
         .route("/v1/dead-letters/{id}", get(dead_letters::inspect))
         .route("/v1/dead-letters/{id}/redrive", post(dead_letters::redrive))

@@ -1,6 +1,6 @@
 //! Operations on a filtered set, a page at a time, for operators (the admin API's bulk routes
-//! and the CLI): dead letters re-driven ([`dead_letters`]) and FAILED ledger effects retried
-//! ([`effects`]). What they share lives here: a page of at most [`PAGE_MAX`] rows read in id
+//! and the CLI): dead letters re-driven ([`dead_letters`]), FAILED ledger effects retried
+//! ([`effects`]), PENDING orders closed or re-armed ([`orders`]). What they share lives here: a page of at most [`PAGE_MAX`] rows read in id
 //! order after a cursor (a run stopped half-way resumes after the last id it saw), a dry run
 //! that only lists, and a pace (`per_second`) so a thousand rows do not land on the dispatcher
 //! or the effect executor at once. Each operation moves a row only from the state it filters
@@ -10,6 +10,7 @@
 
 pub mod dead_letters;
 pub mod effects;
+pub mod orders;
 
 use std::time::Duration;
 
@@ -39,7 +40,7 @@ impl Pace {
 
 /// The cursor after a page that read `read` rows of at most `limit`, the last with id
 /// `last_id`: `None` when the page was not full (the end was reached).
-pub(crate) fn next_after(read: usize, limit: u32, last_id: Option<i64>) -> Option<i64> {
+pub(crate) fn next_after<T>(read: usize, limit: u32, last_id: Option<T>) -> Option<T> {
     (read as u64 == u64::from(limit))
         .then_some(last_id)
         .flatten()

@@ -1,7 +1,9 @@
 //! The `timeoutd` command line: `run`, `validate`, `demo`, `arm`, `pause`, `resume`, `pauses`
-//! ([`pauses`]), `redrive`, `retry-effects` ([`bulk`]), `plugin` (see [`crate::plugin_cli`]).
+//! ([`pauses`]), `redrive`, `retry-effects` ([`bulk`]), `close-orders`, `rearm-orders`
+//! ([`orders`]), `plugin` (see [`crate::plugin_cli`]).
 
 pub mod bulk;
+pub mod orders;
 pub mod pauses;
 
 use std::path::PathBuf;
@@ -9,6 +11,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+use crate::bulk::orders::Op;
 use crate::clock::Clock;
 use crate::config::Config;
 pub use crate::config::EXIT_BAD_CONFIG;
@@ -194,6 +197,30 @@ pub enum Command {
         #[command(flatten)]
         args: bulk::RetryArgs,
     },
+    /// Close every PENDING order past its deadline a filter matches: each gets an operator's
+    /// trigger due at once (paced), which the running daemon decides through the merchant's
+    /// plugin, a page at a time; `--dry-run` lists them and what would happen. Asking for the
+    /// same set again changes nothing: an order already queued is skipped, a closed one is no
+    /// longer PENDING.
+    CloseOrders {
+        /// Configuration file.
+        #[arg(long, default_value = "config/timeoutd.toml")]
+        config: PathBuf,
+        /// The filter and the pace.
+        #[command(flatten)]
+        args: orders::OrdersArgs,
+    },
+    /// Re-arm every PENDING order a filter matches that has no live trigger (its broker
+    /// message lost, its row given up): its row back, due at its deadline (paced), a page at a
+    /// time; `--dry-run` lists them. Re-arming the same set again changes nothing.
+    RearmOrders {
+        /// Configuration file.
+        #[arg(long, default_value = "config/timeoutd.toml")]
+        config: PathBuf,
+        /// The filter and the pace.
+        #[command(flatten)]
+        args: orders::OrdersArgs,
+    },
     /// List the pauses in force, one per line.
     Pauses {
         /// Configuration file.
@@ -223,7 +250,9 @@ pub fn main() -> ExitCode {
         | Command::Resume { .. }
         | Command::Pauses { .. }
         | Command::Redrive { .. }
-        | Command::RetryEffects { .. } => "warn",
+        | Command::RetryEffects { .. }
+        | Command::CloseOrders { .. }
+        | Command::RearmOrders { .. } => "warn",
         _ => "warn,timeoutd=info,timeoutd_runtime=info",
     };
     // `run` loads its config before logging starts: its [tracing] decides where spans go.
@@ -280,6 +309,14 @@ pub fn main() -> ExitCode {
             },
             Command::RetryEffects { config, args } => match load(&config) {
                 Ok(loaded) => bulk::retry_effects(&config, &loaded, &args).await,
+                Err(code) => code,
+            },
+            Command::CloseOrders { config, args } => match load(&config) {
+                Ok(loaded) => orders::run(&config, &loaded, &args, Op::Close).await,
+                Err(code) => code,
+            },
+            Command::RearmOrders { config, args } => match load(&config) {
+                Ok(loaded) => orders::run(&config, &loaded, &args, Op::Rearm).await,
                 Err(code) => code,
             },
             Command::Pauses { config } => match load(&config) {

@@ -1,6 +1,7 @@
-//! What the bulk routes share (`POST /v1/dead-letters/redrive`, `POST /v1/ledger/retry`): the
-//! body `{filter, after_id, limit, per_second, dry_run}` read into a [`crate::bulk::Pace`] with
-//! each bad field named, and the audit row of what a page did.
+//! What the bulk routes share (`POST /v1/dead-letters/redrive`, `POST /v1/ledger/retry`,
+//! `POST /v1/orders/close`, `POST /v1/orders/rearm`): the body `{filter, after_id, limit,
+//! per_second, dry_run}` read into a [`crate::bulk::Pace`] with each bad field named, and the
+//! audit row of what a page did.
 
 use axum::http::StatusCode;
 use serde::Deserialize;
@@ -9,16 +10,17 @@ use serde::de::DeserializeOwned;
 use super::{Actor, AdminState, ApiError};
 use crate::bulk::{PAGE_MAX, Pace};
 
-/// A bulk route's body; every field may be left out.
+/// A bulk route's body; every field may be left out. `C` is the cursor's type: a row id
+/// (`i64`, default 0) or an order id (`Option<String>`, default none).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Asked<F> {
+pub struct Asked<F, C = i64> {
     /// Which rows (every one when absent).
     #[serde(default)]
     pub filter: F,
-    /// The cursor: rows with a greater id (default 0, the start).
+    /// The cursor: rows with a greater id (default the start).
     #[serde(default)]
-    pub after_id: i64,
+    pub after_id: C,
     /// Rows read (default 100, 1..=1000).
     limit: Option<u32>,
     /// Changes per second at most (default 50, at least 1).
@@ -28,14 +30,14 @@ pub struct Asked<F> {
     dry_run: bool,
 }
 
-impl<F: DeserializeOwned + Default> Asked<F> {
+impl<F: DeserializeOwned + Default, C: DeserializeOwned + Default> Asked<F, C> {
     /// Reads `body` (empty is every default); `filter_fields` names the filter's fields for the
     /// 400 answer.
-    pub fn read(body: &[u8], filter_fields: &str) -> Result<(Asked<F>, Pace), ApiError> {
-        let asked: Asked<F> = if body.iter().all(u8::is_ascii_whitespace) {
+    pub fn read(body: &[u8], filter_fields: &str) -> Result<(Asked<F, C>, Pace), ApiError> {
+        let asked: Asked<F, C> = if body.iter().all(u8::is_ascii_whitespace) {
             Asked {
                 filter: F::default(),
-                after_id: 0,
+                after_id: C::default(),
                 limit: None,
                 per_second: None,
                 dry_run: false,

@@ -1,13 +1,17 @@
-//! `/v1/orders/…`: overdue orders, one order's timeline, manual close.
+//! `/v1/orders/…`: overdue orders, one order's timeline, manual close, and a set of orders
+//! closed or re-armed (`crate::bulk::orders`).
 
-use axum::Json;
+use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
+use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use timeoutd_runtime::model::OrderStatus;
 
-use super::{AdminState, ApiError, ApiResult};
+use super::bulk::{self, Asked};
+use super::{Actor, AdminState, ApiError, ApiResult};
+use crate::bulk::orders::{self as bulk_orders, Filter, Op};
 use crate::db::{orders, outbox, pauses, views};
 
 /// `?limit=` (default 100, at most 1000).
@@ -144,3 +148,64 @@ pub async fn close(State(s): State<AdminState>, Path(id): Path<String>) -> ApiRe
 /// How long a manual close holds its order's row (ms): the plugin's deadline and one
 /// transaction fit well inside; a daemon that dies meanwhile leaves the row to the sweep.
 const MANUAL_LEASE_MS: i64 = 30_000;
+
+/// `POST /v1/orders/close`: one page of a bulk close ([`crate::bulk::orders::page`] with
+/// [`Op::Close`]): each matched PENDING order past its deadline gets an operator's trigger due
+/// at once, which the outbox timer decides through the merchant's plugin.
+/// `{dry_run, matched, done, next_after_id}`; call again with `after_id = next_after_id` until
+/// it is null. Audited beside the call (method `BULK`, the filter and the counts).
+pub async fn close_many(
+    State(s): State<AdminState>,
+    Extension(actor): Extension<Actor>,
+    body: Bytes,
+) -> ApiResult<Value> {
+    many(s, actor, body, Op::Close).await
+}
+
+/// `POST /v1/orders/rearm`: one page of a bulk re-arm ([`crate::bulk::orders::page`] with
+/// [`Op::Rearm`]): each matched PENDING order with no live trigger gets its row back, due at
+/// its deadline. Paged and audited as `POST /v1/orders/close`.
+pub async fn rearm_many(
+    State(s): State<AdminState>,
+    Extension(actor): Extension<Actor>,
+    body: Bytes,
+) -> ApiResult<Value> {
+    many(s, actor, body, Op::Rearm).await
+}
+
+async fn many(s: AdminState, actor: Actor, body: Bytes, op: Op) -> ApiResult<Value> {
+    let (asked, pace) = Asked::<Filter, Option<String>>::read(
+        &body,
+        "merchant, order_ids, deadline_from_ms, deadline_to_ms",
+    )?;
+    if let Some(problem) = asked.filter.problem() {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("filter: {problem}"),
+        ));
+    }
+    let page = bulk_orders::page(
+        &s.db,
+        op,
+        &asked.filter,
+        asked.after_id.as_deref(),
+        pace,
+        || s.clock.now_ms(&s.db),
+    )
+    .await
+    .map_err(ApiError::query)?;
+    let changed = page.done.iter().filter(|d| d.changed()).count();
+    if changed > 0 && !pace.dry_run {
+        s.waker.notify_one();
+    }
+    let what = format!(
+        "{} orders filter={} after_id={} dry_run={} matched={} changed={changed}",
+        op.as_str(),
+        serde_json::to_string(&asked.filter).expect("a filter serialises"),
+        asked.after_id.as_deref().unwrap_or(""),
+        pace.dry_run,
+        page.matched.len(),
+    );
+    bulk::audit(&s, &actor, &what).await?;
+    Ok(Json(serde_json::to_value(page).expect("a page serialises")))
+}

@@ -14,7 +14,7 @@ use crate::bulk::{PAGE_MAX, Pace};
 use crate::config::Config;
 use crate::db::{Db, DbError};
 
-/// What both bulk commands take besides their filter.
+/// What `redrive` and `retry-effects` take besides their filter.
 #[derive(Debug, Args)]
 pub struct PageArgs {
     /// Only rows of this long before now (`30m`, `2h`, `7d`): dead-lettered, or failed.
@@ -23,6 +23,14 @@ pub struct PageArgs {
     /// Start after this id (a stopped run's last cursor).
     #[arg(long, default_value_t = 0)]
     pub after_id: i64,
+    /// Pages, pace, dry run.
+    #[command(flatten)]
+    pub pace: PaceArgs,
+}
+
+/// How every bulk command pages and paces.
+#[derive(Debug, Args)]
+pub struct PaceArgs {
     /// Rows read per page (1–1000).
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=i64::from(PAGE_MAX)))]
     pub page: u32,
@@ -34,8 +42,8 @@ pub struct PageArgs {
     pub dry_run: bool,
 }
 
-impl PageArgs {
-    fn pace(&self) -> Pace {
+impl PaceArgs {
+    pub(super) fn pace(&self) -> Pace {
         Pace {
             limit: self.page,
             per_second: self.per_second,
@@ -93,13 +101,14 @@ pub async fn redrive(path: &Path, config: &Config, args: &RedriveArgs) -> ExitCo
         until_ms: None,
     };
     let filter_text = serde_json::to_string(&filter).expect("a filter serialises");
-    let pace = args.page.pace();
+    let pace = args.page.pace.pace();
     let (db, filter) = (&db, &filter);
     let run = pages(
         db,
         "redrive",
         &filter_text,
-        &args.page,
+        &args.page.pace,
+        args.page.after_id,
         move |after_id| async move {
             let page = dead_letters::page(db, filter, after_id, pace, || db.now_ms()).await?;
             for (m, outcome) in page.matched.iter().zip(
@@ -128,7 +137,11 @@ pub async fn redrive(path: &Path, config: &Config, args: &RedriveArgs) -> ExitCo
             Ok((
                 page.matched.len(),
                 page.redriven.len(),
-                redriven,
+                if pace.dry_run {
+                    page.matched.len()
+                } else {
+                    redriven
+                },
                 page.next_after_id,
             ))
         },
@@ -138,7 +151,7 @@ pub async fn redrive(path: &Path, config: &Config, args: &RedriveArgs) -> ExitCo
         run,
         "dead letter(s)",
         ("re-driven", "would re-drive"),
-        args.page.dry_run,
+        args.page.pace.dry_run,
     )
 }
 
@@ -156,13 +169,14 @@ pub async fn retry_effects(path: &Path, config: &Config, args: &RetryArgs) -> Ex
         until_ms: None,
     };
     let filter_text = serde_json::to_string(&filter).expect("a filter serialises");
-    let pace = args.page.pace();
+    let pace = args.page.pace.pace();
     let (db, filter) = (&db, &filter);
     let run = pages(
         db,
         "retry failed effects",
         &filter_text,
-        &args.page,
+        &args.page.pace,
+        args.page.after_id,
         move |after_id| async move {
             let page = effects::page(db, filter, after_id, pace).await?;
             for (e, outcome) in page
@@ -196,7 +210,11 @@ pub async fn retry_effects(path: &Path, config: &Config, args: &RetryArgs) -> Ex
             Ok((
                 page.matched.len(),
                 page.retried.len(),
-                retrying,
+                if pace.dry_run {
+                    page.matched.len()
+                } else {
+                    retrying
+                },
                 page.next_after_id,
             ))
         },
@@ -206,33 +224,47 @@ pub async fn retry_effects(path: &Path, config: &Config, args: &RetryArgs) -> Ex
         run,
         "failed effect(s)",
         ("retrying", "would retry"),
-        args.page.dry_run,
+        args.page.pace.dry_run,
     )
 }
 
 /// Totals of a run: rows matched, rows changed (the operation's success), or the failure and
-/// the cursor to resume from.
-type Run = Result<(usize, usize), (DbError, i64)>;
+/// the cursor to resume from (a row id, or an order id).
+pub(super) type Run<C = i64> = Result<(usize, usize), (DbError, C)>;
 
-/// Runs `one_page` from `args.after_id` until the last page, auditing each page that attempted
+/// Runs `one_page` from cursor `start` until the last page, auditing each page that attempted
 /// a change, and keeping the pace across pages (one gap before a page that follows one that
 /// attempted changes). `one_page` answers (matched, attempted, changed, next cursor).
-async fn pages<F, Fut>(db: &Db, operation: &str, filter: &str, args: &PageArgs, one_page: F) -> Run
+pub(super) async fn pages<C, F, Fut>(
+    db: &Db,
+    operation: &str,
+    filter: &str,
+    args: &PaceArgs,
+    start: C,
+    one_page: F,
+) -> Run<C>
 where
-    F: Fn(i64) -> Fut,
-    Fut: Future<Output = Result<(usize, usize, usize, Option<i64>), DbError>>,
+    C: Clone + std::fmt::Display,
+    F: Fn(C) -> Fut,
+    Fut: Future<Output = Result<(usize, usize, usize, Option<C>), DbError>>,
 {
-    let (mut after_id, mut matched, mut changed) = (args.after_id, 0, 0);
+    let (mut after_id, mut matched, mut changed) = (start, 0, 0);
     loop {
-        let (m, attempted, c, next) = one_page(after_id).await.map_err(|e| (e, after_id))?;
+        let (m, attempted, c, next) = match one_page(after_id.clone()).await {
+            Ok(page) => page,
+            Err(e) => return Err((e, after_id)),
+        };
         matched += m;
         changed += c;
         if attempted > 0 {
             let what = format!("{operation} filter={filter} after_id={after_id} changed={c}");
-            let at = db.now_ms().await.map_err(|e| (e, after_id))?;
-            super::audit(db, at, &what)
-                .await
-                .map_err(|e| (e, after_id))?;
+            let audited = match db.now_ms().await {
+                Ok(at) => super::audit(db, at, &what).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = audited {
+                return Err((e, after_id));
+            }
         }
         match next {
             Some(next) => {
@@ -247,13 +279,18 @@ where
     }
 }
 
-/// Prints the totals (`N <what> matched; <done> M`, or `<would> N` on a dry run) and gives the
-/// exit code.
-fn finish(run: Run, what: &str, (done_verb, would): (&str, &str), dry_run: bool) -> ExitCode {
+/// Prints the totals (`N <what> matched; <done> M`, or `<would> M` on a dry run, M what the
+/// pages changed or would change) and gives the exit code.
+pub(super) fn finish<C: std::fmt::Display>(
+    run: Run<C>,
+    what: &str,
+    (done_verb, would): (&str, &str),
+    dry_run: bool,
+) -> ExitCode {
     match run {
         Ok((matched, done)) => {
             if dry_run {
-                println!("{matched} {what} matched; {would} {matched}");
+                println!("{matched} {what} matched; {would} {done}");
             } else {
                 println!("{matched} {what} matched; {done_verb} {done}");
             }
@@ -267,7 +304,7 @@ fn finish(run: Run, what: &str, (done_verb, would): (&str, &str), dry_run: bool)
 }
 
 /// The database as the daemon opens it ([`super::open_database`]), and its clock's reading.
-async fn open(path: &Path, config: &Config) -> Option<(Db, i64)> {
+pub(super) async fn open(path: &Path, config: &Config) -> Option<(Db, i64)> {
     let db = super::open_database(path, config).await?;
     match db.now_ms().await {
         Ok(now) => Some((db, now)),

@@ -791,6 +791,88 @@ pub async fn insert_rows(
     Ok(inserted)
 }
 
+/// `EXISTS (…)` on an `order_timeout_msg` row's order: it is still pending, in `orders` or in
+/// the shop's table; with the shop's fragment, whose values are bound after the statement's
+/// own markers before it.
+fn order_still_pending(db: &Db) -> (String, Option<super::shop::mapped::Stmt>) {
+    match db
+        .schema()
+        .mapped()
+        .map(|m| m.pending_exists("order_timeout_msg.order_id"))
+    {
+        Some(exists) => (exists.sql.clone(), Some(exists)),
+        None => (
+            "EXISTS (SELECT 1 FROM orders o WHERE o.id = order_timeout_msg.order_id \
+             AND o.status = 'PENDING')"
+                .to_string(),
+            None,
+        ),
+    }
+}
+
+/// What already counts as armed for [`arm_order`]: a row in that state is left as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Armed {
+    /// An operator's trigger waiting to be taken: a PENDING `manual` row due by now.
+    Queued,
+    /// Any live trigger: a PENDING row (whenever due), or a SENT row due later (its message
+    /// is in the broker).
+    Live,
+}
+
+/// Arms `order_id`'s `phase` row as `source`, PENDING and due at `due_ms`, with a fresh
+/// attempt budget and its phase's state kept (inserted when the order has no row of that
+/// phase): a compare-and-set, unless the row is already `unless`, held under a live lease, or
+/// its order is no longer pending. `true` when a row was inserted or changed, so arming the
+/// same order twice changes it once (the bulk order operations, `crate::bulk::orders`).
+///
+/// # Errors
+/// [`DbError::Sql`] on query failure.
+pub async fn arm_order(
+    db: &Db,
+    order_id: &str,
+    phase: u32,
+    due_ms: i64,
+    now_ms: i64,
+    source: &str,
+    unless: Armed,
+) -> Result<bool, DbError> {
+    let backend = db.backend();
+    let mut tx = db.begin().await?;
+    let inserted = insert_rows(&mut tx, backend, &[(order_id, phase, due_ms)], source).await?;
+    let changed = if inserted > 0 {
+        true
+    } else {
+        let already = match unless {
+            Armed::Queued => "(status = 'PENDING' AND source = ? AND due_ms <= ?)",
+            Armed::Live => "(status = 'PENDING' OR (status = 'SENT' AND due_ms > ?))",
+        };
+        let (pending, mapped) = order_still_pending(db);
+        let mut q = backend
+            .query_owned(format!(
+                "UPDATE order_timeout_msg SET status = 'PENDING', due_ms = ?, source = ?, \
+                 attempts = 0, claim_token = NULL, claim_until_ms = NULL \
+                 WHERE order_id = ? AND phase = ? AND (claim_until_ms IS NULL OR claim_until_ms < ?) \
+                 AND NOT {already} AND {pending}"
+            ))
+            .bind(due_ms)
+            .bind(source.to_string())
+            .bind(order_id.to_string())
+            .bind(i64::from(phase))
+            .bind(now_ms);
+        q = match unless {
+            Armed::Queued => q.bind(SOURCE_MANUAL).bind(now_ms),
+            Armed::Live => q.bind(now_ms),
+        };
+        if let Some(exists) = mapped {
+            q = exists.bind_onto(q);
+        }
+        q.execute(&mut *tx).await?.rows_affected() > 0
+    };
+    tx.commit().await?;
+    Ok(changed)
+}
+
 /// The latest phase scheduled for `order_id` (0 when it has no outbox row), the phase an
 /// operator's trigger for it decides.
 ///
@@ -958,19 +1040,7 @@ pub async fn rearm_as(
                 .map(|o| o.order_id.as_str())
                 .collect();
             for chunk in ids.chunks(super::ledger::ROWS_PER_INSERT) {
-                // The order must still be pending: in `orders`, or in the shop's table.
-                let mapped = db
-                    .schema()
-                    .mapped()
-                    .map(|m| m.pending_exists("order_timeout_msg.order_id"));
-                let pending = match &mapped {
-                    Some(exists) => exists.sql.clone(),
-                    None => {
-                        "EXISTS (SELECT 1 FROM orders o WHERE o.id = order_timeout_msg.order_id \
-                             AND o.status = 'PENDING')"
-                            .to_string()
-                    }
-                };
+                let (pending, mapped) = order_still_pending(db);
                 let mut q = backend
                     .query_owned(format!(
                         "UPDATE order_timeout_msg SET status = 'PENDING', \

@@ -54,3 +54,23 @@ impl Schema {
         }
     }
 }
+
+/// What a page of a bulk order operation reads (`db::views::open_orders_after`, and
+/// [`Mapped::open_orders_after`] on a schema profile): every field but `limit` narrows, none
+/// given is every PENDING order.
+#[derive(Debug, Clone, Copy)]
+pub struct OpenOrderQuery<'a> {
+    /// The cursor: orders after this id, in the id order of the orders table (the shop's
+    /// table's own order on a schema profile, numeric for a `BIGINT` id).
+    pub after: Option<&'a str>,
+    /// Only this merchant's orders.
+    pub merchant: Option<&'a str>,
+    /// Only these orders.
+    pub ids: Option<&'a [&'a str]>,
+    /// Only orders due at or after this time, epoch ms.
+    pub deadline_from_ms: Option<i64>,
+    /// Only orders due before this time, epoch ms.
+    pub deadline_to_ms: Option<i64>,
+    /// Orders read at most.
+    pub limit: i64,
+}

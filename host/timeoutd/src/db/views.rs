@@ -469,3 +469,163 @@ pub async fn effect_kind(db: &Db, id: i64) -> Result<Option<String>, DbError> {
         .map(|r| r.try_get(0))
         .transpose()?)
 }
+
+/// A PENDING order a bulk order operation read, with what decides what the operation does
+/// with it: its latest trigger and its dead letter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OpenOrder {
+    /// Order id.
+    pub id: String,
+    /// Merchant id.
+    pub merchant: String,
+    /// The order's deadline, epoch ms.
+    pub deadline_ms: i64,
+    /// Its latest-phase outbox row, if it has one.
+    pub trigger: Option<TriggerState>,
+    /// The reason of its OPEN dead letter about the order (the greatest when several; a letter
+    /// about one message or row, `journal::NOT_ABOUT_THE_ORDER`, is not counted), if any.
+    pub dead_letter: Option<String>,
+}
+
+/// An order's latest-phase outbox row as a bulk order operation sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TriggerState {
+    /// Phase.
+    pub phase: i64,
+    /// `PENDING`, `SENT`, `PROCESSED`, `FAILED`, …
+    pub status: String,
+    /// Who armed it (`outbox`, `sweep`, `manual`, …).
+    pub source: String,
+    /// When due, epoch ms.
+    pub due_ms: i64,
+    /// Until when a claimer holds it, epoch ms (`None` when unclaimed).
+    pub claim_until_ms: Option<i64>,
+}
+
+/// The PENDING orders `find` asks for, in id order, each with its latest trigger and its
+/// dead letter: a bulk order operation's page (`crate::bulk::orders`). On a schema profile the
+/// orders are read from the shop's table ([`super::shop::Mapped::open_orders_after`]); the
+/// triggers and letters are timeoutd's own rows either way.
+///
+/// # Errors
+/// [`DbError::Sql`] when a query fails or a column cannot be read; [`DbError::BadRow`] for a
+/// shop's row its profile cannot read.
+pub async fn open_orders_after(
+    db: &Db,
+    find: &super::shop::OpenOrderQuery<'_>,
+) -> Result<Vec<OpenOrder>, DbError> {
+    let mut orders: Vec<OpenOrder> = match db.schema().mapped() {
+        Some(m) => m
+            .open_orders_after(db, find)
+            .await?
+            .into_iter()
+            .map(|o| OpenOrder {
+                id: o.id,
+                merchant: o.merchant,
+                deadline_ms: o.deadline_ms,
+                trigger: None,
+                dead_letter: None,
+            })
+            .collect(),
+        None => {
+            let mut sql =
+                "SELECT id, merchant_id, deadline_ms FROM orders WHERE status = 'PENDING'"
+                    .to_string();
+            if find.after.is_some() {
+                sql += " AND id > ?";
+            }
+            if find.merchant.is_some() {
+                sql += " AND merchant_id = ?";
+            }
+            if let Some(ids) = find.ids {
+                sql += &format!(" AND id IN ({})", super::orders::marks(ids.len().max(1)));
+            }
+            if find.deadline_from_ms.is_some() {
+                sql += " AND deadline_ms >= ?";
+            }
+            if find.deadline_to_ms.is_some() {
+                sql += " AND deadline_ms < ?";
+            }
+            sql += " ORDER BY id LIMIT ?";
+            let mut q = db.backend().query_owned(sql);
+            for text in [find.after, find.merchant].into_iter().flatten() {
+                q = q.bind(text.to_string());
+            }
+            if let Some(ids) = find.ids {
+                if ids.is_empty() {
+                    q = q.bind(Option::<String>::None);
+                }
+                for id in ids {
+                    q = q.bind(id.to_string());
+                }
+            }
+            for t in [find.deadline_from_ms, find.deadline_to_ms]
+                .into_iter()
+                .flatten()
+            {
+                q = q.bind(t);
+            }
+            q.bind(find.limit)
+                .fetch_all(db.pool())
+                .await?
+                .iter()
+                .map(|r| {
+                    Ok(OpenOrder {
+                        id: r.try_get(0)?,
+                        merchant: r.try_get(1)?,
+                        deadline_ms: r.try_get(2)?,
+                        trigger: None,
+                        dead_letter: None,
+                    })
+                })
+                .collect::<Result<Vec<_>, sqlx::Error>>()?
+        }
+    };
+    if orders.is_empty() {
+        return Ok(orders);
+    }
+    let marks = super::orders::marks(orders.len());
+    let mut q = db.backend().query_owned(format!(
+        "SELECT order_id, phase, status, source, due_ms, claim_until_ms FROM order_timeout_msg \
+         WHERE order_id IN ({marks})"
+    ));
+    for o in &orders {
+        q = q.bind(o.id.clone());
+    }
+    let mut latest: std::collections::HashMap<String, TriggerState> =
+        std::collections::HashMap::new();
+    for r in q.fetch_all(db.pool()).await? {
+        let order_id: String = r.try_get(0)?;
+        let row = TriggerState {
+            phase: r.try_get(1)?,
+            status: r.try_get(2)?,
+            source: r.try_get(3)?,
+            due_ms: r.try_get(4)?,
+            claim_until_ms: r.try_get(5)?,
+        };
+        if latest.get(&order_id).is_none_or(|t| t.phase < row.phase) {
+            latest.insert(order_id, row);
+        }
+    }
+    let not_about_the_order = &super::journal::NOT_ABOUT_THE_ORDER;
+    let mut q = db.backend().query_owned(format!(
+        "SELECT order_id, MAX(reason) FROM dead_letter WHERE status = 'OPEN' \
+         AND source NOT IN ({}) AND order_id IN ({marks}) GROUP BY order_id",
+        super::orders::marks(not_about_the_order.len())
+    ));
+    for source in not_about_the_order {
+        q = q.bind(*source);
+    }
+    for o in &orders {
+        q = q.bind(o.id.clone());
+    }
+    let mut letters: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+    for r in q.fetch_all(db.pool()).await? {
+        letters.insert(r.try_get(0)?, r.try_get(1)?);
+    }
+    for o in &mut orders {
+        o.trigger = latest.remove(&o.id);
+        o.dead_letter = letters.remove(&o.id);
+    }
+    Ok(orders)
+}

@@ -433,9 +433,9 @@ impl Mapped {
         })
     }
 
-    /// A comparison of `expr` (a time column) with `ms` in the column's form.
-    fn time_at_most(&self, s: &mut Stmt, expr: &str, ms: i64) {
-        s.push(expr).push(" <= ");
+    /// `expr op ms` (`<=`, `>=`, `<`): a time column compared with `ms` in the column's form.
+    fn time_cmp(&self, s: &mut Stmt, expr: &str, op: &str, ms: i64) {
+        s.push(expr).push(&format!(" {op} "));
         self.bind_time(s, ms);
     }
 
@@ -522,10 +522,15 @@ impl Mapped {
 
     /// ` AND <due at ms>`: the deadline column, or the created time plus `window`.
     fn due(&self, s: &mut Stmt, ms: i64, window: Option<i64>) {
+        self.due_cmp(s, "<=", ms, window);
+    }
+
+    /// ` AND <due> op ms`: [`Mapped::due`] with any comparison (`>=`, `<`).
+    fn due_cmp(&self, s: &mut Stmt, op: &str, ms: i64, window: Option<i64>) {
         s.push(" AND ");
         match (&self.deadline, window) {
-            (Deadline::Column(c), _) => self.time_at_most(s, &self.col(c), ms),
-            (_, Some(w)) => self.time_at_most(s, &self.col(&self.profile.orders.created), ms - w),
+            (Deadline::Column(c), _) => self.time_cmp(s, &self.col(c), op, ms),
+            (_, Some(w)) => self.time_cmp(s, &self.col(&self.profile.orders.created), op, ms - w),
             (_, None) => unreachable!("a window deadline is read before it is compared"),
         }
     }
@@ -1094,6 +1099,58 @@ impl Mapped {
         rows.iter()
             .map(|r| Ok((self.order_of(r, window)?, r.try_get("dead_letter")?)))
             .collect()
+    }
+
+    /// Pending, live orders in the id order of the shop's table (numeric for a `BIGINT` id)
+    /// after `find.after` (its first page without), narrowed by `find`, at most `find.limit`
+    /// (without their lines): the bulk order operations' page (`crate::bulk::orders`). A
+    /// merchant filter on a profile with one fixed merchant matches all or nothing; ids and a
+    /// cursor that cannot be ids of this table match nothing.
+    ///
+    /// # Errors
+    /// [`DbError::Sql`] on query failure; [`DbError::BadRow`] for a row the profile cannot read.
+    pub async fn open_orders_after(
+        &self,
+        db: &Db,
+        find: &super::OpenOrderQuery<'_>,
+    ) -> Result<Vec<Order>, DbError> {
+        let mut conn = db.pool().acquire().await?;
+        let window = self.window_ms(&mut conn).await?;
+        let id_col = self.col(&self.profile.orders.id);
+        let mut s = self.stmt(format!(
+            "SELECT {} FROM {} a WHERE 1 = 1",
+            self.order_columns(),
+            self.orders
+        ));
+        self.pending(&mut s);
+        if let Some(after) = find.after {
+            match self.id_bind(after) {
+                Some(b) => s.push(&format!(" AND {id_col} > ")).bind(b),
+                None => return Ok(Vec::new()),
+            };
+        }
+        if let Some(merchant) = find.merchant {
+            match &self.profile.orders.merchant {
+                MerchantSpec::Column(c) => s
+                    .push(&format!(" AND {} = ", self.col(c)))
+                    .bind(Bind::Text(merchant.to_string())),
+                MerchantSpec::Fixed(m) if m == merchant => &mut s,
+                MerchantSpec::Fixed(_) => return Ok(Vec::new()),
+            };
+        }
+        if let Some(ids) = find.ids {
+            self.id_in(&mut s, ids);
+        }
+        if let Some(from) = find.deadline_from_ms {
+            self.due_cmp(&mut s, ">=", from, window);
+        }
+        if let Some(to) = find.deadline_to_ms {
+            self.due_cmp(&mut s, "<", to, window);
+        }
+        s.push(&format!(" ORDER BY {id_col} LIMIT "))
+            .bind(find.limit);
+        let rows = s.query().fetch_all(&mut *conn).await?;
+        rows.iter().map(|r| self.order_of(r, window)).collect()
     }
 
     /// `EXISTS (…)`: the order whose id (as text) is `outer` is pending and live (what the
