@@ -4,6 +4,7 @@ mod admin;
 mod alipay;
 mod architecture;
 mod bulk;
+mod caps;
 mod chaos;
 mod chaos_mall;
 mod config;

@@ -55,6 +55,10 @@ pub struct Config {
     /// The effect ledger executor (external effects: notices, Redis, payments).
     #[serde(default)]
     pub effects: EffectsConfig,
+    /// `[caps]`: external effects a second per merchant, by kind and channel
+    /// (`effects::caps`); none by default.
+    #[serde(default)]
+    pub caps: CapsConfig,
     /// Redis for the flash-sale effects; without it those effects wait in the ledger.
     #[serde(default)]
     pub redis: Option<RedisConfig>,
@@ -448,6 +452,33 @@ pub struct RuntimeConfig {
     pub cache_dir: Option<PathBuf>,
 }
 
+/// `[caps]`: how many external effects a second each merchant may send, by kind and channel
+/// (`crate::effects::caps`: the generic cell rate algorithm, bursts of up to the rate).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CapsConfig {
+    /// Where the caps' state lives: `process` (default; each daemon its own) or `redis` (one
+    /// budget per merchant and cap shared by every daemon on `[redis]`, for a receiver's cap).
+    #[serde(default)]
+    pub store: CapStore,
+    /// Every merchant's caps unless its own `[merchants.<m>.caps]` says otherwise: cap name
+    /// (`notify`, `notify.<channel>`, `redis`, `payment`) → effects a second (at least 1).
+    /// `payment` defaults to `payment.max_calls_per_second`.
+    #[serde(default)]
+    pub per_second: BTreeMap<String, u32>,
+}
+
+/// Where the caps' state lives (`caps.store`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CapStore {
+    /// In each daemon's memory.
+    #[default]
+    Process,
+    /// In Redis (`[redis]`), shared by every daemon.
+    Redis,
+}
+
 /// `[effects]`: retries of external effects.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -785,6 +816,9 @@ pub struct MerchantConfig {
     /// (1–4096). The example JavaScript and Python plugins start at 9–13 MiB; 64 MiB suffices.
     #[serde(default)]
     pub plugin_max_memory_mib: Option<u32>,
+    /// This merchant's caps over `caps.per_second`: cap name → effects a second.
+    #[serde(default)]
+    pub caps: BTreeMap<String, u32>,
 }
 
 /// The dotted key of the `key = value` line holding byte `offset` of `text`, under its

@@ -15,6 +15,7 @@
 //! [`crate::kinds::home`] says which kind goes to which. A kind whose executor is not configured
 //! is not even read: its rows wait PENDING for a daemon that has it.
 
+pub mod caps;
 mod executor;
 mod flash;
 mod notify;
@@ -23,7 +24,7 @@ pub mod work;
 pub mod worker;
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::sync::Arc;
 
 use tokio::sync::watch;
@@ -37,7 +38,7 @@ pub use payment::{
 };
 
 use crate::clock::Clock;
-use crate::config::{Config, EffectsConfig, PaidAfterClose};
+use crate::config::{Config, EffectsConfig};
 use crate::db::{Db, DbError, ledger, orders};
 use crate::kinds::{Home, LedgerKind, Section};
 use crate::retry::Backoff;
@@ -102,7 +103,8 @@ pub struct EffectRunner {
     notifier: Notifier,
     flash: Option<FlashEffects>,
     payments: Option<PaymentEffects>,
-    resolutions: Arc<HashMap<String, PaidAfterClose>>,
+    /// Each merchant's caps per effect kind and channel (`[caps]`); `None`: none set.
+    caps: Option<Arc<caps::Caps>>,
     config: EffectsConfig,
     /// When the rows deferred to a booked slot fall due, soonest first, for the worker's wakes.
     deferred: Arc<std::sync::Mutex<BinaryHeap<Reverse<std::time::Instant>>>>,
@@ -143,7 +145,7 @@ impl EffectRunner {
             notifier: Notifier::log_only(),
             flash: None,
             payments: None,
-            resolutions: Arc::default(),
+            caps: None,
             config: EffectsConfig::default(),
             deferred: Arc::default(),
             section: None,
@@ -194,22 +196,20 @@ impl EffectRunner {
     /// # Errors
     /// A message naming what could not be set up (a Redis URL that does not parse, …).
     pub async fn from_config(db: Db, clock: Clock, config: &Config) -> Result<Self, String> {
-        let resolutions = resolutions(config);
         let payments = match (&config.payment, Providers::from_config(config)?) {
-            (Some(p), Some(providers)) => Some(PaymentEffects::new(
+            (Some(_), Some(providers)) => Some(PaymentEffects::new(
                 providers,
                 db.clone(),
                 clock.clone(),
-                resolutions.clone(),
-                p.max_calls_per_second,
+                resolutions(config),
             )),
             _ => None,
         };
         Ok(EffectRunner {
+            caps: caps::Caps::from_config(config).await?.map(Arc::new),
             notifier: Notifier::from_config(&config.notify)?,
             flash: FlashEffects::from_config(config).await?,
             payments,
-            resolutions,
             config: config.effects.clone(),
             deferred: Arc::default(),
             section: None,
@@ -225,23 +225,6 @@ impl EffectRunner {
             Some(flash) => Some(flash.ping().await),
             None => None,
         }
-    }
-
-    /// Uses `gateway` for `close-payment` and refunds, at most `calls_per_second` of them a
-    /// second per merchant (`payment.max_calls_per_second`).
-    pub fn with_payments(
-        mut self,
-        gateway: Arc<dyn PaymentGateway>,
-        calls_per_second: u32,
-    ) -> Self {
-        self.payments = Some(PaymentEffects::new(
-            Providers::single(gateway),
-            self.db.clone(),
-            self.clock.clone(),
-            self.resolutions.clone(),
-            calls_per_second,
-        ));
-        self
     }
 
     /// The instant the next row deferred to a booked slot falls due (the worker sleeps no
@@ -542,6 +525,9 @@ impl EffectRunner {
             user: order.map(|(_, user)| user.as_str()).unwrap_or_default(),
             now_ms,
         };
+        if let Some(caps) = &self.caps {
+            caps.admit(&job).await?;
+        }
         executor.execute(job).await
     }
 

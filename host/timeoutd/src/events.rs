@@ -76,6 +76,20 @@ pub enum Event<'a> {
         /// Why.
         reason: &'a str,
     },
+    /// An external effect was deferred because a cap of its merchant was spent
+    /// (`timeoutd_effects_capped_total{merchant, cap}`; `effects::caps`).
+    EffectCapped {
+        /// Merchant.
+        merchant: &'a str,
+        /// The cap that was spent (`notify`, `notify.sms`, `redis`, `payment`).
+        cap: &'a str,
+    },
+    /// The shared cap store (`caps.store = "redis"`) did not answer and this process's own cap
+    /// applied instead (`timeoutd_effect_cap_fallbacks_total{cap}`).
+    EffectCapFallback {
+        /// The cap.
+        cap: &'a str,
+    },
     /// A ledger effect was settled or rescheduled.
     Effect {
         /// Effect kind.
@@ -273,6 +287,14 @@ pub fn emit(event: Event<'_>) {
         Event::DeadLettered { source, reason } => {
             tracing::error!(source, reason, "trigger dead-lettered");
             counter!("timeoutd_dead_letters_total", "source" => source.to_string()).increment(1)
+        }
+        Event::EffectCapped { merchant, cap } => {
+            tracing::debug!(merchant, cap, "effect deferred: cap spent");
+            counter!("timeoutd_effects_capped_total", "merchant" => merchant.to_string(), "cap" => cap.to_string())
+                .increment(1);
+        }
+        Event::EffectCapFallback { cap } => {
+            counter!("timeoutd_effect_cap_fallbacks_total", "cap" => cap.to_string()).increment(1);
         }
         Event::Effect { kind, outcome } => {
             tracing::debug!(kind, outcome, "effect settled");

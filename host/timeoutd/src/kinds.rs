@@ -120,8 +120,32 @@ impl LedgerKind {
     }
 }
 
+/// What is wrong with `name` as the name of a cap per effect kind and channel (`[caps]`,
+/// `effects::caps`): `None` for `notify`, `notify.<channel>`, `redis` and `payment`, else the
+/// message saying which names there are.
+pub fn cap_name_problem(name: &str) -> Option<String> {
+    match name.split_once('.') {
+        None if ["notify", "redis", "payment"].contains(&name) => None,
+        Some(("notify", channel)) if !channel.is_empty() => None,
+        _ => Some(format!(
+            "`{name}` is no cap: use `notify`, `notify.<channel>`, `redis` or `payment`"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_the_named_caps_are_caps() {
+        for good in ["notify", "notify.sms", "redis", "payment"] {
+            assert_eq!(super::cap_name_problem(good), None, "{good}");
+        }
+        for bad in ["notify.", "sms", "payment.stripe", "redis.x", ""] {
+            let problem = super::cap_name_problem(bad).unwrap();
+            assert!(problem.contains(&format!("`{bad}`")), "{bad}: {problem}");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -260,9 +260,48 @@ fn dispatch(c: &Config, p: &mut ConfigProblems) {
     }
 }
 
+/// `[caps]` and each `[merchants.<m>.caps]`: known cap names, rates of at least 1, a channel
+/// cap on a channel that exists, and Redis for a shared store.
+fn caps(c: &Config, p: &mut ConfigProblems) {
+    let tables = std::iter::once(("caps.per_second".to_string(), &c.caps.per_second)).chain(
+        c.merchants
+            .iter()
+            .map(|(id, m)| (format!("merchants.{id}.caps"), &m.caps)),
+    );
+    for (at, table) in tables {
+        for (name, rate) in table {
+            let key = format!("{at}.\"{name}\"");
+            if let Some(problem) = crate::kinds::cap_name_problem(name) {
+                p.push(key.clone(), problem);
+            } else if let Some(channel) = name.strip_prefix("notify.")
+                && channel != "log"
+                && !c.notify.channels.contains_key(channel)
+            {
+                p.push(
+                    key.clone(),
+                    format!("`{channel}` is not a channel of [notify.channels] (nor `log`)"),
+                );
+            }
+            if *rate == 0 {
+                p.push(
+                    key,
+                    "must be at least 1 (effects a second; leave the cap out for none)",
+                );
+            }
+        }
+    }
+    if c.caps.store == super::CapStore::Redis && c.redis.is_none() {
+        p.push(
+            "caps.store",
+            "\"redis\" shares the caps through [redis], which is not configured",
+        );
+    }
+}
+
 pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
     let mut p = ConfigProblems::default();
     database(c, &mut p);
+    caps(c, &mut p);
     if c.database.max_connections == Some(0) {
         p.push("database.max_connections", "must be at least 1");
     }

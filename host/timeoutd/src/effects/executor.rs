@@ -30,8 +30,9 @@ pub enum EffectError {
         after: std::time::Duration,
     },
     /// Not now, through no fault of the effect: run it again at `until_ms` (epoch ms, the
-    /// runner's clock) without counting an attempt. The provider's request cap
-    /// (`payment.max_calls_per_second`) was spent, and this is the row's booked slot.
+    /// runner's clock) without counting an attempt. A cap of the merchant's (`[caps]`,
+    /// `super::caps`; the payment provider's `payment.max_calls_per_second`) was spent, and
+    /// this is the row's booked slot.
     #[error("{reason}; booked for {until_ms}")]
     Deferred {
         /// When to run it (epoch ms).

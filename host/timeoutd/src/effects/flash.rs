@@ -220,6 +220,22 @@ impl FlashSale {
         self.apply(users_key, "srem", user, idempotency_key).await
     }
 
+    /// Runs a script's `invocation` (its keys and arguments) on this Redis, the whole exchange
+    /// bounded by [`COMMAND_DEADLINE`] (the caps' shared store uses it too,
+    /// `super::caps`).
+    ///
+    /// # Errors
+    /// The client's error, or an I/O timeout.
+    pub async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> redis::RedisResult<T> {
+        match &self.conn {
+            Connection::Single(c) => bounded(invocation.invoke_async(&mut c.clone())).await,
+            Connection::Cluster(c) => bounded(invocation.invoke_async(&mut c.clone())).await,
+        }
+    }
+
     async fn apply(
         &self,
         key: &str,
@@ -235,11 +251,7 @@ impl FlashSale {
             .arg(op)
             .arg(arg)
             .arg(self.marker_ttl_secs);
-        let applied: i64 = match &self.conn {
-            Connection::Single(c) => bounded(invocation.invoke_async(&mut c.clone())).await,
-            Connection::Cluster(c) => bounded(invocation.invoke_async(&mut c.clone())).await,
-        }
-        .map_err(classify)?;
+        let applied: i64 = self.invoke(&invocation).await.map_err(classify)?;
         Ok(if applied == 0 {
             Done::noted(format!("already applied (marker {marker})"))
         } else {

@@ -31,7 +31,6 @@ use crate::clock::Clock;
 use crate::config::{Config, PaidAfterClose, PaymentConfig, ProviderKind};
 use crate::db::{Db, DbError, payments};
 use crate::kinds::Section;
-use crate::ratecap::RateCap;
 
 /// A boxed future, for the object-safe gateway trait.
 pub type GatewayFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, EffectError>> + Send + 'a>>;
@@ -120,65 +119,34 @@ pub trait PaymentGateway: Send + Sync {
     ) -> GatewayFuture<'a, ()>;
 }
 
-/// The executor of `close-payment` and `refund-payment` rows: the provider's adapter, what
-/// each merchant does with a payment found paid at close (`on_paid_after_close`), and the
-/// merchant's request cap (`payment.max_calls_per_second`): a row over the cap is deferred to
-/// the slot it booked, not run and not failed, so a 10,000-order flash sale reaches the
-/// provider at the cap's rate, in ledger order.
+/// The executor of `close-payment` and `refund-payment` rows: the provider's adapter, and what
+/// each merchant does with a payment found paid at close (`on_paid_after_close`). The
+/// merchant's request cap (`payment.max_calls_per_second`, or its `payment` cap) is the
+/// runner's, like every cap (`super::caps`): a row over it is deferred to the slot it booked,
+/// so a 10,000-order flash sale reaches the provider at the cap's rate, in ledger order.
 #[derive(Clone)]
 pub struct PaymentEffects {
     providers: Providers,
     db: Db,
     clock: Clock,
     resolutions: Arc<HashMap<String, PaidAfterClose>>,
-    calls: Arc<RateCap>,
-    /// Slots booked by deferred rows (ledger id → epoch ms), honoured when the row comes back
-    /// instead of booking another. Per daemon, in memory: after a restart a row books afresh.
-    booked: Arc<std::sync::Mutex<HashMap<i64, i64>>>,
 }
 
-/// Booked slots kept before the ones long past are pruned (rows another daemon finished).
-const BOOKED_PRUNE_AT: usize = 100_000;
-
 impl PaymentEffects {
-    /// The executor over `gateway`; `resolutions` is each merchant's `on_paid_after_close`
-    /// ([`resolutions`]), the default for a merchant not in it; `calls_per_second` caps each
-    /// merchant's close and refund requests (bursts of as many).
+    /// The executor over `providers`; `resolutions` is each merchant's `on_paid_after_close`
+    /// ([`resolutions`]), the default for a merchant not in it.
     pub fn new(
         providers: Providers,
         db: Db,
         clock: Clock,
         resolutions: Arc<HashMap<String, PaidAfterClose>>,
-        calls_per_second: u32,
     ) -> Self {
         PaymentEffects {
             providers,
             db,
             clock,
             resolutions,
-            calls: Arc::new(RateCap::new(calls_per_second)),
-            booked: Arc::default(),
         }
-    }
-
-    /// Admits `job` to the provider now, or defers it to the slot its merchant's cap books for
-    /// it (the slot it booked before, when it comes back).
-    fn admit(&self, job: &Job<'_>) -> Result<(), EffectError> {
-        let mut booked = self.booked.lock().expect("booked slots lock poisoned");
-        let slot = booked
-            .remove(&job.row.id)
-            .unwrap_or_else(|| self.calls.reserve(&job.row.merchant_id, job.now_ms));
-        if slot <= job.now_ms {
-            return Ok(());
-        }
-        if booked.len() >= BOOKED_PRUNE_AT {
-            booked.retain(|_, at| *at > job.now_ms - 600_000);
-        }
-        booked.insert(job.row.id, slot);
-        Err(EffectError::Deferred {
-            until_ms: slot,
-            reason: "provider request cap (payment.max_calls_per_second) spent".into(),
-        })
     }
 
     /// Closes the payment; "already paid" records the order as paid-after-close and raises a
@@ -223,7 +191,6 @@ impl Executor for PaymentEffects {
 
     fn execute<'a>(&'a self, job: Job<'a>) -> BoxFuture<'a, Result<Done, EffectError>> {
         Box::pin(async move {
-            self.admit(&job)?;
             match job.payment_work()? {
                 PaymentWork::Refund { payment_ref } => self
                     .providers
