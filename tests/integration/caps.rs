@@ -183,3 +183,36 @@ async fn two_daemons_share_a_cap_kept_in_redis() {
         );
     }
 }
+
+/// With the shared store down (`[redis]` on a port nobody listens on), the process's own cap
+/// applies: the burst of 5 goes, the rest waits for its slots, and nothing fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_process_caps_apply_while_the_shared_store_is_down() {
+    let env = Env::new(Backend::Sqlite).await;
+    let receiver = Receiver::start().await;
+    notices(&env, "capped", 12).await;
+    let dead = crate::support::free_port();
+    let mut config = config(&env, &receiver, "capped", "redis");
+    config.redis.as_mut().unwrap().url = Some(format!("redis://127.0.0.1:{dead}"));
+    let (clock, now) = Clock::manual(T0);
+    let runner = EffectRunner::from_config(env.db.clone(), clock, &config)
+        .await
+        .unwrap();
+    runner.run_fresh().await.unwrap();
+    assert_eq!(
+        sent(&receiver, "capped"),
+        (5, false),
+        "the process's own burst"
+    );
+    now.store(T0 + 1_400, Ordering::SeqCst);
+    runner.run_fresh().await.unwrap();
+    assert_eq!(sent(&receiver, "capped"), (12, false));
+    assert_eq!(
+        env.int(
+            "SELECT COUNT(*) FROM effect_ledger WHERE status = 'DONE' AND merchant_id = ?",
+            "capped"
+        )
+        .await,
+        12
+    );
+}

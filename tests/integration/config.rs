@@ -115,6 +115,45 @@ plugin = \"builtin:single-phase\"
     assert!(neither.contains("database.url: missing"), "{neither}");
 }
 
+/// Caps: a name that is no cap, a channel that does not exist, a rate of 0 and a shared store
+/// without Redis are each named by their key.
+#[test]
+fn bad_caps_are_named_by_their_keys() {
+    let raw = r#"
+[database]
+url = "sqlite://x.db"
+[caps]
+store = "redis"
+[caps.per_second]
+notify = 0
+"notify.sms" = 5
+sms = 3
+[merchants.a]
+plugin = "builtin:single-phase"
+[merchants.a.caps]
+"payment.stripe" = 2
+"#;
+    let problems = Config::from_toml(raw, std::path::Path::new("."), &|_| None).unwrap_err();
+    let keys: Vec<&str> = problems.problems.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "caps.per_second.\"notify\"",
+            "caps.per_second.\"notify.sms\"",
+            "caps.per_second.\"sms\"",
+            "merchants.a.caps.\"payment.stripe\"",
+            "caps.store",
+        ],
+        "{problems}"
+    );
+    let said = problems.to_string();
+    assert!(
+        said.contains("`sms` is not a channel of [notify.channels]"),
+        "{said}"
+    );
+    assert!(said.contains("`payment.stripe` is no cap"), "{said}");
+}
+
 #[test]
 fn unknown_keys_and_unitless_durations_are_refused() {
     let unknown = Config::from_toml(

@@ -20,9 +20,10 @@
 //! that are the receiver's (an SMS provider's 10 a second is 10 for three daemons together,
 //! not 30). The shared state is one key per merchant and cap (`timeoutd:cap:<merchant>:<cap>`,
 //! its theoretical arrival time in µs, expiring when idle), moved by one Lua script, timed by
-//! the database clock every daemon shares. When Redis does not answer, the process's own cap
-//! takes over for that effect (`timeoutd_effect_cap_fallbacks_total`), so a Redis outage slows
-//! nothing down that was not capped before.
+//! the database clock every daemon shares. When Redis does not answer, the process's own caps
+//! take over for the next 5 s (`timeoutd_effect_cap_fallbacks_total` counts each effect so
+//! capped), so a Redis outage slows nothing down that was not capped before, and no effect
+//! waits for Redis' timeout while it lasts.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -74,11 +75,19 @@ pub struct Caps {
     local: HashMap<u32, RateCap>,
     /// The shared store, with `caps.store = "redis"`.
     shared: Option<(FlashSale, redis::Script)>,
+    /// Until when (epoch ms, the runner's clock) the shared store is not asked after it failed
+    /// to answer: [`SHARED_PAUSE_MS`] of this process's own caps, instead of every effect
+    /// waiting for Redis' timeout in turn.
+    shared_down_until: std::sync::atomic::AtomicI64,
     /// Slots booked by deferred rows (ledger id → epoch ms), honoured when the row comes back
     /// instead of booking another. In memory: a row another daemon takes books afresh (later,
     /// never sooner).
     booked: Mutex<HashMap<i64, i64>>,
 }
+
+/// How long the shared store is left alone after it failed to answer (ms): the process's own
+/// caps serve meanwhile.
+const SHARED_PAUSE_MS: i64 = 5_000;
 
 /// Booked slots kept before the ones long past are pruned (rows another daemon finished).
 const BOOKED_PRUNE_AT: usize = 100_000;
@@ -142,6 +151,7 @@ impl Caps {
             merchants,
             local,
             shared,
+            shared_down_until: std::sync::atomic::AtomicI64::new(i64::MIN),
             booked: Mutex::default(),
         }))
     }
@@ -217,7 +227,10 @@ impl Caps {
     /// the shared store when there is one and it answers, else in this process.
     async fn reserve(&self, merchant: &str, name: &str, rate: u32, now_ms: i64) -> i64 {
         let key = format!("{merchant}/{name}");
-        if let Some((redis, script)) = &self.shared {
+        let down_until = &self.shared_down_until;
+        if let Some((redis, script)) = &self.shared
+            && now_ms >= down_until.load(std::sync::atomic::Ordering::Relaxed)
+        {
             let interval_us = 1_000_000 / i64::from(rate.max(1));
             let tolerance_us = i64::from(rate.max(1) - 1) * interval_us;
             let mut call = script.prepare_invoke();
@@ -228,10 +241,16 @@ impl Caps {
             match redis.invoke::<i64>(&call).await {
                 Ok(slot_us) => return (slot_us + 999) / 1_000,
                 Err(e) => {
-                    tracing::warn!(merchant, cap = name, error = %e, "the shared cap store does not answer; this process's own cap applies");
-                    emit(Event::EffectCapFallback { cap: name });
+                    tracing::warn!(merchant, cap = name, error = %e, pause_ms = SHARED_PAUSE_MS, "the shared cap store does not answer; this process's own caps apply meanwhile");
+                    down_until.store(
+                        now_ms + SHARED_PAUSE_MS,
+                        std::sync::atomic::Ordering::Relaxed,
+                    );
                 }
             }
+        }
+        if self.shared.is_some() {
+            emit(Event::EffectCapFallback { cap: name });
         }
         self.local
             .get(&rate)
