@@ -347,7 +347,10 @@ each_backend! {
         env.create(&order("r-over", "acme", now - 60_000)).await;
         env.create(&order("r-soon", "acme", soon)).await;
         env.create(&order("r-live", "acme", now + 600_000)).await;
+        env.create(&order("r-done", "acme", now - 60_000)).await;
         exec(env, "DELETE FROM order_timeout_msg WHERE order_id IN ('r-over', 'r-soon')".into()).await;
+        // A row handled without closing its order (a plugin that ignored it): re-armed in place.
+        exec(env, "UPDATE order_timeout_msg SET status = 'PROCESSED' WHERE order_id = 'r-done'".into()).await;
         let file = env.single_phase_config_file("rearm.toml");
         let cli = |command: &str, args: &[&str]| {
             let mut c = tokio::process::Command::new(timeoutd_bin());
@@ -357,22 +360,24 @@ each_backend! {
         let listed = crate::support::stdout_of_success(&mut cli("rearm-orders", &["--merchant", "acme", "--dry-run", "--page", "2"])).await;
         assert!(listed.contains("r-over\tacme\t") && listed.contains("would re-arm"), "{listed}");
         assert!(listed.contains("r-live\tacme\t") && listed.contains("phase 0 PENDING order-service\tskipped: it has a live trigger"), "{listed}");
-        assert!(listed.trim_end().ends_with("3 pending order(s) matched; would re-arm 2"), "{listed}");
-        assert_eq!(env.int("SELECT COUNT(*) FROM order_timeout_msg WHERE order_id LIKE ?", "r-%").await, 1, "a dry run writes nothing");
+        assert!(listed.trim_end().ends_with("4 pending order(s) matched; would re-arm 3"), "{listed}");
+        assert_eq!(env.int("SELECT COUNT(*) FROM order_timeout_msg WHERE order_id LIKE ? AND status = 'PENDING'", "r-%").await, 1, "a dry run writes nothing");
 
         let done = crate::support::stdout_of_success(&mut cli("rearm-orders", &["--merchant", "acme", "--per-second", "100"])).await;
-        assert!(done.trim_end().ends_with("3 pending order(s) matched; re-armed 2"), "{done}");
-        for (id, due) in [("r-over", now - 60_000), ("r-soon", soon)] {
+        assert!(done.trim_end().ends_with("4 pending order(s) matched; re-armed 3"), "{done}");
+        for (id, due) in [("r-over", now - 60_000), ("r-soon", soon), ("r-done", now - 60_000)] {
             assert_eq!(env.int("SELECT due_ms FROM order_timeout_msg WHERE status = 'PENDING' AND phase = 0 AND order_id = ?", id).await, due, "{id} due at its deadline");
         }
         let again = crate::support::stdout_of_success(&mut cli("rearm-orders", &["--merchant", "acme"])).await;
-        assert!(again.trim_end().ends_with("3 pending order(s) matched; re-armed 0"), "{again}");
+        assert!(again.trim_end().ends_with("4 pending order(s) matched; re-armed 0"), "{again}");
         let close = crate::support::stdout_of_success(&mut cli("close-orders", &["--order", "r-live", "--order", "r-soon"])).await;
         assert!(close.trim_end().ends_with("0 pending order(s) matched; queued to close 0"), "not due, not matched: {close}");
 
         let config = env.config(&[("acme", "builtin:single-phase", &[])], "");
         let daemon = Daemon::start(&config, Clock::Database).await.unwrap();
-        eventually(Duration::from_secs(30), "the overdue order closes", || async { env.status("r-over").await == "CLOSED" }).await;
+        for id in ["r-over", "r-done"] {
+            eventually(Duration::from_secs(30), "an overdue re-armed order closes", || async { env.status(id).await == "CLOSED" }).await;
+        }
         if env.db.now_ms().await.unwrap() < soon - 500 {
             assert_eq!(env.status("r-soon").await, "PENDING", "not closed before its deadline");
         }

@@ -19,7 +19,9 @@
 //!    and sources, as separate hosts would run on one database), moves the other N orders' deadline to one instant
 //!    a few seconds ahead, and waits until every one is closed;
 //! 4. reports closes/s, the ratio to each baseline, lateness p50/p99/max from the database
-//!    (`closed_at_ms − deadline_ms`), CPU seconds per 1,000 closes, peak RSS, commits and
+//!    (`closed_at_ms − deadline_ms`), the notices' delivery latency p50/p95/p99 (each close to
+//!    its notice's 2xx at a loopback webhook of the bench's, [`notices`]), CPU seconds per
+//!    1,000 closes, peak RSS, commits and
 //!    statements per close ([`counters`]), where the drain's CPU went and what bounded it
 //!    ([`bottleneck`]), the plans of the hot queries, and an exactly-once audit ([`report`]).
 //!
@@ -34,6 +36,7 @@
 mod baseline;
 mod bottleneck;
 mod counters;
+mod notices;
 mod plot;
 mod report;
 mod seed;
@@ -174,6 +177,26 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     config.http = None;
     config.admin = None;
     config.alerts = None;
+    // The merchant's notices go to the bench's own webhook, timed from each close to its 2xx.
+    let receiver = {
+        let db = Db::connect(&url, 1).await?;
+        let receiver = notices::Receiver::start(&db).await;
+        db.close().await;
+        receiver
+    }
+    .context("starting the notice receiver")?;
+    config.notify.channels.insert(
+        notices::CHANNEL.to_string(),
+        crate::config::ChannelConfig::Webhook {
+            url: receiver.url.clone(),
+            authorization: None,
+            timeout: Duration::from_secs(5),
+        },
+    );
+    if let Some(m) = config.merchants.get_mut(&merchant) {
+        m.settings
+            .insert("channel".to_string(), notices::CHANNEL.to_string());
+    }
     let mut lead_ms = args.lead_ms;
     if args.path.is_broker() {
         anyhow::ensure!(
@@ -335,6 +358,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     if let Some(cleaning) = cleaning {
         cleaning.await.context("the retention pass")??;
     }
+    progress(format_args!("waiting for the burst's notices"));
+    let notice_latency = receiver
+        .measure(&db, Duration::from_secs(60))
+        .await
+        .context("measuring the notices")?;
     for daemon in daemons {
         daemon.stop().await;
     }
@@ -374,6 +402,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
             setup_peak_rss_mib,
             daemon_peak_rss_mib,
             bottleneck,
+            notice_latency,
             polls,
             released,
             shape,

@@ -457,8 +457,9 @@ pub struct RuntimeConfig {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CapsConfig {
-    /// Where the caps' state lives: `process` (default; each daemon its own) or `redis` (one
-    /// budget per merchant and cap shared by every daemon on `[redis]`, for a receiver's cap).
+    /// Where the caps' state lives: `process` (default; each daemon its own, and each shard's
+    /// worker of a sharded daemon its own) or `redis` (one budget per merchant and cap shared
+    /// by every daemon and shard on `[redis]`, for a receiver's cap).
     #[serde(default)]
     pub store: CapStore,
     /// Every merchant's caps unless its own `[merchants.<m>.caps]` says otherwise: cap name
@@ -568,9 +569,12 @@ pub struct PaymentConfig {
     /// of as many): a flash sale's 10,000 closes reach the provider at this rate, in ledger
     /// order. A request over the cap is not failed: its ledger row is deferred, without
     /// counting an attempt, to the slot it booked (`last_error` says so,
-    /// `timeoutd_effects_total{outcome="deferred"}` counts it). The provider sees at most
-    /// `max_queries_per_second + max_calls_per_second` requests a second per merchant from
-    /// each daemon.
+    /// `timeoutd_effects_total{outcome="deferred"}` and
+    /// `timeoutd_effects_capped_total{cap="payment"}` count it). It is the `payment` cap of
+    /// `[caps]` (which may set it per merchant): kept in each daemon (each shard's worker) with
+    /// `caps.store = "process"`, shared by every daemon with `"redis"`. The provider sees at
+    /// most `max_queries_per_second` (each daemon) plus this many requests a second per
+    /// merchant.
     #[serde(default = "defaults::max_calls_per_second")]
     pub max_calls_per_second: u32,
     /// `[payment.stripe]`: Stripe's API key, webhook secret and endpoint.

@@ -50,6 +50,9 @@ pub struct Report {
     /// Lateness `closed_at_ms − deadline_ms` (database clock), ms: by the close's stamp (see
     /// [`Report::visible`] for when it was committed).
     pub lateness_ms: Lateness,
+    /// Notice delivery: each burst order's close to its notice's 2xx at the bench's loopback
+    /// webhook, ms ([`super::notices`]).
+    pub notice_latency_ms: super::notices::NoticeLatency,
     /// 0.99 × orders ÷ closes/s, ms: the best p99 this rate allows when the orders share one
     /// deadline (`None` with a spread).
     pub drain_floor_p99_ms: Option<f64>,
@@ -226,6 +229,11 @@ impl Report {
             self.drain_floor_p99_ms
                 .map_or(String::new(), |f| format!("   (drain floor p99 {f:.0})"))
         ));
+        let n = &self.notice_latency_ms;
+        out.push_str(&format!(
+            "  notices ms          p50 {} · p95 {} · p99 {} · max {}   ({} of {} delivered; close to the receiver's 2xx)\n",
+            n.p50, n.p95, n.p99, n.max, n.notices, n.expected
+        ));
         if let Some(v) = &self.visible {
             out.push_str(&format!(
                 "  seen committed ms   p50 ≤ {} · p99 ≤ {} · all ≤ {}   ({:.0} closes/s as a reader sees them)\n",
@@ -331,6 +339,8 @@ pub(super) struct Inputs {
     pub daemon_peak_rss_mib: Option<f64>,
     /// CPU during the drain and the verdict.
     pub bottleneck: Bottleneck,
+    /// The notices' delivery latency.
+    pub notice_latency: super::notices::NoticeLatency,
     /// The polls' (ms after the deadline, orders closed).
     pub polls: Vec<(i64, u64)>,
     pub released: Option<Vec<i64>>,
@@ -399,6 +409,7 @@ pub(super) async fn collect(db: &Db, closes: &Closes, i: Inputs) -> anyhow::Resu
         set_based_ratio: closes_per_s / i.set_based.closes_per_s.max(f64::MIN_POSITIVE),
         set_based_group: i.set_based_group,
         lateness_ms: late,
+        notice_latency_ms: i.notice_latency,
         drain_floor_p99_ms: (i.spread_ms == 0)
             .then(|| 0.99 * f64::from(i.orders) * 1000.0 / closes_per_s),
         visible: (i.spread_ms == 0).then(|| Visible::of(&i.polls, i.orders)),

@@ -15,14 +15,15 @@
 //! Skipped, with the reason: an order with an OPEN dead letter about it (re-drive the letter),
 //! one whose trigger a daemon holds now, a paused one (close only: a paused order's trigger is
 //! held anyway), one not due (close only), one already queued or armed. Each change is a
-//! compare-and-set on the trigger's state ([`outbox::arm_order`]), so running the same set
-//! twice changes nothing the second time; an order closed meanwhile is no longer PENDING and
-//! is not read again.
+//! compare-and-set on the trigger row as the page read it ([`outbox::arm_order`]): a row a
+//! daemon took, decided or re-armed since is left alone ([`Skip::Changed`]), so running the
+//! same set twice changes nothing the second time; an order closed meanwhile is no longer
+//! PENDING and is not read again.
 
 use serde::{Deserialize, Serialize};
 
 use super::{PAGE_MAX, Pace};
-use crate::db::outbox::{self, Armed, RowSource, SOURCE_MANUAL};
+use crate::db::outbox::{self, RowSource, SOURCE_MANUAL, Seen};
 use crate::db::pauses::{self, Paused};
 use crate::db::shop::OpenOrderQuery;
 use crate::db::views::{self, OpenOrder};
@@ -102,7 +103,8 @@ pub enum Skip {
     Paused,
     /// Close: its deadline has not passed.
     NotDue,
-    /// Close: an operator's trigger is already queued for it.
+    /// Close: an operator's trigger is already queued for it (PENDING `manual`, due now or
+    /// later after a retry's backoff, whose attempt budget a second close does not reset).
     AlreadyQueued,
     /// Re-arm: it has a live trigger (a PENDING row, or a message in the broker not yet due).
     AlreadyArmed,
@@ -171,9 +173,10 @@ pub fn plan(op: Op, order: &OpenOrder, paused: &Paused, now_ms: i64) -> Result<(
             if paused.holds(&order.merchant, &order.id).is_some() {
                 return Err(Skip::Paused);
             }
+            // Queued before, whenever due: a manual trigger in backoff keeps its budget.
             if trigger
                 .filter(pending)
-                .is_some_and(|t| t.source == SOURCE_MANUAL && t.due_ms <= now_ms)
+                .is_some_and(|t| t.source == SOURCE_MANUAL)
             {
                 return Err(Skip::AlreadyQueued);
             }
@@ -273,11 +276,16 @@ where
         } else {
             pace.wait_turn(changes).await;
             changes += 1;
-            let (source, unless) = match op {
-                Op::Close => (SOURCE_MANUAL, Armed::Queued),
-                Op::Rearm => (RowSource::OrderService.as_str(), Armed::Live),
+            let source = match op {
+                Op::Close => SOURCE_MANUAL,
+                Op::Rearm => RowSource::OrderService.as_str(),
             };
-            outbox::arm_order(db, &order.id, phase, due_ms, now().await?, source, unless).await?
+            let seen = order.trigger.as_ref().map(|t| Seen {
+                status: &t.status,
+                due_ms: t.due_ms,
+                source: &t.source,
+            });
+            outbox::arm_order(db, &order.id, phase, due_ms, now().await?, source, seen).await?
         };
         done.push(match (armed, op) {
             (false, _) => Done::Skipped {

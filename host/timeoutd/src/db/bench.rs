@@ -314,3 +314,30 @@ fn inline(sql: &str, values: &[i64]) -> String {
         })
         .collect()
 }
+
+/// The CLOSED bench daemon orders' (`d-…`) close stamps by order id (epoch ms, database
+/// clock), and how many of their ledger rows are notices (`notify`, `remind`): what the
+/// bench's notice receiver should get, and when each order's notice was due to start.
+///
+/// # Errors
+/// [`DbError::Sql`] when a query fails or a column cannot be read.
+pub async fn daemon_notices(db: &Db) -> Result<(HashMap<String, i64>, i64), DbError> {
+    let closed = db
+        .backend()
+        .query("SELECT id, closed_at_ms FROM orders WHERE id LIKE 'd-%' AND status = 'CLOSED'")
+        .fetch_all(db.pool())
+        .await?
+        .iter()
+        .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<i64, _>(1)?)))
+        .collect::<Result<HashMap<_, _>, sqlx::Error>>()?;
+    let notices: i64 = db
+        .backend()
+        .query(
+            "SELECT COUNT(*) FROM effect_ledger WHERE order_id LIKE 'd-%' \
+             AND kind IN ('notify', 'remind')",
+        )
+        .fetch_one(db.pool())
+        .await?
+        .try_get(0)?;
+    Ok((closed, notices))
+}

@@ -147,6 +147,9 @@ pub struct PendingEffect {
     /// An executor claimed it before this read (it may have been carried out without being
     /// settled: a crash between the two). An operator's retry clears this.
     pub claimed_before: bool,
+    /// Why it was last put off (an error, or the cap that deferred it to its booked slot:
+    /// `effects::caps`), if it was.
+    pub last_error: Option<String>,
 }
 
 /// PENDING effects of the given kinds that may be attempted at `now_ms` (their retry time has
@@ -172,7 +175,7 @@ pub async fn runnable(
     };
     let mut q = db.backend().query_owned(format!(
         "SELECT id, idempotency_key, order_id, merchant_id, phase, kind, payload, attempts, created_at_ms, \
-         claim_token FROM effect_ledger \
+         claim_token, last_error FROM effect_ledger \
          WHERE status = 'PENDING' AND kind IN ({marks}) {order_filter} AND next_attempt_ms <= ? \
          AND (claim_until_ms IS NULL OR claim_until_ms < ?) AND (attempts > 0 OR updated_at_ms <= ?) \
          ORDER BY id LIMIT ?"
@@ -206,6 +209,7 @@ pub async fn runnable(
                 attempts: r.try_get::<i64, _>("attempts")?.clamp(0, u32::MAX as i64) as u32,
                 created_at_ms: r.try_get("created_at_ms")?,
                 claimed_before: r.try_get::<Option<String>, _>("claim_token")?.is_some(),
+                last_error: r.try_get("last_error")?,
             })
         })
         .collect()

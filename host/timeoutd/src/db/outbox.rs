@@ -810,21 +810,25 @@ fn order_still_pending(db: &Db) -> (String, Option<super::shop::mapped::Stmt>) {
     }
 }
 
-/// What already counts as armed for [`arm_order`]: a row in that state is left as it is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Armed {
-    /// An operator's trigger waiting to be taken: a PENDING `manual` row due by now.
-    Queued,
-    /// Any live trigger: a PENDING row (whenever due), or a SENT row due later (its message
-    /// is in the broker).
-    Live,
+/// A trigger row as a caller read it: [`arm_order`] changes the row only while it still is so.
+#[derive(Debug, Clone, Copy)]
+pub struct Seen<'a> {
+    /// `PENDING`, `SENT`, `PROCESSED`, …
+    pub status: &'a str,
+    /// When it was due, epoch ms.
+    pub due_ms: i64,
+    /// Who armed it.
+    pub source: &'a str,
 }
 
 /// Arms `order_id`'s `phase` row as `source`, PENDING and due at `due_ms`, with a fresh
-/// attempt budget and its phase's state kept (inserted when the order has no row of that
-/// phase): a compare-and-set, unless the row is already `unless`, held under a live lease, or
-/// its order is no longer pending. `true` when a row was inserted or changed, so arming the
-/// same order twice changes it once (the bulk order operations, `crate::bulk::orders`).
+/// attempt budget and its phase's state kept: a compare-and-set on the row as the caller saw
+/// it (`seen`: same status, due time and source, held under no live lease, its order still
+/// pending), or, when the caller saw no row (`None`), an insert that an existing row makes a
+/// no-op. `true` when a row was changed or inserted: a row a daemon took, decided or re-armed
+/// since the caller's read is left alone, so arming the same order twice changes it once (the
+/// bulk order operations, `crate::bulk::orders`). A row inserted for an order paid in between
+/// is a trigger that finds it paid and does nothing.
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
@@ -835,42 +839,36 @@ pub async fn arm_order(
     due_ms: i64,
     now_ms: i64,
     source: &str,
-    unless: Armed,
+    seen: Option<Seen<'_>>,
 ) -> Result<bool, DbError> {
     let backend = db.backend();
-    let mut tx = db.begin().await?;
-    let inserted = insert_rows(&mut tx, backend, &[(order_id, phase, due_ms)], source).await?;
-    let changed = if inserted > 0 {
-        true
-    } else {
-        let already = match unless {
-            Armed::Queued => "(status = 'PENDING' AND source = ? AND due_ms <= ?)",
-            Armed::Live => "(status = 'PENDING' OR (status = 'SENT' AND due_ms > ?))",
-        };
-        let (pending, mapped) = order_still_pending(db);
-        let mut q = backend
-            .query_owned(format!(
-                "UPDATE order_timeout_msg SET status = 'PENDING', due_ms = ?, source = ?, \
-                 attempts = 0, claim_token = NULL, claim_until_ms = NULL \
-                 WHERE order_id = ? AND phase = ? AND (claim_until_ms IS NULL OR claim_until_ms < ?) \
-                 AND NOT {already} AND {pending}"
-            ))
-            .bind(due_ms)
-            .bind(source.to_string())
-            .bind(order_id.to_string())
-            .bind(i64::from(phase))
-            .bind(now_ms);
-        q = match unless {
-            Armed::Queued => q.bind(SOURCE_MANUAL).bind(now_ms),
-            Armed::Live => q.bind(now_ms),
-        };
-        if let Some(exists) = mapped {
-            q = exists.bind_onto(q);
-        }
-        q.execute(&mut *tx).await?.rows_affected() > 0
+    let Some(seen) = seen else {
+        let mut tx = db.begin().await?;
+        let inserted = insert_rows(&mut tx, backend, &[(order_id, phase, due_ms)], source).await?;
+        tx.commit().await?;
+        return Ok(inserted > 0);
     };
-    tx.commit().await?;
-    Ok(changed)
+    let (pending, mapped) = order_still_pending(db);
+    let mut q = backend
+        .query_owned(format!(
+            "UPDATE order_timeout_msg SET status = 'PENDING', due_ms = ?, source = ?, \
+             attempts = 0, claim_token = NULL, claim_until_ms = NULL \
+             WHERE order_id = ? AND phase = ? AND status = ? AND due_ms = ? AND source = ? \
+             AND (claim_until_ms IS NULL OR claim_until_ms < ?) AND {pending}"
+        ))
+        .bind(due_ms)
+        .bind(source.to_string())
+        .bind(order_id.to_string())
+        .bind(i64::from(phase))
+        .bind(seen.status.to_string())
+        .bind(seen.due_ms)
+        .bind(seen.source.to_string())
+        .bind(now_ms);
+    if let Some(exists) = mapped {
+        q = exists.bind_onto(q);
+    }
+    let _gate = db.write_gate().await;
+    Ok(q.execute(db.pool()).await?.rows_affected() > 0)
 }
 
 /// The latest phase scheduled for `order_id` (0 when it has no outbox row), the phase an

@@ -11,22 +11,22 @@
 //!
 //! Each is the generic cell rate algorithm ([`crate::ratecap`], GCRA): `rate` a second per
 //! merchant, bursts of up to `rate`. An effect over a cap is not run and not failed: it is
-//! deferred to the slot it booked ([`EffectError::Deferred`], no attempt counted), so a burst
-//! reaches the receiver at the cap's rate, in ledger order. A row that comes back at its slot
-//! runs without booking again.
+//! deferred to the slot it booked ([`EffectError::Deferred`], no attempt counted, its
+//! `last_error` beginning [`DEFERRED`]), so a burst reaches the receiver at the cap's rate, in
+//! ledger order. A row that comes back at its slot runs without booking again, whichever
+//! daemon takes it.
 //!
 //! Where the caps' state lives (`caps.store`): `process`, each daemon its own (the default), or
 //! `redis`, one budget per merchant and cap shared by every daemon on the same Redis, for caps
 //! that are the receiver's (an SMS provider's 10 a second is 10 for three daemons together,
 //! not 30). The shared state is one key per merchant and cap (`timeoutd:cap:<merchant>:<cap>`,
-//! its theoretical arrival time in µs, expiring when idle), moved by one Lua script, timed by
-//! the database clock every daemon shares. When Redis does not answer, the process's own caps
+//! its theoretical arrival time in µs, expiring a minute after its last booked slot), moved by
+//! one Lua script, timed by the database clock every daemon shares. When Redis does not answer, the process's own caps
 //! take over for the next 5 s (`timeoutd_effect_cap_fallbacks_total` counts each effect so
 //! capped), so a Redis outage slows nothing down that was not capped before, and no effect
 //! waits for Redis' timeout while it lasts.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
 
 use super::executor::{EffectError, Job};
 use super::flash::FlashSale;
@@ -51,6 +51,7 @@ pub fn names(work: &Work) -> Vec<String> {
 /// The Lua script of the shared store: GCRA's reserve on one key, in µs. `KEYS[1]` the cap's
 /// key; `ARGV` now, the interval between two effects at the sustained rate, the tolerance
 /// (`(burst − 1) × interval`). Books the next slot and answers it (now while the burst lasts).
+/// The key lives a minute past its last booked slot.
 const RESERVE: &str = r"
 local now = tonumber(ARGV[1])
 local interval = tonumber(ARGV[2])
@@ -58,7 +59,7 @@ local tolerance = tonumber(ARGV[3])
 local tat = tonumber(redis.call('GET', KEYS[1])) or now
 if tat < now then tat = now end
 local after = tat + interval
-redis.call('SET', KEYS[1], string.format('%.0f', after), 'PX', math.floor((after - now) / 1000) + 1000)
+redis.call('SET', KEYS[1], string.format('%.0f', after), 'PX', math.floor((after - now) / 1000) + 60000)
 local slot = tat - tolerance
 if slot < now then slot = now end
 return slot
@@ -79,18 +80,16 @@ pub struct Caps {
     /// to answer: [`SHARED_PAUSE_MS`] of this process's own caps, instead of every effect
     /// waiting for Redis' timeout in turn.
     shared_down_until: std::sync::atomic::AtomicI64,
-    /// Slots booked by deferred rows (ledger id → epoch ms), honoured when the row comes back
-    /// instead of booking another. In memory: a row another daemon takes books afresh (later,
-    /// never sooner).
-    booked: Mutex<HashMap<i64, i64>>,
 }
+
+/// How the `last_error` of a row a cap deferred begins (the cap's name follows, then a
+/// backquote): the row comes back at its booked slot (its `next_attempt_ms`) and does not book
+/// that cap again, whichever daemon takes it then, and after a restart too.
+pub const DEFERRED: &str = "deferred: cap `";
 
 /// How long the shared store is left alone after it failed to answer (ms): the process's own
 /// caps serve meanwhile.
 const SHARED_PAUSE_MS: i64 = 5_000;
-
-/// Booked slots kept before the ones long past are pruned (rows another daemon finished).
-const BOOKED_PRUNE_AT: usize = 100_000;
 
 impl std::fmt::Debug for Caps {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -152,7 +151,6 @@ impl Caps {
             local,
             shared,
             shared_down_until: std::sync::atomic::AtomicI64::new(i64::MIN),
-            booked: Mutex::default(),
         }))
     }
 
@@ -168,8 +166,14 @@ impl Caps {
         }
     }
 
-    /// Admits `job` now, or defers it to the latest slot its merchant's caps book for it (the
-    /// slot it booked before, when it comes back). An effect no cap names runs at once.
+    /// Admits `job` now, or defers it to the slot the first spent cap books for it. The caps
+    /// are asked narrowest first (`notify.sms`, then `notify`), and a broader one only once the
+    /// narrower admits the effect: an SMS waiting for its channel's slot does not hold a slot
+    /// of `notify` meanwhile, so 10,000 SMS at 10 a second leave the merchant's webhook notices
+    /// their share of `notify`. A row a cap deferred before ([`DEFERRED`], naming the cap) has
+    /// come back at its booked slot: that cap and the narrower ones are not asked again, the
+    /// broader ones are. An effect no cap names, and a reminder of an order no longer PENDING
+    /// (its executor sends nothing), run at once.
     ///
     /// # Errors
     /// [`EffectError::Deferred`] to the booked slot, naming the cap that was spent.
@@ -177,54 +181,50 @@ impl Caps {
         let Some(work) = work::read(job.kind, &job.row.payload) else {
             return Ok(()); // the executor fails it as unreadable
         };
-        let (id, now, merchant) = (job.row.id, job.now_ms, job.row.merchant_id.as_str());
-        let before = self
-            .booked
-            .lock()
-            .expect("booked slots lock poisoned")
-            .remove(&id);
-        let (slot, spent) = match before {
-            Some(slot) => (slot, None),
-            None => {
-                let mut latest = (now, None);
-                for name in names(&work) {
-                    let Some((rate, from)) = self.rate(merchant, &name) else {
-                        continue;
-                    };
-                    let slot = self.reserve(merchant, &name, rate, now).await;
-                    if slot > latest.0 {
-                        latest = (slot, Some((name, rate, from)));
-                    }
-                }
-                latest
-            }
-        };
-        if slot <= now {
+        if matches!(work, Work::Notify(NotifyWork::Remind(_)))
+            && job.order_status != Some("PENDING")
+        {
             return Ok(());
         }
-        let mut booked = self.booked.lock().expect("booked slots lock poisoned");
-        if booked.len() >= BOOKED_PRUNE_AT {
-            booked.retain(|_, at| *at > now - 600_000);
+        let mut narrow_first: Vec<String> = names(&work).into_iter().rev().collect();
+        let booked = job
+            .row
+            .last_error
+            .as_deref()
+            .and_then(|e| e.strip_prefix(DEFERRED))
+            .and_then(|rest| rest.split('`').next());
+        if let Some(booked) = booked {
+            match narrow_first.iter().position(|n| n == booked) {
+                Some(i) => {
+                    narrow_first.drain(..=i);
+                }
+                None => return Ok(()),
+            }
         }
-        booked.insert(id, slot);
-        let reason = match spent {
-            Some((name, rate, from)) => {
+        let (now, merchant) = (job.now_ms, job.row.merchant_id.as_str());
+        for name in narrow_first {
+            let Some((rate, from)) = self.rate(merchant, &name) else {
+                continue;
+            };
+            let slot = self.reserve(merchant, &name, rate, now).await;
+            if slot > now {
                 emit(Event::EffectCapped {
                     merchant,
                     cap: &name,
                 });
-                format!("cap `{name}` of merchant `{merchant}` ({rate}/s, {from}) spent")
+                return Err(EffectError::Deferred {
+                    until_ms: slot,
+                    reason: format!(
+                        "{DEFERRED}{name}` of merchant `{merchant}` ({rate}/s, {from}) spent"
+                    ),
+                });
             }
-            None => "waiting for the slot a cap booked".to_string(),
-        };
-        Err(EffectError::Deferred {
-            until_ms: slot,
-            reason,
-        })
+        }
+        Ok(())
     }
 
-    /// Books `merchant`'s next slot of cap `name` (`rate` a second) at or after `now_ms`, in
-    /// the shared store when there is one and it answers, else in this process.
+    /// Books `merchant`'s next slot of cap `name` (`rate` a second) at or after `now_ms` (epoch
+    /// ms), in the shared store when there is one and it answers, else in this process.
     async fn reserve(&self, merchant: &str, name: &str, rate: u32, now_ms: i64) -> i64 {
         let key = format!("{merchant}/{name}");
         let down_until = &self.shared_down_until;
