@@ -1000,7 +1000,8 @@ pub async fn rearm(db: &Db, orphans: &[Orphan], now_ms: i64) -> Result<(), DbErr
 }
 
 /// [`rearm`] with the rows' `source` (`sweep`, or `manual` for an operator's re-drive, which
-/// also resets the attempt count).
+/// also resets the attempt count). A batch that loses a lock conflict (a deadlock with another
+/// sweeper) runs again whole, up to [`REARM_RETRIES`] times.
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure; nothing of the batch is written then.
@@ -1010,6 +1011,29 @@ pub async fn rearm_as(
     now_ms: i64,
     source: &str,
 ) -> Result<(), DbError> {
+    // Two sweepers re-arming the same orders can still deadlock on InnoDB when those orders'
+    // rows were deleted and not yet purged: each insert takes a shared next-key lock on the
+    // delete-marked record, then waits for the other's to insert (F11, seen once in 472 CI
+    // tests). The victim wrote nothing, and re-arming is idempotent: it runs again whole.
+    let mut lost = 0;
+    loop {
+        match rearm_once(db, orphans, now_ms, source).await {
+            Err(e) if e.is_lock_conflict() && lost < REARM_RETRIES => {
+                lost += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(
+                    5 * lost + fastrand::u64(..10),
+                ))
+                .await;
+            }
+            done => return done,
+        }
+    }
+}
+
+/// Times [`rearm_as`] runs again after losing a lock conflict.
+const REARM_RETRIES: u64 = 3;
+
+async fn rearm_once(db: &Db, orphans: &[Orphan], now_ms: i64, source: &str) -> Result<(), DbError> {
     if orphans.is_empty() {
         return Ok(());
     }
