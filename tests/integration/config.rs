@@ -115,6 +115,52 @@ plugin = \"builtin:single-phase\"
     assert!(neither.contains("database.url: missing"), "{neither}");
 }
 
+/// Fair shares: more slots for one merchant than the executor has, and a weight of 0, are each
+/// named by their key; the default share is ¾ of the slots, rounded up.
+#[test]
+fn bad_fair_shares_are_named_by_their_keys() {
+    let raw = r#"
+[database]
+url = "sqlite://x.db"
+[effects]
+concurrency = 8
+merchant_slots = 9
+[merchants.a]
+plugin = "builtin:single-phase"
+weight = 0
+[merchants.b]
+plugin = "builtin:single-phase"
+weight = 1001
+"#;
+    let problems = Config::from_toml(raw, std::path::Path::new("."), &|_| None).unwrap_err();
+    let keys: Vec<&str> = problems.problems.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "effects.merchant_slots",
+            "merchants.a.weight",
+            "merchants.b.weight"
+        ],
+        "{problems}"
+    );
+    assert!(
+        problems
+            .to_string()
+            .contains("must be 1 to effects.concurrency (8)"),
+        "{problems}"
+    );
+    let fine = raw
+        .replace("merchant_slots = 9\n", "")
+        .replace("weight = 0", "weight = 3")
+        .replace("weight = 1001", "");
+    let config = Config::from_toml(&fine, std::path::Path::new("."), &|_| None).unwrap();
+    assert_eq!(config.effects.merchant_slots(), 6);
+    assert_eq!(
+        (config.merchants["a"].weight, config.merchants["b"].weight),
+        (3, 1)
+    );
+}
+
 /// Caps: a name that is no cap, a channel that does not exist, a rate of 0 and a shared store
 /// without Redis are each named by their key.
 #[test]

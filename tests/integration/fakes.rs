@@ -203,6 +203,9 @@ pub struct Receiver {
     pub received: Inbox,
     /// `http://127.0.0.1:PORT/hook`.
     pub url: String,
+    /// While `true`, every request is recorded and then held unanswered
+    /// ([`Receiver::start_holding`], [`Receiver::let_go`]).
+    holding: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl Receiver {
@@ -217,21 +220,42 @@ impl Receiver {
         Receiver::start_with(true).await
     }
 
+    /// Starts one that records every request and holds it unanswered until
+    /// [`Receiver::let_go`]: a webhook that hangs, for as long as the test likes.
+    pub async fn start_holding() -> Receiver {
+        let receiver = Receiver::start_with(false).await;
+        receiver.holding.send_replace(true);
+        receiver
+    }
+
+    /// Answers the held requests, and every later one at once.
+    pub fn let_go(&self) {
+        self.holding.send_replace(false);
+    }
+
     async fn start_with(hang_first: bool) -> Receiver {
         let received = Arc::new(Mutex::new(Vec::new()));
-        let app = Router::new()
-            .route("/hook", post(hook))
-            .with_state((received.clone(), Arc::new(AtomicBool::new(hang_first))));
+        let holding = Arc::new(tokio::sync::watch::channel(false).0);
+        let app = Router::new().route("/hook", post(hook)).with_state((
+            received.clone(),
+            Arc::new(AtomicBool::new(hang_first)),
+            holding.clone(),
+        ));
         let addr = serve(app).await;
         Receiver {
             received,
             url: format!("http://{addr}/hook"),
+            holding,
         }
     }
 }
 
 async fn hook(
-    State((received, hang)): State<(Inbox, Arc<AtomicBool>)>,
+    State((received, hang, holding)): State<(
+        Inbox,
+        Arc<AtomicBool>,
+        Arc<tokio::sync::watch::Sender<bool>>,
+    )>,
     headers: HeaderMap,
     Json(body): Json<Value>,
 ) -> StatusCode {
@@ -244,6 +268,8 @@ async fn hook(
     if hang.swap(false, Ordering::SeqCst) {
         std::future::pending::<()>().await;
     }
+    let mut held = holding.subscribe();
+    let _ = held.wait_for(|holding| !holding).await;
     StatusCode::NO_CONTENT
 }
 

@@ -13,6 +13,7 @@ mod e2e;
 mod edges;
 mod effects;
 mod engines;
+mod fairness;
 mod fakes;
 mod fence;
 mod galera;

@@ -36,6 +36,7 @@
 mod baseline;
 mod bottleneck;
 mod counters;
+pub mod fairness;
 mod notices;
 mod plot;
 mod report;

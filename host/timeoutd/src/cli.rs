@@ -150,6 +150,32 @@ pub enum Command {
         #[arg(long)]
         plot: Option<PathBuf>,
     },
+    /// Does one merchant's trouble stay that merchant's? Merchant B's orders fall due alone,
+    /// then beside merchant A's burst while A's webhook hangs (or answers 503): prints B's
+    /// close lateness, notice latency and Redis stock back (p50 / p99 / max) in both phases and
+    /// the ratio of the p99s, as a table and one JSON line. Exit 1 when B's orders were not all
+    /// closed, notified and given their stock back.
+    BenchFairness {
+        /// Configuration file (its database URL names the server; its first merchant's plugin
+        /// decides for both merchants, and must close at the deadline).
+        #[arg(long, default_value = "config/timeoutd.toml")]
+        config: PathBuf,
+        /// Merchant A's orders in the busy phase.
+        #[arg(long, default_value_t = 10_000)]
+        busy_orders: u32,
+        /// Merchant B's orders in each phase.
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+        quiet_orders: u32,
+        /// How A's webhook fails.
+        #[arg(long, value_enum, default_value_t = crate::bench::fairness::Fault::Hang)]
+        fault: crate::bench::fairness::Fault,
+        /// How far ahead of the daemon's start the shared deadline is put.
+        #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+        lead: std::time::Duration,
+        /// The Redis the flash-sale stock lives in.
+        #[arg(long, default_value = "redis://127.0.0.1:6379")]
+        redis: String,
+    },
     /// Pause a merchant's orders, or one order: no close and no reminder until resumed; their
     /// triggers are held, not dropped, and paid notices still apply. Takes effect at once on
     /// every daemon of the database. Exits 1 when the target cannot be paused.
@@ -245,6 +271,7 @@ pub fn main() -> ExitCode {
         Command::Demo { .. }
         | Command::Plugin { .. }
         | Command::Bench { .. }
+        | Command::BenchFairness { .. }
         | Command::Doctor { .. }
         | Command::Pause { .. }
         | Command::Resume { .. }
@@ -351,6 +378,27 @@ pub fn main() -> ExitCode {
                         history,
                         clean_history,
                         plot,
+                    })
+                    .await
+                }
+                Err(code) => code,
+            },
+            Command::BenchFairness {
+                config,
+                busy_orders,
+                quiet_orders,
+                fault,
+                lead,
+                redis,
+            } => match load(&config) {
+                Ok(config) => {
+                    fairness(crate::bench::fairness::FairnessArgs {
+                        config,
+                        busy_orders,
+                        quiet_orders,
+                        fault,
+                        lead_ms: lead.as_millis() as i64,
+                        redis_url: redis,
                     })
                     .await
                 }
@@ -574,6 +622,27 @@ async fn bench(args: crate::bench::BenchArgs) -> ExitCode {
         }
         Err(e) => {
             eprintln!("timeoutd bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn fairness(args: crate::bench::fairness::FairnessArgs) -> ExitCode {
+    match crate::bench::fairness::run(args).await {
+        Ok(report) => {
+            print!("{}", report.table());
+            println!(
+                "{}",
+                serde_json::to_string(&report).expect("the report serialises")
+            );
+            if report.complete() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("timeoutd bench-fairness: {e:#}");
             ExitCode::FAILURE
         }
     }

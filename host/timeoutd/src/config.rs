@@ -496,9 +496,25 @@ pub struct EffectsConfig {
     /// How long an executor holds an effect it is carrying out.
     #[serde(default = "defaults::lease", with = "duration")]
     pub lease: Duration,
-    /// Effects the executor carries out at once (webhooks, Redis, payment calls in flight).
+    /// Effects the executor carries out at once (webhooks, Redis, payment calls in flight):
+    /// its slots, one order's rows to a slot, shared among merchants by weight
+    /// (`merchants.<id>.weight`, `effects::fair`).
     #[serde(default = "defaults::concurrency")]
     pub concurrency: u32,
+    /// The most slots one merchant holds at once (default: three quarters of `concurrency`,
+    /// rounded up), so a merchant whose webhook hangs or whose provider answers 503 leaves
+    /// slots for the others' effects that arrive meanwhile. At most `concurrency`.
+    #[serde(default)]
+    pub merchant_slots: Option<u32>,
+}
+
+impl EffectsConfig {
+    /// `merchant_slots`, or its default: ⌈¾ · concurrency⌉ (at least 1).
+    pub fn merchant_slots(&self) -> u32 {
+        self.merchant_slots
+            .unwrap_or((self.concurrency * 3).div_ceil(4))
+            .clamp(1, self.concurrency.max(1))
+    }
 }
 
 /// `[redis]`: where flash-sale stock and buyer sets live.
@@ -823,6 +839,12 @@ pub struct MerchantConfig {
     /// This merchant's caps over `caps.per_second`: cap name → effects a second.
     #[serde(default)]
     pub caps: BTreeMap<String, u32>,
+    /// This merchant's weight (1–1000, default 1) when several merchants' effects wait for the
+    /// effect executor's slots: each waiting merchant is given slots in proportion to its
+    /// weight (`effects::fair`). A merchant alone uses them all, up to
+    /// `effects.merchant_slots`.
+    #[serde(default = "defaults::weight")]
+    pub weight: u32,
 }
 
 /// The dotted key of the `key = value` line holding byte `offset` of `text`, under its
@@ -961,6 +983,9 @@ pub(crate) mod defaults {
     }
     pub fn concurrency() -> u32 {
         16
+    }
+    pub fn weight() -> u32 {
+        1
     }
     pub fn group_commit() -> u32 {
         512

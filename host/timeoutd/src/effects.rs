@@ -17,9 +17,11 @@
 
 pub mod caps;
 mod executor;
+pub mod fair;
 mod flash;
 mod notify;
 mod payment;
+mod pool;
 pub mod work;
 pub mod worker;
 
@@ -39,12 +41,9 @@ pub use payment::{
 
 use crate::clock::Clock;
 use crate::config::{Config, EffectsConfig};
-use crate::db::{Db, DbError, ledger, orders};
+use crate::db::{Db, DbError, ledger};
 use crate::kinds::{Home, LedgerKind, Section};
 use crate::retry::Backoff;
-
-/// Ledger rows read per page.
-const PAGE: u32 = 500;
 
 /// One warning per merchant whose plugin may ask for effects that no configured executor runs
 /// (its `granted_effects`, or every kind when unset): e.g. `merchants.flashy: its plugin may
@@ -106,6 +105,8 @@ pub struct EffectRunner {
     /// Each merchant's caps per effect kind and channel (`[caps]`); `None`: none set.
     caps: Option<Arc<caps::Caps>>,
     config: EffectsConfig,
+    /// Each merchant's weight in the slots' shares (`merchants.<id>.weight`; 1 when unnamed).
+    weights: Arc<std::collections::HashMap<String, u32>>,
     /// When the rows deferred to a booked slot fall due, soonest first, for the worker's wakes.
     deferred: Arc<std::sync::Mutex<BinaryHeap<Reverse<std::time::Instant>>>>,
     /// The one section whose kinds this runner reads ([`EffectRunner::only`]); `None`: all.
@@ -147,6 +148,7 @@ impl EffectRunner {
             payments: None,
             caps: None,
             config: EffectsConfig::default(),
+            weights: Arc::default(),
             deferred: Arc::default(),
             section: None,
             others: None,
@@ -211,6 +213,13 @@ impl EffectRunner {
             flash: FlashEffects::from_config(config).await?,
             payments,
             config: config.effects.clone(),
+            weights: Arc::new(
+                config
+                    .merchants
+                    .iter()
+                    .map(|(id, m)| (id.clone(), m.weight))
+                    .collect(),
+            ),
             deferred: Arc::default(),
             section: None,
             others: None,
@@ -277,8 +286,8 @@ impl EffectRunner {
         self.run(None, now - min_age_ms).await
     }
 
-    /// Runs every PENDING effect whose time has come, fresh ones included. Reads the ledger in
-    /// pages of [`PAGE`] until a page comes back short. Returns how many were settled.
+    /// Runs every PENDING effect whose time has come, fresh ones included, until none is left.
+    /// Returns how many were settled.
     ///
     /// # Errors
     /// [`DbError`] when the ledger cannot be read.
@@ -287,10 +296,11 @@ impl EffectRunner {
     }
 
     /// [`EffectRunner::run_fresh`] as the ledger executor runs it when a commit wakes it
-    /// ([`worker::run`]): once `shutdown` is signalled no further chunk is claimed, so a
-    /// stopping daemon finishes the chunk in hand (at most `effects.concurrency` rows) and
-    /// leaves the rest PENDING, unclaimed, for the next executor, instead of carrying out a
-    /// burst's backlog while the transports it sends through shut down.
+    /// ([`worker::run`]), its slots shared fairly among merchants (`pool.rs`, `fair.rs`): once
+    /// `shutdown` is signalled no further order is started, so a stopping daemon finishes the
+    /// orders in hand (at most `effects.concurrency`) and leaves the rest PENDING, unclaimed,
+    /// for the next executor, instead of carrying out a burst's backlog while the transports
+    /// it sends through shut down.
     ///
     /// # Errors
     /// [`DbError`] when the ledger cannot be read.
@@ -298,123 +308,11 @@ impl EffectRunner {
         &self,
         shutdown: Option<&watch::Receiver<bool>>,
     ) -> Result<usize, DbError> {
-        let mut settled = 0;
-        loop {
-            let (fetched, done) = self.run_page(None, i64::MAX, shutdown).await?;
-            settled += done;
-            if fetched < PAGE as usize || shutdown.is_some_and(crate::shutdown::is_stopping) {
-                return Ok(settled);
-            }
-        }
+        self.drain(None, i64::MAX, shutdown).await
     }
 
     async fn run(&self, order_id: Option<&str>, fresh_before_ms: i64) -> Result<usize, DbError> {
-        Ok(self.run_page(order_id, fresh_before_ms, None).await?.1)
-    }
-
-    /// One page of runnable rows, in chunks of `effects.concurrency` rows (so a chunk is done well
-    /// within its lease), up to the end of the page or until `shutdown` is signalled. Returns
-    /// (rows read, rows settled).
-    async fn run_page(
-        &self,
-        order_id: Option<&str>,
-        fresh_before_ms: i64,
-        shutdown: Option<&watch::Receiver<bool>>,
-    ) -> Result<(usize, usize), DbError> {
-        let now = self.clock.now_ms(&self.db).await?;
-        let rows = ledger::runnable(
-            &self.db,
-            &self.kinds(),
-            order_id,
-            now,
-            fresh_before_ms,
-            PAGE,
-        )
-        .await?;
-        let mut settled = 0;
-        for chunk in rows.chunks(self.config.concurrency.max(1) as usize) {
-            if shutdown.is_some_and(crate::shutdown::is_stopping) {
-                break;
-            }
-            settled += self.run_chunk(chunk).await?;
-        }
-        Ok((rows.len(), settled))
-    }
-
-    /// One chunk: claimed in one statement, its orders' status and buyer read in one, each
-    /// order's rows carried out one after another in ledger order (orders side by side), and the
-    /// plain successes settled in one statement.
-    async fn run_chunk(&self, rows: &[ledger::PendingEffect]) -> Result<usize, DbError> {
-        let lease_ms = self.config.lease.as_millis() as i64;
-        let now = self.clock.now_ms(&self.db).await?;
-        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-        let (token, claimed) = ledger::claim_many(&self.db, &ids, now, now + lease_ms).await?;
-        let claimed: std::collections::HashSet<i64> = claimed.into_iter().collect();
-        let mut by_order: Vec<Vec<&ledger::PendingEffect>> = Vec::new();
-        for row in rows.iter().filter(|r| claimed.contains(&r.id)) {
-            match by_order.iter_mut().find(|g| g[0].order_id == row.order_id) {
-                Some(group) => group.push(row),
-                None => by_order.push(vec![row]),
-            }
-        }
-        if by_order.is_empty() {
-            return Ok(0);
-        }
-        let order_ids: Vec<&str> = by_order.iter().map(|g| g[0].order_id.as_str()).collect();
-        let facts = orders::status_and_user(&self.db, &order_ids).await?;
-        let work = futures_util::future::join_all(by_order.into_iter().map(|group| {
-            let facts = &facts;
-            async move {
-                let mut out = Vec::with_capacity(group.len());
-                for row in group {
-                    out.push((row, self.execute(row, facts.get(&row.order_id), now).await));
-                }
-                out
-            }
-        }));
-        // A slow endpoint must not let the lease lapse under the chunk: renewed while it runs.
-        let done = crate::lease::renewing(work, self.config.lease, || async {
-            let renewed = async {
-                let now = self.clock.now_ms(&self.db).await?;
-                ledger::renew(&self.db, &token, now + lease_ms).await
-            };
-            if let Err(e) = renewed.await {
-                tracing::warn!(error = %e, "ledger lease renewal failed; the lease may lapse");
-            }
-        })
-        .await;
-        let now = self.clock.now_ms(&self.db).await?;
-        let mut plain = Vec::new();
-        let mut raised = Vec::new();
-        let mut settled = 0;
-        for (row, result) in done.into_iter().flatten() {
-            match result {
-                Ok(done) if done == Done::plain() => {
-                    crate::events::emit(crate::events::Event::Effect {
-                        kind: &row.kind,
-                        outcome: "done",
-                    });
-                    plain.push(row.id);
-                }
-                result => {
-                    if matches!(&result, Ok(done) if done.raised) {
-                        raised.push(row.order_id.clone());
-                    }
-                    settled += usize::from(self.settle(&token, row, result, now).await?);
-                }
-            }
-        }
-        settled += ledger::settle_many(&self.db, &token, &plain, ledger::DONE, now).await? as usize;
-        if !raised.is_empty()
-            && let Some(others) = &self.others
-        {
-            others.notify_one();
-        }
-        for order_id in raised {
-            // What the execution raised (a refund) runs now rather than at the next wake.
-            self.run_for_order_boxed(order_id).await;
-        }
-        Ok(settled)
+        self.drain(order_id, fresh_before_ms, None).await
     }
 
     /// The kinds this runner has an executor for. The others (Redis effects without `[redis]`,

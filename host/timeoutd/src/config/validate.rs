@@ -544,6 +544,17 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
     if c.effects.max_attempts == 0 {
         p.push("effects.max_attempts", "must be at least 1");
     }
+    if let Some(slots) = c.effects.merchant_slots
+        && (slots == 0 || slots > c.effects.concurrency)
+    {
+        p.push(
+            "effects.merchant_slots",
+            format!(
+                "must be 1 to effects.concurrency ({}): the most slots one merchant holds",
+                c.effects.concurrency
+            ),
+        );
+    }
     if c.merchants.is_empty() {
         p.push(
             "merchants",
@@ -590,6 +601,12 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
             p.push(
                 format!("merchants.{id}.plugin_max_memory_mib"),
                 "must be 1 to 4096 (the engine reserves 4 GiB per memory)",
+            );
+        }
+        if !(1..=1000).contains(&m.weight) {
+            p.push(
+                format!("merchants.{id}.weight"),
+                "must be 1 to 1000 (its share of the effect executor's slots against the others')",
             );
         }
         if m.payment_window.is_some_and(|w| w.is_zero()) {

@@ -341,3 +341,56 @@ pub async fn daemon_notices(db: &Db) -> Result<(HashMap<String, i64>, i64), DbEr
         .try_get(0)?;
     Ok((closed, notices))
 }
+
+/// One fairness-bench order (`bench::fairness`): its deadline and close stamp, and when its
+/// effect of the measured kind was settled DONE (epoch ms, database clock; `None`: not yet).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stamps {
+    /// Order id.
+    pub order_id: String,
+    /// `orders.deadline_ms`.
+    pub deadline_ms: i64,
+    /// `orders.closed_at_ms`, once CLOSED.
+    pub closed_at_ms: Option<i64>,
+    /// `effect_ledger.updated_at_ms` of its DONE row of the kind asked for.
+    pub done_at_ms: Option<i64>,
+}
+
+/// [`Stamps`] of every order whose id starts with `prefix`, with the DONE time of its `kind`
+/// ledger row (e.g. `restore-flash-stock`: the Redis stock back).
+///
+/// # Errors
+/// [`DbError::Sql`] when a query fails or a column cannot be read.
+pub async fn stamps(db: &Db, prefix: &str, kind: &str) -> Result<Vec<Stamps>, DbError> {
+    let like = format!("{prefix}%");
+    let done: HashMap<String, i64> = db
+        .backend()
+        .query(
+            "SELECT order_id, MAX(updated_at_ms) FROM effect_ledger WHERE order_id LIKE ? \
+             AND kind = ? AND status = 'DONE' GROUP BY order_id",
+        )
+        .bind(like.clone())
+        .bind(kind.to_string())
+        .fetch_all(db.pool())
+        .await?
+        .iter()
+        .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<i64, _>(1)?)))
+        .collect::<Result<_, sqlx::Error>>()?;
+    let rows = db
+        .backend()
+        .query("SELECT id, deadline_ms, closed_at_ms FROM orders WHERE id LIKE ? ORDER BY id")
+        .bind(like)
+        .fetch_all(db.pool())
+        .await?;
+    rows.iter()
+        .map(|r| {
+            let order_id: String = r.try_get(0)?;
+            Ok(Stamps {
+                done_at_ms: done.get(&order_id).copied(),
+                deadline_ms: r.try_get(1)?,
+                closed_at_ms: r.try_get(2)?,
+                order_id,
+            })
+        })
+        .collect()
+}

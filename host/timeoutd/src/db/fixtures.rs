@@ -206,6 +206,21 @@ pub async fn set_daemon_deadlines(
     deadline_ms: i64,
     spread_ms: i64,
 ) -> Result<(), DbError> {
+    set_deadlines(db, "d-", deadline_ms, spread_ms).await
+}
+
+/// [`set_daemon_deadlines`] for the orders whose ids are `prefix` (two characters, e.g. `a-`)
+/// and a number: the fairness bench's two merchants (`bench::fairness`).
+///
+/// # Errors
+/// [`DbError::Sql`] when the transaction or either statement fails (nothing is moved).
+pub async fn set_deadlines(
+    db: &Db,
+    prefix: &str,
+    deadline_ms: i64,
+    spread_ms: i64,
+) -> Result<(), DbError> {
+    debug_assert_eq!(prefix.len(), 2, "the number starts at the third character");
     let backend = db.backend();
     // The order's number, from its id `d-0000042`.
     let number = |column: &str| match backend {
@@ -217,22 +232,24 @@ pub async fn set_daemon_deadlines(
     let mut tx = db.begin().await?;
     backend
         .query_owned(format!(
-            "UPDATE orders SET deadline_ms = {d}, created_at_ms = {d} - 900000 WHERE id LIKE 'd-%'",
+            "UPDATE orders SET deadline_ms = {d}, created_at_ms = {d} - 900000 WHERE id LIKE ?",
             d = due("id")
         ))
         .bind(deadline_ms)
         .bind(spread_ms)
         .bind(deadline_ms)
         .bind(spread_ms)
+        .bind(format!("{prefix}%"))
         .execute(&mut *tx)
         .await?;
     backend
         .query_owned(format!(
-            "UPDATE order_timeout_msg SET due_ms = {} WHERE order_id LIKE 'd-%'",
+            "UPDATE order_timeout_msg SET due_ms = {} WHERE order_id LIKE ?",
             due("order_id")
         ))
         .bind(deadline_ms)
         .bind(spread_ms)
+        .bind(format!("{prefix}%"))
         .execute(&mut *tx)
         .await?;
     tx.commit().await?;

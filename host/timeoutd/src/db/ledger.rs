@@ -153,9 +153,13 @@ pub struct PendingEffect {
 }
 
 /// PENDING effects of the given kinds that may be attempted at `now_ms` (their retry time has
-/// come and no executor holds them) — of one order when `order_id` is given — oldest first.
-/// Effects never attempted are taken only when last touched at or before `fresh_before_ms`
-/// (the daemon that recorded them runs them itself right after its commit).
+/// come and no executor holds them) — of one order when `order_id` is given — taken in turns
+/// across merchants: every merchant's oldest row, then every merchant's second oldest, and so
+/// on (`ROW_NUMBER() OVER (PARTITION BY merchant_id ORDER BY id)`), so a page of `limit` rows
+/// holds each merchant's oldest rows however large another's backlog (#46: one merchant's
+/// 10,000-order burst does not push the others' rows off the page). Effects never attempted
+/// are taken only when last touched at or before `fresh_before_ms` (the daemon that recorded
+/// them runs them itself right after its commit).
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
@@ -173,12 +177,14 @@ pub async fn runnable(
     } else {
         ""
     };
+    let columns = "id, idempotency_key, order_id, merchant_id, phase, kind, payload, attempts, \
+         created_at_ms, claim_token, last_error";
     let mut q = db.backend().query_owned(format!(
-        "SELECT id, idempotency_key, order_id, merchant_id, phase, kind, payload, attempts, created_at_ms, \
-         claim_token, last_error FROM effect_ledger \
+        "SELECT {columns} FROM (SELECT {columns}, \
+         ROW_NUMBER() OVER (PARTITION BY merchant_id ORDER BY id) AS turn FROM effect_ledger \
          WHERE status = 'PENDING' AND kind IN ({marks}) {order_filter} AND next_attempt_ms <= ? \
-         AND (claim_until_ms IS NULL OR claim_until_ms < ?) AND (attempts > 0 OR updated_at_ms <= ?) \
-         ORDER BY id LIMIT ?"
+         AND (claim_until_ms IS NULL OR claim_until_ms < ?) AND (attempts > 0 OR updated_at_ms <= ?)) \
+         AS runnable ORDER BY turn, id LIMIT ?"
     ));
     for k in kinds {
         q = q.bind(*k);
