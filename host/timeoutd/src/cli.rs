@@ -156,8 +156,8 @@ pub enum Command {
     /// the ratio of the p99s, as a table and one JSON line. Exit 1 when B's orders were not all
     /// closed, notified and given their stock back.
     BenchFairness {
-        /// Configuration file (its database URL names the server; its first merchant's plugin
-        /// decides for both merchants, and must close at the deadline).
+        /// Configuration file (its database URL names the server; both merchants run
+        /// `builtin:two-phase` with no grace, with the rest of its first merchant's table).
         #[arg(long, default_value = "config/timeoutd.toml")]
         config: PathBuf,
         /// Merchant A's orders in the busy phase.

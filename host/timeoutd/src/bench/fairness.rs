@@ -18,8 +18,8 @@
 //!   that B's Redis stock counter holds every unit back.
 //!
 //! and the ratio of the busy phase's p99 to the idle one's: 1.0 is perfect isolation. Both
-//! merchants run the config's first merchant's plugin (it must close at the deadline, like
-//! `builtin:single-phase`).
+//! merchants run `builtin:two-phase` with no grace (a close at the deadline that gives the
+//! flash-sale units back), with the rest of the config's first merchant's table.
 
 use std::time::Duration;
 
@@ -37,6 +37,9 @@ use crate::db::{Backend, Db, fixtures};
 pub const BUSY: &str = "fair-a";
 /// The quiet merchant's id.
 pub const QUIET: &str = "fair-b";
+/// Both merchants' plugin, with `grace = "0s"`: it closes at the deadline and gives a
+/// flash-sale order's units back to its activity.
+const PLUGIN: &str = "builtin:two-phase";
 /// The busy merchant's webhook channel.
 const FAULTY: &str = "bench-faulty";
 /// The busy merchant's webhook timeout: a hanging call holds its slot this long.
@@ -221,8 +224,11 @@ pub async fn run(args: FairnessArgs) -> anyhow::Result<FairnessReport> {
     config.merchants.clear();
     for (id, channel) in [(BUSY, FAULTY), (QUIET, notices::CHANNEL)] {
         let mut m = template.clone();
-        m.settings
-            .insert("channel".to_string(), channel.to_string());
+        m.plugin = PLUGIN.to_string();
+        m.settings = [("grace", "0s"), ("channel", channel)]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         config.merchants.insert(id.to_string(), m);
     }
     config.redis = Some(RedisConfig {
@@ -264,14 +270,11 @@ async fn phase(args: &FairnessArgs, base: &Config, busy: u32) -> anyhow::Result<
         .get_multiplexed_async_connection()
         .await
         .context("connecting to Redis")?;
-    for (stock, users) in &keys {
+    for (merchant, stock) in [BUSY, QUIET].iter().zip(&keys) {
+        clear_activity(&mut redis, merchant).await?;
         redis::cmd("SET")
             .arg(stock)
             .arg(0)
-            .query_async::<()>(&mut redis)
-            .await?;
-        redis::cmd("DEL")
-            .arg(users)
             .query_async::<()>(&mut redis)
             .await?;
     }
@@ -341,7 +344,7 @@ async fn phase(args: &FairnessArgs, base: &Config, busy: u32) -> anyhow::Result<
             .collect(),
     );
     let stock_units_back: i64 = redis::cmd("GET")
-        .arg(&keys[1].0)
+        .arg(&keys[1])
         .query_async::<Option<i64>>(&mut redis)
         .await?
         .unwrap_or(0);
@@ -362,15 +365,40 @@ async fn phase(args: &FairnessArgs, base: &Config, busy: u32) -> anyhow::Result<
     })
 }
 
-/// The (stock, buyers) Redis keys of A's and B's activities, in that order.
-fn flash_keys(config: &Config) -> [(String, String); 2] {
-    [BUSY, QUIET].map(|m| {
-        let merchant = &config.merchants[m];
-        (
-            merchant.flash_stock_key.replace("<activity>", m),
-            merchant.flash_users_key.replace("<activity>", m),
-        )
-    })
+/// Deletes every key of `activity`'s hash tag (`…{activity}…`): its stock, its buyers and the
+/// idempotency markers of the last phase's effects (the same orders' keys), so each phase
+/// starts from nothing.
+async fn clear_activity(
+    redis: &mut redis::aio::MultiplexedConnection,
+    activity: &str,
+) -> anyhow::Result<()> {
+    let pattern = format!("*{{{activity}}}*");
+    let mut cursor = 0u64;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1_000)
+            .query_async(&mut *redis)
+            .await?;
+        if !keys.is_empty() {
+            redis::cmd("DEL")
+                .arg(&keys)
+                .query_async::<()>(&mut *redis)
+                .await?;
+        }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
+    }
+}
+
+/// The Redis stock counters of A's and B's activities, in that order.
+fn flash_keys(config: &Config) -> [String; 2] {
+    [BUSY, QUIET].map(|m| config.merchants[m].flash_stock_key.replace("<activity>", m))
 }
 
 /// Seeds `n` PENDING orders of `merchant` (ids `prefix` and a number, due a day ahead until
