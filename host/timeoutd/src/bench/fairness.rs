@@ -261,10 +261,11 @@ async fn phase(args: &FairnessArgs, base: &Config, busy: u32) -> anyhow::Result<
     db.migrate().await?;
     let quiet = args.quiet_orders;
     super::progress(format_args!(
-        "fairness: seeding {quiet} orders of {QUIET} and {busy} of {BUSY}"
+        "fairness: seeding {busy} orders of {BUSY}, then {quiet} of {QUIET}"
     ));
-    seed_orders(&db, QUIET, "d-", quiet).await?;
+    // A's first: its rows are the older, ahead of B's in every id and due order.
     seed_orders(&db, BUSY, "a-", busy).await?;
+    seed_orders(&db, QUIET, "d-", quiet).await?;
     let keys = flash_keys(base);
     let mut redis = redis::Client::open(args.redis_url.as_str())?
         .get_multiplexed_async_connection()
@@ -437,7 +438,7 @@ async fn seed_orders(db: &Db, merchant: &str, prefix: &str, n: u32) -> anyhow::R
         fixtures::insert_pending_outbox_rows(&mut tx, &rows).await?;
         tx.commit().await?;
     }
-    if merchant == QUIET {
+    if merchant == BUSY {
         let mut tx = db.begin().await?;
         fixtures::add_stock(&mut tx, "sku-0", 1_000_000).await?;
         tx.commit().await?;
