@@ -94,3 +94,119 @@ each_backend! {
         assert_eq!(env.int(done, "slow-%").await + env.int(done, "quick-%").await, 12);
     }
 }
+
+/// A merchant whose plugin file is broken when the daemon starts does not stop the others
+/// (#46): `validate`'s loader refuses the config, the daemon's (`load_serving`) holds the
+/// merchant — its trigger deferred and PENDING with the reason, never dead-lettered, the
+/// merchant listed as tripped for the alert — and decides the other merchant's order. Once a
+/// good file is in place the next reload takes it and the held order closes, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_merchant_whose_plugin_file_is_broken_at_start_is_held_and_the_others_are_served() {
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+    use timeoutd::db::{Backend, Db};
+    use timeoutd::dispatch::{Dispatcher, Outcome};
+    use timeoutd::effects::EffectRunner;
+
+    let env = crate::support::Env::new(Backend::Sqlite).await;
+    env.stock_up(&[("sku-a", 10), ("sku-b", 10)]).await;
+    let path = env.dir.path().join("broken.wasm");
+    std::fs::write(&path, b"not a component: a truncated upload").unwrap();
+    let plugin = path.display().to_string();
+    let merchants: &[MerchantSpec<'_>] = &[
+        ("broken", plugin.as_str(), &[]),
+        ("fine", "builtin:single-phase", &[]),
+    ];
+    let config = env.config(merchants, "");
+    let strict = timeoutd::policies::load(&config).unwrap_err().to_string();
+    assert!(strict.contains("merchants.broken.plugin"), "{strict}");
+
+    let (policies, held) = timeoutd::policies::load_serving(&config).unwrap();
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert!(held[0].starts_with("merchants.broken.plugin: "), "{held:?}");
+    assert_eq!(policies.tripped(T0), vec!["broken".to_string()]);
+    let (clock, now) = Clock::manual(T0);
+    let db = Db::connect(&env.url, 8).await.unwrap();
+    let effects = EffectRunner::from_config(db.clone(), clock.clone(), &config)
+        .await
+        .unwrap();
+    let d = Dispatcher::new(
+        db,
+        clock,
+        policies.clone(),
+        config.dispatch.clone(),
+        Arc::new(effects),
+    );
+    env.create(&order("b-1", "broken", T0)).await;
+    env.create(&order("f-1", "fine", T0)).await;
+    let mut outcomes = env.process(&d, T0).await;
+    outcomes.sort_by_key(|o| format!("{o:?}"));
+    let trip_ms = config.runtime.trip_for.as_millis() as i64;
+    assert_eq!(
+        outcomes,
+        vec![
+            Outcome::Closed { lateness_ms: 0 },
+            Outcome::Tripped {
+                until_ms: T0 + trip_ms
+            }
+        ]
+    );
+    assert_eq!(
+        env.text("SELECT status FROM orders WHERE id = ?", "f-1")
+            .await,
+        "CLOSED"
+    );
+    assert_eq!(
+        env.text("SELECT status FROM orders WHERE id = ?", "b-1")
+            .await,
+        "PENDING"
+    );
+    assert_eq!(
+        env.text(
+            "SELECT status FROM order_timeout_msg WHERE order_id = ?",
+            "b-1"
+        )
+        .await,
+        "PENDING"
+    );
+    let why = env
+        .text(
+            "SELECT last_error FROM order_timeout_msg WHERE order_id = ?",
+            "b-1",
+        )
+        .await;
+    assert!(
+        why.starts_with("held: the merchant's plugin did not load: "),
+        "{why}"
+    );
+    assert_eq!(
+        env.int(
+            "SELECT COUNT(*) FROM dead_letter WHERE order_id LIKE ?",
+            "%"
+        )
+        .await,
+        0
+    );
+
+    std::fs::write(&path, timeoutd::policies::builtin("single-phase").unwrap()).unwrap();
+    let report = policies.reload(false);
+    let taken = report.iter().find(|r| r.merchant == "broken").unwrap();
+    assert!(taken.changed && taken.refused.is_none(), "{report:?}");
+    assert!(policies.tripped(T0).is_empty());
+    now.store(T0 + trip_ms, Ordering::SeqCst);
+    let outcomes = env.process(&d, T0 + trip_ms).await;
+    assert!(
+        matches!(outcomes[..], [Outcome::Closed { .. }]),
+        "{outcomes:?}"
+    );
+    assert_eq!(
+        env.text("SELECT status FROM orders WHERE id = ?", "b-1")
+            .await,
+        "CLOSED"
+    );
+    assert_eq!(
+        env.stock("sku-a").await,
+        10,
+        "both orders' units back, once each"
+    );
+}

@@ -291,7 +291,8 @@ impl Daemon {
     /// # Errors
     /// [`StartError`] naming what could not be set up.
     pub async fn start(config: &Config, clock: Clock) -> Result<Daemon, StartError> {
-        let policies = crate::policies::load(config)?;
+        // A merchant whose plugin does not load is held, the others served (`load_serving`).
+        let (policies, _held) = crate::policies::load_serving(config)?;
         Self::start_with(config, clock, policies).await
     }
 

@@ -170,7 +170,8 @@ pub enum Outcome {
         /// New due time, epoch ms.
         until_ms: i64,
     },
-    /// The merchant's plugin is tripped (failed repeatedly): the trigger waits until then.
+    /// The merchant's plugin is tripped (failed repeatedly), or did not load at start
+    /// (`policies::load_serving`): the trigger waits until then.
     Tripped {
         /// When the trip ends, epoch ms.
         until_ms: i64,
@@ -504,6 +505,24 @@ impl Dispatcher {
             return Ok(Staged::Ended(Step::Done(
                 self.hold(trigger, &order, now_ms, "trigger").await?,
             )));
+        }
+        if policy.is_none()
+            && let Some(reason) = self.policies.held(&order.merchant)
+        {
+            // The merchant's plugin did not load at start: its triggers wait for a good file,
+            // as a tripped plugin's do; other merchants' orders go on.
+            let until_ms = now_ms + self.policies.held_for_ms(&order.merchant).max(1_000);
+            if let Some(row) = trigger.row() {
+                outbox::defer(
+                    &self.db,
+                    row,
+                    until_ms,
+                    &format!("held: the merchant's plugin did not load: {reason}"),
+                )
+                .await?;
+            }
+            tracing::debug!(merchant = %order.merchant, until_ms, "plugin not loaded; trigger waits");
+            return Ok(Staged::Ended(Step::Done(Outcome::Tripped { until_ms })));
         }
         let Some(policy) = policy else {
             let reason = format!(

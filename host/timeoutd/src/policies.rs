@@ -71,11 +71,26 @@ pub struct Reloaded {
     pub refused: Option<String>,
 }
 
+/// A merchant whose plugin did not load when the daemon started ([`load_serving`]): its
+/// triggers are held, neither decided nor dead-lettered, until a reload takes a good file; what
+/// the merchant's policy needs besides the plugin is kept for then.
+#[derive(Debug, Clone)]
+struct Held {
+    /// Why the plugin did not load (the last attempt's error).
+    reason: String,
+    settings: Vec<(String, String)>,
+    on_plugin_error: OnPluginError,
+    granted_effects: Option<Vec<String>>,
+    breaker: Arc<Breaker>,
+}
+
 /// Every merchant's policy, by merchant id.
 pub struct Policies {
     engine: PolicyEngine,
     by_merchant: RwLock<HashMap<String, Arc<MerchantPolicy>>>,
     sources: RwLock<HashMap<String, Source>>,
+    /// Merchants whose plugin has not loaded yet, by merchant id.
+    held: RwLock<HashMap<String, Held>>,
 }
 
 impl std::fmt::Debug for Policies {
@@ -98,7 +113,7 @@ pub enum SetupError {
 }
 
 /// Builds the engine and loads every merchant's plugin (no database needed): what `validate`
-/// checks offline, and what `run` and `arm` do first.
+/// checks offline, and what `arm` does first.
 ///
 /// # Errors
 /// [`SetupError::Engine`] or [`SetupError::Plugins`].
@@ -108,6 +123,34 @@ pub fn load(config: &Config) -> Result<Arc<Policies>, SetupError> {
     Policies::load(config, &engine)
         .map(Arc::new)
         .map_err(SetupError::Plugins)
+}
+
+/// What a daemon loads when it starts (`run`): as [`load`], except that a merchant whose
+/// plugin does not load does not stop the others (#46: one merchant's broken file must not
+/// stop every merchant's closes). Its triggers are held — not decided, not dead-lettered —
+/// and looked at again every `runtime.trip_for`, its name is in [`Policies::tripped`] (the
+/// tripped-plugin alert), and the next reload that finds a good file (the watcher, or
+/// `POST /v1/plugins/reload`) takes it. Returns the policies and one problem per held
+/// merchant, for the log.
+///
+/// # Errors
+/// [`SetupError::Engine`], or [`SetupError::Plugins`] when no merchant's plugin loads at all
+/// (a daemon that can decide nothing is a bad config, not one merchant's trouble).
+pub fn load_serving(config: &Config) -> Result<(Arc<Policies>, Vec<String>), SetupError> {
+    let engine = PolicyEngine::new(limits(config), config.runtime.cache_dir.as_deref())
+        .map_err(SetupError::Engine)?;
+    let (policies, problems) = Policies::load_all(config, &engine);
+    if !problems.is_empty() && policies.all().is_empty() {
+        return Err(SetupError::Plugins(problems));
+    }
+    for problem in &problems {
+        tracing::error!(
+            problem = %problem,
+            "a merchant's plugin did not load: its triggers are held until a good file is \
+             reloaded; the other merchants are served"
+        );
+    }
+    Ok((Arc::new(policies), problems))
 }
 
 /// Reloads `policies` every `runtime.watch_plugins` until `shutdown` turns true (returns at
@@ -171,6 +214,18 @@ impl Policies {
     /// # Errors
     /// Every plugin that failed, each naming its merchant and why.
     pub fn load(config: &Config, engine: &PolicyEngine) -> Result<Policies, Vec<String>> {
+        let (policies, problems) = Policies::load_all(config, engine);
+        if problems.is_empty() {
+            Ok(policies)
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// Every merchant whose plugin loads, and the others held ([`load_serving`]) with one
+    /// problem each.
+    fn load_all(config: &Config, engine: &PolicyEngine) -> (Policies, Vec<String>) {
+        let mut held = HashMap::new();
         let mut loaded: HashMap<(PluginSource, PluginLimits), Plugin> = HashMap::new();
         let mut map = HashMap::new();
         let mut sources = HashMap::new();
@@ -197,13 +252,13 @@ impl Policies {
             let plugin = plugin.map_err(|e| e.to_string()).and_then(|plugin| {
                 fits(&plugin, merchant.granted_effects.as_deref(), &settings).map(|()| plugin)
             });
+            let breaker = Arc::new(Breaker::new(
+                config.runtime.trip_after,
+                config.runtime.trip_for.as_millis() as i64,
+            ));
             match plugin {
                 Ok(plugin) => {
                     loaded.insert(key, plugin.clone());
-                    let breaker = Arc::new(Breaker::new(
-                        config.runtime.trip_after,
-                        config.runtime.trip_for.as_millis() as i64,
-                    ));
                     map.insert(
                         id.clone(),
                         Arc::new(MerchantPolicy {
@@ -217,18 +272,49 @@ impl Policies {
                     );
                     sources.insert(id.clone(), Source { stamp, ..source });
                 }
-                Err(e) => problems.push(format!("merchants.{id}.plugin: {e}")),
+                Err(e) => {
+                    problems.push(format!("merchants.{id}.plugin: {e}"));
+                    held.insert(
+                        id.clone(),
+                        Held {
+                            reason: e,
+                            settings,
+                            on_plugin_error: merchant.on_plugin_error,
+                            granted_effects: merchant.granted_effects.clone(),
+                            breaker,
+                        },
+                    );
+                    sources.insert(id.clone(), Source { stamp, ..source });
+                }
             }
         }
-        if problems.is_empty() {
-            Ok(Policies {
-                engine: engine.clone(),
-                by_merchant: RwLock::new(map),
-                sources: RwLock::new(sources),
-            })
-        } else {
-            Err(problems)
-        }
+        let policies = Policies {
+            engine: engine.clone(),
+            by_merchant: RwLock::new(map),
+            sources: RwLock::new(sources),
+            held: RwLock::new(held),
+        };
+        (policies, problems)
+    }
+
+    /// Why `merchant`'s plugin is not deciding, when it did not load ([`load_serving`]): its
+    /// triggers are held until a reload takes a good file.
+    pub fn held(&self, merchant: &str) -> Option<String> {
+        self.held
+            .read()
+            .expect("held plugins lock poisoned")
+            .get(merchant)
+            .map(|h| h.reason.clone())
+    }
+
+    /// How long a held merchant's trigger waits before it is looked at again, ms
+    /// (`runtime.trip_for`).
+    pub fn held_for_ms(&self, merchant: &str) -> i64 {
+        self.held
+            .read()
+            .expect("held plugins lock poisoned")
+            .get(merchant)
+            .map_or(0, |h| h.breaker.trip_for_ms())
     }
 
     /// The policy for `merchant`, if configured.
@@ -253,13 +339,24 @@ impl Policies {
         all
     }
 
-    /// Merchants whose breaker is open at `now_ms`.
+    /// Merchants whose breaker is open at `now_ms`, and those whose plugin did not load
+    /// ([`Policies::held`]): every merchant whose plugin is not deciding, sorted.
     pub fn tripped(&self, now_ms: i64) -> Vec<String> {
-        self.all()
+        let mut tripped: Vec<String> = self
+            .all()
             .into_iter()
             .filter(|p| p.breaker.state(now_ms) == BreakerState::Open)
             .map(|p| p.merchant.clone())
-            .collect()
+            .chain(
+                self.held
+                    .read()
+                    .expect("held plugins lock poisoned")
+                    .keys()
+                    .cloned(),
+            )
+            .collect();
+        tripped.sort();
+        tripped
     }
 
     /// Reloads the plugin files that changed on disk since they were loaded (all of them with
@@ -276,11 +373,31 @@ impl Policies {
             .collect();
         let mut report = Vec::new();
         for (merchant, source) in sources {
+            let now_stamp = stamp(&source.source);
+            let changed_on_disk = now_stamp != source.stamp;
+            // Cloned out first: the read guard must be gone before `retry_held` writes.
+            let held = self
+                .held
+                .read()
+                .expect("held plugins lock poisoned")
+                .get(&merchant)
+                .cloned();
+            if let Some(held) = held {
+                if force || changed_on_disk {
+                    report.push(self.retry_held(merchant, held, &source, now_stamp));
+                } else {
+                    report.push(Reloaded {
+                        merchant,
+                        digest: String::new(),
+                        changed: false,
+                        refused: Some(held.reason),
+                    });
+                }
+                continue;
+            }
             let Some(current) = self.get(&merchant) else {
                 continue;
             };
-            let now_stamp = stamp(&source.source);
-            let changed_on_disk = now_stamp != source.stamp;
             if !(force || changed_on_disk) || matches!(source.source, PluginSource::Builtin(_)) {
                 report.push(Reloaded {
                     merchant,
@@ -353,6 +470,78 @@ impl Policies {
         }
         report.sort_by(|a, b| a.merchant.cmp(&b.merchant));
         report
+    }
+
+    /// A held merchant's plugin file tried again: taken when it loads and fits (its triggers
+    /// are decided from their next look), refused with the new reason when not.
+    fn retry_held(
+        &self,
+        merchant: String,
+        held: Held,
+        source: &Source,
+        now_stamp: Option<(SystemTime, u64)>,
+    ) -> Reloaded {
+        self.remember(&merchant, now_stamp);
+        let loaded = load_source(&self.engine, source)
+            .map_err(|e| e.to_string())
+            .and_then(|plugin| {
+                fits(&plugin, held.granted_effects.as_deref(), &held.settings).map(|()| plugin)
+            });
+        match loaded {
+            Ok(plugin) => {
+                let digest = plugin.digest().to_string();
+                self.by_merchant
+                    .write()
+                    .expect("policy map lock poisoned")
+                    .insert(
+                        merchant.clone(),
+                        Arc::new(MerchantPolicy {
+                            merchant: merchant.clone(),
+                            plugin,
+                            settings: held.settings,
+                            breaker: held.breaker,
+                            on_plugin_error: held.on_plugin_error,
+                            granted_effects: held.granted_effects,
+                        }),
+                    );
+                self.held
+                    .write()
+                    .expect("held plugins lock poisoned")
+                    .remove(&merchant);
+                tracing::warn!(%merchant, new = %digest, "plugin loaded; the merchant's held triggers are decided again");
+                crate::events::emit(crate::events::Event::PluginReloaded {
+                    merchant: &merchant,
+                    outcome: "taken",
+                });
+                Reloaded {
+                    merchant,
+                    digest,
+                    changed: true,
+                    refused: None,
+                }
+            }
+            Err(e) => {
+                tracing::error!(%merchant, error = %e, "plugin still refused; the merchant's triggers stay held");
+                crate::events::emit(crate::events::Event::PluginReloaded {
+                    merchant: &merchant,
+                    outcome: "refused",
+                });
+                if let Some(h) = self
+                    .held
+                    .write()
+                    .expect("held plugins lock poisoned")
+                    .get_mut(&merchant)
+                {
+                    h.reason = e.clone();
+                }
+                Reloaded {
+                    merchant,
+                    digest: String::new(),
+                    changed: false,
+                    refused: Some(e),
+                }
+            }
+        }
     }
 
     fn remember(&self, merchant: &str, stamp: Option<(SystemTime, u64)>) {

@@ -129,9 +129,10 @@ impl Sharded {
     /// # Errors
     /// [`StartError`] naming the shard that could not be set up (`shard ds_1: …`).
     pub async fn start(config: &Config, clock: Clock) -> Result<Sharded, StartError> {
-        // Every merchant's plugin loads once, before any shard is taken: a bad file stops
-        // start-up, and a shard taken over later starts deciding at once (no compile).
-        let policies = crate::policies::load(config)?;
+        // Every merchant's plugin loads once, before any shard is taken, so a shard taken
+        // over later starts deciding at once (no compile); a merchant whose file does not load
+        // is held, the others served (`load_serving`).
+        let (policies, _held) = crate::policies::load_serving(config)?;
         let lease = config.database.shard_lease;
         let mut shards = Vec::new();
         let mut front = Vec::new();

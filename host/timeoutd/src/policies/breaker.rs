@@ -70,6 +70,11 @@ impl Breaker {
         false
     }
 
+    /// How long it stays open once tripped, ms (`runtime.trip_for`).
+    pub fn trip_for_ms(&self) -> i64 {
+        self.trip_for_ms
+    }
+
     /// Closes the breaker (a new plugin version was loaded).
     pub fn reset(&self) {
         *self.inner.lock().expect("breaker lock") = Inner::default();
