@@ -153,13 +153,15 @@ pub struct PendingEffect {
 }
 
 /// PENDING effects of the given kinds that may be attempted at `now_ms` (their retry time has
-/// come and no executor holds them) — of one order when `order_id` is given — taken in turns
-/// across merchants: every merchant's oldest row, then every merchant's second oldest, and so
-/// on (`ROW_NUMBER() OVER (PARTITION BY merchant_id ORDER BY id)`), so a page of `limit` rows
-/// holds each merchant's oldest rows however large another's backlog (#46: one merchant's
-/// 10,000-order burst does not push the others' rows off the page). Effects never attempted
-/// are taken only when last touched at or before `fresh_before_ms` (the daemon that recorded
-/// them runs them itself right after its commit).
+/// come and no executor holds them) — of one order when `order_id` is given — oldest first, and
+/// none of the merchants in `besides` (the executor's second read: the other merchants' oldest
+/// rows, when one merchant's backlog filled the first page; `effects::pool`). Effects never
+/// attempted are taken only when last touched at or before `fresh_before_ms` (the daemon that
+/// recorded them runs them itself right after its commit).
+///
+/// A fair order in one statement (`ROW_NUMBER() OVER (PARTITION BY merchant_id …)`) sorts
+/// every runnable row: 64 ms a read on SQLite at 30,000 PENDING notices, against 0.7 ms for
+/// the first page in id order and 12 ms for the second read, which only a full first page asks.
 ///
 /// # Errors
 /// [`DbError::Sql`] on query failure.
@@ -167,6 +169,7 @@ pub async fn runnable(
     db: &Db,
     kinds: &[&str],
     order_id: Option<&str>,
+    besides: &[&str],
     now_ms: i64,
     fresh_before_ms: i64,
     limit: u32,
@@ -177,14 +180,20 @@ pub async fn runnable(
     } else {
         ""
     };
-    let columns = "id, idempotency_key, order_id, merchant_id, phase, kind, payload, attempts, \
-         created_at_ms, claim_token, last_error";
+    let besides_filter = if besides.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "AND merchant_id NOT IN ({})",
+            vec!["?"; besides.len()].join(", ")
+        )
+    };
     let mut q = db.backend().query_owned(format!(
-        "SELECT {columns} FROM (SELECT {columns}, \
-         ROW_NUMBER() OVER (PARTITION BY merchant_id ORDER BY id) AS turn FROM effect_ledger \
-         WHERE status = 'PENDING' AND kind IN ({marks}) {order_filter} AND next_attempt_ms <= ? \
-         AND (claim_until_ms IS NULL OR claim_until_ms < ?) AND (attempts > 0 OR updated_at_ms <= ?)) \
-         AS runnable ORDER BY turn, id LIMIT ?"
+        "SELECT id, idempotency_key, order_id, merchant_id, phase, kind, payload, attempts, created_at_ms, \
+         claim_token, last_error FROM effect_ledger \
+         WHERE status = 'PENDING' AND kind IN ({marks}) {order_filter} {besides_filter} \
+         AND next_attempt_ms <= ? AND (claim_until_ms IS NULL OR claim_until_ms < ?) \
+         AND (attempts > 0 OR updated_at_ms <= ?) ORDER BY id LIMIT ?"
     ));
     for k in kinds {
         q = q.bind(*k);
@@ -194,6 +203,9 @@ pub async fn runnable(
     }
     if let Some(order_id) = order_id {
         q = q.bind(order_id);
+    }
+    for merchant in besides {
+        q = q.bind(*merchant);
     }
     let rows = q
         .bind(now_ms)
