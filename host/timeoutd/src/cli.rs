@@ -607,42 +607,38 @@ async fn run(path: &std::path::Path, config: &Config) -> ExitCode {
 }
 
 async fn bench(args: crate::bench::BenchArgs) -> ExitCode {
-    match crate::bench::run(args).await {
-        Ok(report) => {
-            print!("{}", report.table());
-            println!(
-                "{}",
-                serde_json::to_string(&report).expect("the report serialises")
-            );
-            if report.passed() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            }
-        }
-        Err(e) => {
-            eprintln!("timeoutd bench: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    let report = crate::bench::run(args).await;
+    print_report("bench", report, |r| (r.table(), r.passed()))
 }
 
 async fn fairness(args: crate::bench::fairness::FairnessArgs) -> ExitCode {
-    match crate::bench::fairness::run(args).await {
+    let report = crate::bench::fairness::run(args).await;
+    print_report("bench-fairness", report, |r| (r.table(), r.complete()))
+}
+
+/// A bench's report as a table and one JSON line on stdout, exit 1 when `judged` says it did
+/// not pass; a run that stopped, its error on stderr under `timeoutd COMMAND:`.
+fn print_report<R: serde::Serialize>(
+    command: &str,
+    report: anyhow::Result<R>,
+    judged: impl Fn(&R) -> (String, bool),
+) -> ExitCode {
+    match report {
         Ok(report) => {
-            print!("{}", report.table());
+            let (table, passed) = judged(&report);
+            print!("{table}");
             println!(
                 "{}",
                 serde_json::to_string(&report).expect("the report serialises")
             );
-            if report.complete() {
+            if passed {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE
             }
         }
         Err(e) => {
-            eprintln!("timeoutd bench-fairness: {e:#}");
+            eprintln!("timeoutd {command}: {e:#}");
             ExitCode::FAILURE
         }
     }

@@ -507,11 +507,11 @@ impl Dispatcher {
             )));
         }
         if policy.is_none()
-            && let Some(reason) = self.policies.held(&order.merchant)
+            && let Some((reason, recheck_ms)) = self.policies.held(&order.merchant)
         {
             // The merchant's plugin did not load at start: its triggers wait for a good file,
             // as a tripped plugin's do; other merchants' orders go on.
-            let until_ms = now_ms + self.policies.held_for_ms(&order.merchant).max(1_000);
+            let until_ms = now_ms + recheck_ms.max(1_000);
             if let Some(row) = trigger.row() {
                 outbox::defer(
                     &self.db,

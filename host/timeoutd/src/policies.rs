@@ -297,24 +297,15 @@ impl Policies {
         (policies, problems)
     }
 
-    /// Why `merchant`'s plugin is not deciding, when it did not load ([`load_serving`]): its
+    /// Why `merchant`'s plugin is not deciding, when it did not load ([`load_serving`]), and how
+    /// long its trigger waits before it is looked at again, ms (`runtime.trip_for`): its
     /// triggers are held until a reload takes a good file.
-    pub fn held(&self, merchant: &str) -> Option<String> {
+    pub fn held(&self, merchant: &str) -> Option<(String, i64)> {
         self.held
             .read()
             .expect("held plugins lock poisoned")
             .get(merchant)
-            .map(|h| h.reason.clone())
-    }
-
-    /// How long a held merchant's trigger waits before it is looked at again, ms
-    /// (`runtime.trip_for`).
-    pub fn held_for_ms(&self, merchant: &str) -> i64 {
-        self.held
-            .read()
-            .expect("held plugins lock poisoned")
-            .get(merchant)
-            .map_or(0, |h| h.breaker.trip_for_ms())
+            .map(|h| (h.reason.clone(), h.breaker.trip_for_ms()))
     }
 
     /// The policy for `merchant`, if configured.
@@ -407,12 +398,12 @@ impl Policies {
                 });
                 continue;
             }
-            let loaded = load_source(&self.engine, &source)
-                .map_err(|e| e.to_string())
-                .and_then(|plugin| {
-                    let granted = current.granted_effects.as_deref();
-                    fits(&plugin, granted, &current.settings).map(|()| plugin)
-                });
+            let loaded = load_fitting(
+                &self.engine,
+                &source,
+                current.granted_effects.as_deref(),
+                &current.settings,
+            );
             match loaded {
                 Ok(plugin) if plugin.digest() == current.plugin.digest() => {
                     self.remember(&merchant, now_stamp);
@@ -482,11 +473,12 @@ impl Policies {
         now_stamp: Option<(SystemTime, u64)>,
     ) -> Reloaded {
         self.remember(&merchant, now_stamp);
-        let loaded = load_source(&self.engine, source)
-            .map_err(|e| e.to_string())
-            .and_then(|plugin| {
-                fits(&plugin, held.granted_effects.as_deref(), &held.settings).map(|()| plugin)
-            });
+        let loaded = load_fitting(
+            &self.engine,
+            source,
+            held.granted_effects.as_deref(),
+            &held.settings,
+        );
         match loaded {
             Ok(plugin) => {
                 let digest = plugin.digest().to_string();
@@ -588,6 +580,18 @@ fn stamp(source: &PluginSource) -> Option<(SystemTime, u64)> {
             Some((meta.modified().ok()?, meta.len()))
         }
     }
+}
+
+/// A new version of a merchant's plugin, loaded and checked against its config ([`fits`]): what
+/// a reload takes, for a serving merchant and a held one alike. The error names the reason.
+fn load_fitting(
+    engine: &PolicyEngine,
+    source: &Source,
+    granted: Option<&[String]>,
+    settings: &[(String, String)],
+) -> Result<Plugin, String> {
+    let plugin = load_source(engine, source).map_err(|e| e.to_string())?;
+    fits(&plugin, granted, settings).map(|()| plugin)
 }
 
 fn load_source(engine: &PolicyEngine, source: &Source) -> Result<Plugin, LoadError> {

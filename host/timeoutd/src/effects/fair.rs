@@ -15,13 +15,14 @@
 //! when they are settled.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Slots held per merchant, and who gets the next one.
 #[derive(Debug)]
 pub struct Shares {
     slots: usize,
     per_merchant: usize,
-    weights: HashMap<String, u32>,
+    weights: Arc<HashMap<String, u32>>,
     held: HashMap<String, usize>,
     total: usize,
 }
@@ -29,7 +30,7 @@ pub struct Shares {
 impl Shares {
     /// `slots` in all (at least 1), at most `per_merchant` to one merchant (clamped to 1 ..=
     /// `slots`); `weights` per merchant id, 1 for a merchant not named.
-    pub fn new(slots: usize, per_merchant: usize, weights: HashMap<String, u32>) -> Shares {
+    pub fn new(slots: usize, per_merchant: usize, weights: Arc<HashMap<String, u32>>) -> Shares {
         let slots = slots.max(1);
         Shares {
             slots,
@@ -103,7 +104,7 @@ mod tests {
 
     fn shares(slots: usize, per_merchant: usize, weights: &[(&str, u32)]) -> Shares {
         let weights = weights.iter().map(|(m, w)| (m.to_string(), *w)).collect();
-        Shares::new(slots, per_merchant, weights)
+        Shares::new(slots, per_merchant, Arc::new(weights))
     }
 
     /// Hands out `n` slots one at a time to `waiting` (every merchant always has rows), and

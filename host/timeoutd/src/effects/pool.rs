@@ -160,7 +160,7 @@ impl EffectRunner {
             shares: Shares::new(
                 self.config.concurrency as usize,
                 self.config.merchant_slots() as usize,
-                (*self.weights).clone(),
+                self.weights.clone(),
             ),
             waiting: Waiting::default(),
             running: HashSet::new(),
