@@ -517,7 +517,7 @@ struct Idle {
 /// names: waits until ready ("timeoutd started"), idles 10 s, then SIGTERM.
 async fn idle(file: std::path::PathBuf) -> Idle {
     let text = std::fs::read_to_string(&file).unwrap();
-    let backend = if text.contains("TIMEOUTD_MYSQL_URL") {
+    let backend = if text.contains("TIMEOUTD_MYSQL_URL") || text.contains("TIMEOUTD_MALL_URL") {
         Backend::MySql
     } else if text.contains("TIMEOUTD_POSTGRES_URL") {
         Backend::Postgres
@@ -550,6 +550,13 @@ async fn idle(file: std::path::PathBuf) -> Idle {
         .env(
             "TIMEOUTD_SHOP_DATABASE",
             shop.as_ref().map_or("", |(name, _)| name.as_str()),
+        )
+        // A config sharing mall's database (a table prefix) is pointed at mall's.
+        .env(
+            "TIMEOUTD_MALL_URL",
+            shop.as_ref().map_or(String::new(), |(name, _)| {
+                format!("{}/{name}", env.url.rsplit_once('/').unwrap().0)
+            }),
         )
         .env_remove("RUST_LOG")
         .stdout(Stdio::null())

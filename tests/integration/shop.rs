@@ -1586,3 +1586,246 @@ fn validate_checks_the_shop_profile_offline() {
         );
     }
 }
+
+/// `SHOW CREATE TABLE` of every table in the mall database, by name.
+async fn definitions(shop: &Db) -> std::collections::BTreeMap<String, String> {
+    let mut out = std::collections::BTreeMap::new();
+    let tables = sqlx::query("SHOW TABLES")
+        .fetch_all(shop.pool())
+        .await
+        .unwrap();
+    for t in tables {
+        let name: String = t.get(0);
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!("SHOW CREATE TABLE `{name}`")))
+            .fetch_one(shop.pool())
+            .await
+            .unwrap();
+        let create: String = row.get(1);
+        // The next AUTO_INCREMENT value moves with the shop's own inserts.
+        let create = create
+            .split_whitespace()
+            .filter(|w| !w.starts_with("AUTO_INCREMENT="))
+            .collect::<Vec<_>>()
+            .join(" ");
+        out.insert(name, create);
+    }
+    out
+}
+
+/// `database.table_prefix` (#42 part 3): the shipped `config/mall-shared.toml` runs timeoutd
+/// in mall's own database, beside mall's tables and a shop table named like one of timeoutd's
+/// (`orders`). As a daemon it closes a due mall order as `cancelOrder` would, once; every
+/// table it created is `timeoutd_…` (all of them, none unprefixed); the shop's tables'
+/// definitions and the database's default character set are as they were; the shop's own
+/// `orders` keeps its row; `timeoutd doctor` on that config passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_prefix_puts_timeoutds_tables_beside_malls_in_malls_database() {
+    let mall = Mall::new().await;
+    for sql in [
+        "CREATE TABLE orders (id BIGINT PRIMARY KEY, note VARCHAR(32)) DEFAULT CHARSET=utf8",
+        "INSERT INTO orders VALUES (1, 'the shop''s own')",
+    ] {
+        sqlx::query(sql).execute(mall.shop.pool()).await.unwrap();
+    }
+    let charset = || async {
+        sqlx::query(
+            "SELECT DEFAULT_CHARACTER_SET_NAME FROM information_schema.SCHEMATA \
+             WHERE SCHEMA_NAME = DATABASE()",
+        )
+        .fetch_one(mall.shop.pool())
+        .await
+        .unwrap()
+        .get::<String, _>(0)
+    };
+    let (before, charset_before) = (definitions(&mall.shop).await, charset().await);
+    assert_eq!(charset_before, "utf8mb3", "mall's database is utf8");
+    let now = mall.env.db.now_ms().await.unwrap();
+    mall.stock_up(&[501, 502], 100).await;
+    mall.member(7, 10, &[6]).await;
+    mall.place(&Placed {
+        id: 30_001,
+        member: 7,
+        coupon: Some(6),
+        points: Some(10),
+        lines: &[(501, 1, "3.30"), (502, 2, "1.10")],
+        created_ms: now - WINDOW_MS - 60_000,
+        status: 0,
+        deleted: 0,
+    })
+    .await;
+    let config = repo_root().join("config/mall-shared.toml");
+    let mall_url = format!("{}/{}", mall.env.url.rsplit_once('/').unwrap().0, mall.name);
+    let log = mall.env.dir.path().join("shared.log");
+    let mut daemon = std::process::Command::new(crate::support::timeoutd_bin())
+        .args(["run", "--config"])
+        .arg(&config)
+        .env("TIMEOUTD_MALL_URL", &mall_url)
+        .env("TIMEOUTD_SWEEP_INTERVAL", "500ms")
+        .env("TIMEOUTD_SWEEP_GRACE", "1s")
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while mall.status(30_001).await != 4 {
+        let exited = daemon.try_wait().unwrap();
+        assert!(
+            exited.is_none() && started.elapsed() < std::time::Duration::from_secs(120),
+            "not closed (daemon exit: {exited:?}):\n{}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let shop = &mall.shop;
+    let count = |sql: &'static str| async move {
+        sqlx::query(sql)
+            .fetch_one(shop.pool())
+            .await
+            .unwrap()
+            .get::<i64, _>(0)
+    };
+    let started = std::time::Instant::now();
+    while count("SELECT COUNT(*) FROM timeoutd_effect_ledger WHERE status = 'DONE'").await < 4 {
+        assert!(started.elapsed() < std::time::Duration::from_secs(60));
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    assert_eq!((mall.locked(501).await, mall.locked(502).await), (0, 0));
+    assert_eq!(mall.points(7).await, 10, "the points back, once");
+    assert_eq!(
+        count("SELECT COUNT(*) FROM timeoutd_decision_log WHERE outcome = 'closed'").await,
+        1
+    );
+    assert_eq!(
+        count(
+            "SELECT COUNT(*) FROM timeoutd_effect_ledger WHERE status = 'DONE' AND kind IN \
+             ('restore-stock', 'release-coupon', 'return-points')"
+        )
+        .await,
+        4,
+        "two lines, the coupon and the points, once each"
+    );
+    assert_eq!(
+        count("SELECT CAST(COALESCE(SUM(use_status), 0) AS SIGNED) FROM sms_coupon_history").await,
+        0
+    );
+    let after = definitions(&mall.shop).await;
+    let created: Vec<&String> = after.keys().filter(|t| !before.contains_key(*t)).collect();
+    let mut expected: Vec<String> = timeoutd::db::names::TABLES
+        .iter()
+        .map(|t| format!("timeoutd_{t}"))
+        .collect();
+    expected.sort();
+    assert_eq!(
+        created,
+        expected.iter().collect::<Vec<_>>(),
+        "timeoutd created its tables, each prefixed, and nothing else"
+    );
+    for (table, definition) in &before {
+        assert_eq!(
+            &after[table], definition,
+            "the shop's `{table}` is as it was"
+        );
+    }
+    // sqlx's own bookkeeping table takes the database's default; it holds ASCII only.
+    for table in created
+        .iter()
+        .filter(|t| **t != "timeoutd__sqlx_migrations")
+    {
+        assert!(
+            after[*table].contains("utf8mb4_bin"),
+            "timeoutd's own text is utf8mb4 in a utf8 database: {}",
+            after[*table]
+        );
+    }
+    assert_eq!(charset().await, charset_before, "the database's default");
+    assert_eq!(
+        count("SELECT COUNT(*) FROM orders WHERE note = 'the shop''s own'").await,
+        1
+    );
+    let doctor = std::process::Command::new(crate::support::timeoutd_bin())
+        .args(["doctor", "--config"])
+        .arg(&config)
+        .env("TIMEOUTD_MALL_URL", &mall_url)
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&doctor.stdout);
+    assert!(doctor.status.success(), "doctor:\n{report}");
+    assert!(
+        report.contains("timeoutd's tables (timeoutd_*) utf8mb4"),
+        "{report}"
+    );
+    mall.cleanup().await;
+}
+
+/// Check-backs on mall's own tables (#42 part 5): the broker's question about a half message
+/// ("is this order's timeout still wanted?") is answered by loading the order through the
+/// profile: a due mall order commits, an unknown id and a paid order (status 1) roll back, an
+/// order inside its window stays unknown until the check count says commit. Nothing is
+/// written to either database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_backs_answer_from_malls_own_tables() {
+    use timeoutd::rocketmq::arming::ArmListener;
+    use timeoutd_runtime::model::CheckVerdict;
+    let mall = Mall::new().await;
+    let now = mall.env.db.now_ms().await.unwrap();
+    mall.stock_up(&[701], 100).await;
+    for (id, member, created_ms, status) in [
+        (4001, 41, now - WINDOW_MS - 60_000, 0),
+        (4002, 42, now - 60_000, 0),
+        (4003, 43, now - 60_000, 1),
+    ] {
+        mall.member(member, 5, &[]).await;
+        mall.place(&Placed {
+            id,
+            member,
+            coupon: None,
+            points: None,
+            lines: &[(701, 1, "2.00")],
+            created_ms,
+            status,
+            deleted: 0,
+        })
+        .await;
+    }
+    let config = mall.config("");
+    let listener = ArmListener::new(
+        tokio::runtime::Handle::current(),
+        mall.mapped(&config),
+        Clock::Database,
+        timeoutd::policies::load(&config).unwrap(),
+    );
+    let shop_before = definitions(&mall.shop).await;
+    let own_before = mall.env.dump().await;
+    let status_before: Vec<i64> = {
+        let mut v = Vec::new();
+        for id in [4001, 4002, 4003] {
+            v.push(mall.status(id).await);
+        }
+        v
+    };
+    assert_eq!(listener.check_back("4001", 1).await, CheckVerdict::Commit);
+    assert_eq!(listener.check_back("4999", 1).await, CheckVerdict::Rollback);
+    assert_eq!(listener.check_back("4003", 1).await, CheckVerdict::Rollback);
+    assert_eq!(listener.check_back("4002", 1).await, CheckVerdict::Unknown);
+    assert_eq!(
+        listener.check_back("4002", 15).await,
+        CheckVerdict::Commit,
+        "at the broker's last check the timeout is armed"
+    );
+    let mut status_after = Vec::new();
+    for id in [4001, 4002, 4003] {
+        status_after.push(mall.status(id).await);
+    }
+    assert_eq!(status_after, status_before, "no mall order changed");
+    assert_eq!(mall.locked(701).await, 3, "every lock still held");
+    assert_eq!(definitions(&mall.shop).await, shop_before);
+    assert_eq!(
+        mall.env.dump().await,
+        own_before,
+        "check-backs wrote nothing"
+    );
+    mall.cleanup().await;
+}

@@ -97,6 +97,19 @@ pub struct Env {
     server_database: Option<(String, String)>,
 }
 
+/// The table prefix this test process runs with: `TIMEOUTD_TEST_TABLE_PREFIX` (default none),
+/// made the process's on first use, so the suite can be run by hand with every test's tables
+/// prefixed (`TIMEOUTD_TEST_TABLE_PREFIX=t_ cargo test --test integration -- shop`); the
+/// configs [`Env::config`] writes carry it to in-process daemons and to the binary.
+pub fn table_prefix() -> &'static str {
+    static PREFIX: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PREFIX.get_or_init(|| {
+        let prefix = std::env::var("TIMEOUTD_TEST_TABLE_PREFIX").unwrap_or_default();
+        timeoutd::db::names::serve(&prefix).unwrap();
+        prefix
+    })
+}
+
 impl Env {
     /// A fresh, migrated database.
     pub async fn new(backend: Backend) -> Env {
@@ -112,6 +125,7 @@ impl Env {
     /// As [`Env::new_with`], on the server at `server` (a URL naming a database the user may
     /// create databases from): a Galera node, a Patroni cluster's HAProxy.
     pub async fn new_on(backend: Backend, server: &str, create_options: &str) -> Env {
+        table_prefix();
         let dir = tempfile::tempdir().unwrap();
         let (url, server_database) = match backend {
             Backend::Sqlite => (format!("sqlite://{}/t.db", dir.path().display()), None),
@@ -175,9 +189,10 @@ impl Env {
         extra: &str,
     ) -> Config {
         let mut toml = format!(
-            "{}\n[database]\nurl = \"{}\"\n",
+            "{}\n[database]\nurl = \"{}\"\ntable_prefix = \"{}\"\n",
             generous_deadline(extra),
-            self.url
+            self.url,
+            table_prefix()
         );
         for (id, plugin, settings) in merchants {
             let plugin = match *plugin {
@@ -305,8 +320,9 @@ impl Env {
         std::fs::write(
             &file,
             format!(
-                "[database]\nurl = \"{}\"\n[merchants.acme]\nplugin = \"builtin:single-phase\"\n",
-                self.url
+                "[database]\nurl = \"{}\"\ntable_prefix = \"{}\"\n[merchants.acme]\nplugin = \"builtin:single-phase\"\n",
+                self.url,
+                table_prefix()
             ),
         )
         .unwrap();

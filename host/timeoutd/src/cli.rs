@@ -482,11 +482,18 @@ fn init_logging(
     Ok(guard)
 }
 
+/// The config at `path`, its table prefix made this process's ([`crate::db::names::serve`]:
+/// every command's SQL then names the tables that config's daemon uses).
 fn load(path: &std::path::Path) -> Result<Config, ExitCode> {
-    Config::load(path).map_err(|problems| {
+    let config = Config::load(path).map_err(|problems| {
         eprintln!("{}: {problems}", path.display());
         ExitCode::from(EXIT_BAD_CONFIG)
-    })
+    })?;
+    if let Err(e) = crate::db::names::serve(&config.database.table_prefix) {
+        eprintln!("{}: {e}", path.display());
+        return Err(ExitCode::from(EXIT_BAD_CONFIG));
+    }
+    Ok(config)
 }
 
 async fn doctor(path: &std::path::Path, config: &Config) -> ExitCode {

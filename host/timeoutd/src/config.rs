@@ -108,6 +108,14 @@ pub struct DatabaseConfig {
     /// Apply the schema migrations at start-up (to every shard when sharded).
     #[serde(default = "defaults::yes")]
     pub migrate: bool,
+    /// Put before the name of each of timeoutd's own tables and indexes (`""`, the default:
+    /// none), so they can share a database with a shop's tables: `"timeoutd_"` makes
+    /// `timeoutd_order_timeout_msg`, `timeoutd_effect_ledger`, … (and `timeoutd_orders` for the
+    /// canonical order tables). Lowercase letters, digits and `_`, starting with a letter, at
+    /// most 24 characters. One per process and the same on every shard; changing it on a
+    /// database already migrated starts a new, empty set of tables ([`crate::db::names`]).
+    #[serde(default)]
+    pub table_prefix: String,
     /// How the server connections behind `url` (and every shard's) are shared, in PgBouncer's
     /// terms: `"session"` (default: a direct connection, or a pooler in session mode) or
     /// `"transaction"` (PgBouncer `pool_mode = transaction`, and any pooler that gives a client

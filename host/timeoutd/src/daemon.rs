@@ -194,6 +194,7 @@ async fn prepare_checked(db: &Db, migrate: Migrate<'_>) -> Result<(), StartError
 /// # Errors
 /// As [`prepare`]; the pool is closed first.
 pub(crate) async fn open_database(config: &Config) -> Result<Db, StartError> {
+    crate::db::names::serve(&config.database.table_prefix)?;
     let db = Db::connect_with(
         &config.database.url,
         config.database.pool_size(&config.database.url),

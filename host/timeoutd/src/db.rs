@@ -19,6 +19,7 @@ pub mod ledger;
 pub mod lock_order;
 pub mod maintenance_lease;
 pub mod migrate;
+pub mod names;
 pub use migrate::latest as latest_schema_version;
 pub mod orders;
 pub mod outbox;
@@ -97,22 +98,29 @@ impl Backend {
         }
     }
 
-    /// A statement written with `?` markers (all of timeoutd's SQL is), with the markers
-    /// rewritten to `$1`, `$2`, … for PostgreSQL, whose protocol numbers them. On PostgreSQL
-    /// the statement is prepared unnamed while any pool of this process is behind a
-    /// transaction-mode pooler ([`PoolMode::Transaction`]).
+    /// A statement written with `?` markers (all of timeoutd's SQL is), its own tables' names
+    /// given this process's table prefix ([`names::own`]), with the markers rewritten to `$1`,
+    /// `$2`, … for PostgreSQL, whose protocol numbers them. On PostgreSQL the statement is
+    /// prepared unnamed while any pool of this process is behind a transaction-mode pooler
+    /// ([`PoolMode::Transaction`]).
     pub fn query<'q>(self, sql: &'static str) -> sqlx::query::Query<'q, sqlx::Any, AnyArguments> {
-        match self {
-            Backend::Postgres => {
-                sqlx::query(sqlx::AssertSqlSafe(number_markers(sql))).persistent(named_statements())
+        match (self, names::own(sql)) {
+            (Backend::Postgres, sql) => sqlx::query(sqlx::AssertSqlSafe(number_markers(&sql)))
+                .persistent(named_statements()),
+            (Backend::Sqlite | Backend::MySql, std::borrow::Cow::Borrowed(_)) => sqlx::query(sql),
+            (Backend::Sqlite | Backend::MySql, std::borrow::Cow::Owned(sql)) => {
+                sqlx::query(sqlx::AssertSqlSafe(sql))
             }
-            Backend::Sqlite | Backend::MySql => sqlx::query(sql),
         }
     }
 
     /// [`Backend::query`] for SQL assembled at run time (never from input: only from timeoutd's
     /// own fragments and numbers).
     pub fn query_owned<'q>(self, sql: String) -> sqlx::query::Query<'q, sqlx::Any, AnyArguments> {
+        let sql = match names::own(&sql) {
+            std::borrow::Cow::Borrowed(_) => sql,
+            std::borrow::Cow::Owned(prefixed) => prefixed,
+        };
         match self {
             Backend::Postgres => sqlx::query(sqlx::AssertSqlSafe(number_markers(&sql)))
                 .persistent(named_statements()),

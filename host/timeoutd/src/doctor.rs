@@ -299,6 +299,16 @@ async fn database(config: &Config) -> Vec<Finding> {
                 format!("{default}, every table utf8mb4"),
             ));
         }
+        // Sharing the shop's database (a table prefix): its default is the shop's business.
+        Ok((default, tables)) if tables.is_empty() && !crate::db::names::prefix().is_empty() => {
+            out.push(ok(
+                "database.charset",
+                format!(
+                    "timeoutd's tables ({}*) utf8mb4; the shop's database default {default} left as the shop set it",
+                    crate::db::names::prefix()
+                ),
+            ));
+        }
         Ok((default, tables)) => {
             let list: Vec<String> = tables.iter().map(|(t, c)| format!("{t} ({c})")).collect();
             out.push(bad(

@@ -129,6 +129,7 @@ impl Sharded {
     /// # Errors
     /// [`StartError`] naming the shard that could not be set up (`shard ds_1: …`).
     pub async fn start(config: &Config, clock: Clock) -> Result<Sharded, StartError> {
+        crate::db::names::serve(&config.database.table_prefix)?;
         // Every merchant's plugin loads once, before any shard is taken, so a shard taken
         // over later starts deciding at once (no compile); a merchant whose file does not load
         // is held, the others served (`load_serving`).

@@ -64,6 +64,9 @@ fn database(c: &Config, p: &mut ConfigProblems) {
     if d.shop.is_some() {
         shop(c, p);
     }
+    if let Err(e) = crate::db::names::check_prefix(&d.table_prefix) {
+        p.push("database.table_prefix", e);
+    }
     match (d.url.is_empty(), d.shards.is_empty()) {
         (true, true) => p.push(
             "database.url",

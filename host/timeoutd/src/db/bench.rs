@@ -274,7 +274,7 @@ pub async fn explain_hot_queries(db: &Db, now_ms: i64) -> Vec<(String, String)> 
         .await;
     out.push(("group close".to_string(), flatten(group_close)));
     for (name, sql) in queries {
-        let rows = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        let rows = sqlx::raw_sql(sqlx::AssertSqlSafe(super::names::own(&sql).into_owned()))
             .fetch_all(db.pool())
             .await;
         out.push((name.to_string(), flatten(rows)));

@@ -11,7 +11,8 @@ use super::{Db, DbError};
 /// # Errors
 /// [`DbError::Sql`] when the query fails or a column cannot be read.
 pub async fn orders_by_status(db: &Db) -> Result<Vec<(String, i64)>, DbError> {
-    sqlx::query("SELECT status, COUNT(*) FROM orders GROUP BY status")
+    db.backend()
+        .query("SELECT status, COUNT(*) FROM orders GROUP BY status")
         .fetch_all(db.pool())
         .await?
         .iter()
@@ -24,7 +25,8 @@ pub async fn orders_by_status(db: &Db) -> Result<Vec<(String, i64)>, DbError> {
 /// # Errors
 /// [`DbError::Sql`] when the query fails or a column cannot be read.
 pub async fn first_open_orders(db: &Db) -> Result<Vec<String>, DbError> {
-    sqlx::query("SELECT id FROM orders WHERE status = 'PENDING' ORDER BY id LIMIT 20")
+    db.backend()
+        .query("SELECT id FROM orders WHERE status = 'PENDING' ORDER BY id LIMIT 20")
         .fetch_all(db.pool())
         .await?
         .iter()
@@ -37,14 +39,14 @@ pub async fn first_open_orders(db: &Db) -> Result<Vec<String>, DbError> {
 /// # Errors
 /// [`DbError::Sql`] when the query fails or a column cannot be read.
 pub async fn close_lateness_ms(db: &Db) -> Result<Vec<i64>, DbError> {
-    Ok(sqlx::query(
-        "SELECT closed_at_ms - close_due_ms FROM orders WHERE status = 'CLOSED' ORDER BY 1",
-    )
-    .fetch_all(db.pool())
-    .await?
-    .iter()
-    .map(|r| r.try_get::<i64, _>(0))
-    .collect::<Result<_, _>>()?)
+    Ok(db
+        .backend()
+        .query("SELECT closed_at_ms - close_due_ms FROM orders WHERE status = 'CLOSED' ORDER BY 1")
+        .fetch_all(db.pool())
+        .await?
+        .iter()
+        .map(|r| r.try_get::<i64, _>(0))
+        .collect::<Result<_, _>>()?)
 }
 
 /// What the demo's conservation checks count at the end (a sum over no rows reads 0).
@@ -128,6 +130,6 @@ pub async fn tallies(db: &Db) -> Result<Tallies, DbError> {
 
 /// One BIGINT (NULL reading 0).
 async fn scalar(db: &Db, sql: &'static str) -> Result<i64, DbError> {
-    let row = sqlx::query(sql).fetch_one(db.pool()).await?;
+    let row = db.backend().query(sql).fetch_one(db.pool()).await?;
     Ok(row.try_get::<Option<i64>, _>(0)?.unwrap_or(0))
 }

@@ -32,13 +32,22 @@ pub async fn charsets(db: &Db) -> Result<(String, Vec<(String, String)>), DbErro
         .fetch_one(db.pool())
         .await?
         .try_get::<String, _>(0)?;
+    // timeoutd's own tables only: a shop's beside them (a table prefix) keep their charset;
+    // sqlx's bookkeeping table takes the database's default and holds ASCII only.
+    let own = super::names::TABLES
+        .iter()
+        .filter(|t| **t != "_sqlx_migrations")
+        .map(|t| format!("'{}'", super::names::table(t)))
+        .collect::<Vec<_>>()
+        .join(", ");
     let tables = db
         .backend()
-        .query(
+        .query_owned(format!(
             "SELECT TABLE_NAME, TABLE_COLLATION FROM information_schema.TABLES \
              WHERE TABLE_SCHEMA = DATABASE() AND TABLE_TYPE = 'BASE TABLE' \
-             AND TABLE_COLLATION NOT LIKE 'utf8mb4%' ORDER BY TABLE_NAME",
-        )
+             AND TABLE_NAME IN ({own}) \
+             AND TABLE_COLLATION NOT LIKE 'utf8mb4%' ORDER BY TABLE_NAME"
+        ))
         .fetch_all(db.pool())
         .await?
         .iter()

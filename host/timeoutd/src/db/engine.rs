@@ -104,7 +104,7 @@ pub async fn inspect(db: &Db) -> Result<Engine, DbError> {
     let mut conn = db.pool().acquire().await?;
     let listed = TABLES
         .iter()
-        .map(|t| format!("'{t}'"))
+        .map(|t| format!("'{}'", super::names::table(t)))
         .collect::<Vec<_>>()
         .join(", ");
     engine.foreign_tables = sqlx::query(sqlx::AssertSqlSafe(format!(

@@ -68,7 +68,10 @@ impl Fenced {
             token,
         };
         // The token is a number this process made: nothing from outside is in the text.
-        let begin = format!("SET autocommit = 0; INSERT INTO write_fence (token) VALUES ({token})");
+        let begin = format!(
+            "SET autocommit = 0; INSERT INTO {} (token) VALUES ({token})",
+            super::names::table("write_fence")
+        );
         raw_sql(AssertSqlSafe(begin)).execute(tx.conn_mut()).await?;
         Ok(tx)
     }

@@ -49,7 +49,8 @@ pub async fn add_stock(conn: &mut AnyConnection, sku: &str, units: i64) -> Resul
 /// [`DbError::Sql`] on query failure (e.g. the coupon exists already).
 pub async fn add_coupon(db: &Db, id: &str, user_id: &str) -> Result<(), DbError> {
     let _gate = db.write_gate().await;
-    sqlx::query("INSERT INTO coupons (id, user_id, status) VALUES (?, ?, 'AVAILABLE')")
+    db.backend()
+        .query("INSERT INTO coupons (id, user_id, status) VALUES (?, ?, 'AVAILABLE')")
         .bind(id)
         .bind(user_id)
         .execute(db.pool())

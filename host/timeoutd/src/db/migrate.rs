@@ -79,8 +79,10 @@ pub enum Change {
 /// One migration: `(version, description, sql, change)`.
 type Step = (i64, &'static str, &'static str, Change);
 
-/// The table sqlx records applied migrations in.
-const TABLE: &str = "_sqlx_migrations";
+/// The table sqlx records applied migrations in (with this process's table prefix).
+fn table() -> String {
+    super::names::table("_sqlx_migrations")
+}
 
 /// How long a DDL statement (or the window's row) waits for a lock before it gives up and is
 /// retried: the longest the order service's queries of a table can queue behind it.
@@ -682,39 +684,36 @@ fn missing_table(e: &sqlx::Error) -> bool {
 /// Read on the daemon's own pool too (`check`, the doctor): its statements are unnamed behind a
 /// transaction-mode pooler, as [`super::Backend::query`]'s are.
 async fn read_state(conn: &mut AnyConnection) -> Result<Option<SchemaState>, DbError> {
-    let applied =
-        match sqlx::query("SELECT MAX(version) FROM _sqlx_migrations WHERE success = TRUE")
-            .persistent(super::named_statements())
-            .fetch_one(&mut *conn)
-            .await
-        {
-            Ok(row) => row.try_get::<Option<i64>, _>(0)?,
-            Err(e) if missing_table(&e) => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
-    let half_applied = sqlx::query(
-        "SELECT version, description, execution_time FROM _sqlx_migrations \
-         WHERE success = FALSE ORDER BY version",
-    )
-    .persistent(super::named_statements())
-    .fetch_optional(&mut *conn)
-    .await?
-    .map(|row| -> Result<HalfApplied, DbError> {
-        let marker = row.try_get::<i64, _>(2)?;
-        Ok(HalfApplied {
-            version: row.try_get(0)?,
-            description: row.try_get(1)?,
-            resume_at: (marker <= -RESUME_MARK)
-                .then(|| usize::try_from(-RESUME_MARK - marker).unwrap_or(0)),
+    let applied = match Backend::of(conn)
+        .query("SELECT MAX(version) FROM _sqlx_migrations WHERE success = TRUE")
+        .fetch_one(&mut *conn)
+        .await
+    {
+        Ok(row) => row.try_get::<Option<i64>, _>(0)?,
+        Err(e) if missing_table(&e) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let half_applied = Backend::of(conn)
+        .query(
+            "SELECT version, description, execution_time FROM _sqlx_migrations \
+             WHERE success = FALSE ORDER BY version",
+        )
+        .fetch_optional(&mut *conn)
+        .await?
+        .map(|row| -> Result<HalfApplied, DbError> {
+            let marker = row.try_get::<i64, _>(2)?;
+            Ok(HalfApplied {
+                version: row.try_get(0)?,
+                description: row.try_get(1)?,
+                resume_at: (marker <= -RESUME_MARK)
+                    .then(|| usize::try_from(-RESUME_MARK - marker).unwrap_or(0)),
+            })
         })
-    })
-    .transpose()?;
-    let window = match sqlx::query(
-        "SELECT version, compatible_from, written_by FROM timeoutd_schema WHERE id = 1",
-    )
-    .persistent(super::named_statements())
-    .fetch_optional(&mut *conn)
-    .await
+        .transpose()?;
+    let window = match Backend::of(conn)
+        .query("SELECT version, compatible_from, written_by FROM timeoutd_schema WHERE id = 1")
+        .fetch_optional(&mut *conn)
+        .await
     {
         Ok(row) => row
             .map(|row| -> Result<Window, DbError> {
@@ -744,14 +743,24 @@ async fn read_state(conn: &mut AnyConnection) -> Result<Option<SchemaState>, DbE
 /// than a lock wait, is `-1`: nothing says how far it got.
 const RESUME_MARK: i64 = 1_000;
 
-fn migration(version: i64, description: &'static str, sql: &'static str) -> Migration {
+fn migration(version: i64, description: &'static str, sql: Cow<'static, str>) -> Migration {
+    let sql = match sql {
+        Cow::Borrowed(sql) => sql.into_sql_str(),
+        Cow::Owned(sql) => AssertSqlSafe(sql).into_sql_str(),
+    };
     Migration::new(
         version,
         Cow::Borrowed(description),
         MigrationType::Simple,
-        sql.into_sql_str(),
+        sql,
         false,
     )
+}
+
+/// Every migration's SQL for `backend`, in order, as written (unprefixed).
+#[cfg(test)]
+pub(super) fn sources(backend: Backend) -> impl Iterator<Item = &'static str> {
+    steps(backend).iter().map(|&(_, _, sql, _)| sql)
 }
 
 /// Applies this backend's pending migrations as the module describes: on one connection, under
@@ -794,13 +803,13 @@ async fn migrate_locked(conn: &mut AnyConnection, backend: Backend) -> Result<()
         // One writer, transactional DDL, a 5 s busy timeout: nothing queues behind it.
         Backend::Sqlite => {}
     }
-    conn.ensure_migrations_table(TABLE).await?;
+    conn.ensure_migrations_table(&table()).await?;
     let state = read_state(conn).await?;
     let fit = assess(state.as_ref(), backend)?;
     let set = steps(backend);
     let build = latest(backend);
     let applied: HashMap<i64, Vec<u8>> = conn
-        .list_applied_migrations(TABLE)
+        .list_applied_migrations(&table())
         .await?
         .into_iter()
         .map(|m| (m.version, m.checksum.into_owned()))
@@ -818,7 +827,8 @@ async fn migrate_locked(conn: &mut AnyConnection, backend: Backend) -> Result<()
         .and_then(|s| s.half_applied.as_ref())
         .and_then(|h| Some((h.version, h.resume_at?)));
     for &(version, description, sql, _) in set {
-        let m = migration(version, description, sql);
+        let sql = super::names::migration(backend, sql);
+        let m = migration(version, description, sql.clone());
         match (applied.get(&version), resume) {
             (Some(sum), _) if sum.as_slice() != &*m.checksum => {
                 return Err(MigrateError::VersionMismatch(version).into());
@@ -830,10 +840,12 @@ async fn migrate_locked(conn: &mut AnyConnection, backend: Backend) -> Result<()
                     "resuming migration {version} at statement {}, where a lock-wait timeout stopped it",
                     at + 1
                 );
-                apply_statements(conn, &m, sql, Some(at)).await?;
+                apply_statements(conn, &m, &sql, Some(at)).await?;
             }
             (Some(_), _) => {}
-            (None, _) if backend == Backend::MySql => apply_statements(conn, &m, sql, None).await?,
+            (None, _) if backend == Backend::MySql => {
+                apply_statements(conn, &m, &sql, None).await?
+            }
             (None, _) => apply_whole(conn, &m).await?,
         }
     }
@@ -885,7 +897,7 @@ fn log_retry(version: i64, statement: usize, attempt: u32, wait: Duration) {
 async fn apply_whole(conn: &mut AnyConnection, m: &Migration) -> Result<(), DbError> {
     let mut attempt = 1;
     loop {
-        match conn.apply(TABLE, m).await {
+        match conn.apply(&table(), m).await {
             Ok(_) => return Ok(()),
             Err(MigrateError::ExecuteMigration(e, _) | MigrateError::Execute(e))
                 if lock_wait_timed_out(&e) =>
@@ -927,16 +939,17 @@ async fn apply_statements(
     let from = match resume_at {
         Some(at) => at,
         None => {
-            sqlx::query(
-                "INSERT INTO _sqlx_migrations (version, description, success, checksum, \
+            Backend::MySql
+                .query(
+                    "INSERT INTO _sqlx_migrations (version, description, success, checksum, \
                  execution_time) VALUES (?, ?, FALSE, ?, ?)",
-            )
-            .bind(version)
-            .bind(&*m.description)
-            .bind(m.checksum.to_vec())
-            .bind(resume_mark(0))
-            .execute(&mut *conn)
-            .await?;
+                )
+                .bind(version)
+                .bind(&*m.description)
+                .bind(m.checksum.to_vec())
+                .bind(resume_mark(0))
+                .execute(&mut *conn)
+                .await?;
             0
         }
     };
@@ -945,7 +958,8 @@ async fn apply_statements(
         // at this statement. Had it completed after all, running it again fails, and the row
         // is then left for an operator (below).
         if i > from {
-            sqlx::query("UPDATE _sqlx_migrations SET execution_time = ? WHERE version = ?")
+            Backend::MySql
+                .query("UPDATE _sqlx_migrations SET execution_time = ? WHERE version = ?")
                 .bind(resume_mark(i))
                 .bind(version)
                 .execute(&mut *conn)
@@ -980,7 +994,8 @@ async fn apply_statements(
                 Some("UPDATE _sqlx_migrations SET execution_time = -1 WHERE version = ?")
             };
             if let Some(marker) = marker {
-                sqlx::query(marker)
+                Backend::MySql
+                    .query(marker)
                     .bind(version)
                     .execute(&mut *conn)
                     .await?;
@@ -1006,7 +1021,8 @@ async fn apply_statements(
         }
     }
     let elapsed = i64::try_from(started.elapsed().as_nanos()).unwrap_or(i64::MAX);
-    sqlx::query("UPDATE _sqlx_migrations SET success = TRUE, execution_time = ? WHERE version = ?")
+    Backend::MySql
+        .query("UPDATE _sqlx_migrations SET success = TRUE, execution_time = ? WHERE version = ?")
         .bind(elapsed)
         .bind(version)
         .execute(&mut *conn)
@@ -1016,7 +1032,7 @@ async fn apply_statements(
 
 /// A migration's statements: split at `;` outside quotes and `--` comments, each trimmed,
 /// empty ones dropped.
-fn statements(sql: &str) -> Vec<String> {
+pub(super) fn statements(sql: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut current = String::new();
     let mut chars = sql.chars().peekable();

@@ -216,17 +216,16 @@ impl Mapped {
         }
         if database.is_none() {
             // The shop's tables in timeoutd's own database: none may be one of timeoutd's.
-            let own = crate::db::engine::TABLES.iter().chain(&[
-                "admin_audit",
-                "timeoutd_schema",
-                "_sqlx_migrations",
-            ]);
             for table in profile.tables() {
-                if own.clone().any(|t| t.eq_ignore_ascii_case(table)) {
+                if crate::db::names::TABLES
+                    .iter()
+                    .any(|t| crate::db::names::table(t).eq_ignore_ascii_case(table))
+                {
                     problems.push(format!(
                         "schema profile `{}`: the shop's table `{table}` has the name of one of \
-                         timeoutd's own tables; give timeoutd a database of its own and name the \
-                         shop's in `database.shop.database`",
+                         timeoutd's own tables; give timeoutd's tables a prefix \
+                         (`database.table_prefix`, e.g. `timeoutd_`) or a database of their own \
+                         and name the shop's in `database.shop.database`",
                         profile.name
                     ));
                 }
