@@ -414,7 +414,10 @@ impl Env {
             "sku_stock",
             "coupons",
         ] {
-            let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT * FROM {table}")))
+            let rows = self
+                .db
+                .backend()
+                .query_owned(format!("SELECT * FROM {table}"))
                 .fetch_all(self.db.pool())
                 .await
                 .unwrap();

@@ -34,6 +34,7 @@ pub const TABLES: &[&str] = &[
     "paid_after_close",
     "pauses",
     "payment_leases",
+    "shadow_decisions",
     "sku_stock",
     "stock_journal",
     "timeoutd_schema",
@@ -59,6 +60,7 @@ const INDEXES: &[&str] = &[
     "orders_status_deadline",
     "payment_leases_order",
     "payment_leases_until",
+    "shadow_decisions_merchant",
 ];
 
 /// The longest prefix: the longest own name (34 characters) plus it stays within PostgreSQL's
@@ -137,7 +139,8 @@ pub fn own(sql: &str) -> Cow<'_, str> {
 
 /// `sql` with each bare word that is one of timeoutd's own tables or indexes given `prefix`.
 /// Left alone: text inside `'…'` literals, `"…"` and `` `…` `` quoted names, `--` and `/* */`
-/// comments, and a word right after a `.` (a column or another schema's table).
+/// comments, a word right after a `.` (a column or another schema's table), and a word right
+/// after `AS` (an alias: `COUNT(*) AS dead_letter` stays the name a reader asks for).
 pub fn rewrite<'a>(sql: &'a str, prefix: &str) -> Cow<'a, str> {
     if prefix.is_empty() {
         return Cow::Borrowed(sql);
@@ -146,6 +149,8 @@ pub fn rewrite<'a>(sql: &'a str, prefix: &str) -> Cow<'a, str> {
     let mut out = String::with_capacity(sql.len() + 64);
     let mut i = 0;
     let mut copied = 0;
+    // The word before, when it was `AS`: the next word is an alias or a type, never a table.
+    let mut after_as = false;
     let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
     while i < bytes.len() {
         match bytes[i] {
@@ -155,6 +160,7 @@ pub fn rewrite<'a>(sql: &'a str, prefix: &str) -> Cow<'a, str> {
                     i += 1;
                 }
                 i += 1;
+                after_as = false;
             }
             b'-' if bytes.get(i + 1) == Some(&b'-') => {
                 while i < bytes.len() && bytes[i] != b'\n' {
@@ -174,12 +180,14 @@ pub fn rewrite<'a>(sql: &'a str, prefix: &str) -> Cow<'a, str> {
                     i += 1;
                 }
                 let qualified = start > 0 && bytes[start - 1] == b'.';
-                if !qualified && is_own(&sql[start..i]) {
+                let word = &sql[start..i];
+                if !qualified && !after_as && is_own(word) {
                     out.push_str(&sql[copied..start]);
                     out.push_str(prefix);
-                    out.push_str(&sql[start..i]);
+                    out.push_str(word);
                     copied = i;
                 }
+                after_as = word.eq_ignore_ascii_case("as");
             }
             _ => i += 1,
         }
@@ -243,13 +251,13 @@ mod tests {
                 "UPDATE orders o JOIN order_items i ON i.order_id = o.id SET o.status = 'orders' \
                  WHERE o.id IN (SELECT order_id FROM order_timeout_msg) -- orders\n\
                  AND `orders`.x = \"orders\" /* effect_ledger */ AND shop.orders.id = 1 \
-                 AND ordersx = 1",
+                 AND ordersx = 1 AND (SELECT 1 FROM dead_letter) AS dead_letter",
                 "t_"
             ),
             "UPDATE t_orders o JOIN t_order_items i ON i.order_id = o.id SET o.status = 'orders' \
              WHERE o.id IN (SELECT order_id FROM t_order_timeout_msg) -- orders\n\
              AND `orders`.x = \"orders\" /* effect_ledger */ AND shop.orders.id = 1 \
-             AND ordersx = 1"
+             AND ordersx = 1 AND (SELECT 1 FROM t_dead_letter) AS dead_letter"
         );
     }
 
