@@ -20,8 +20,9 @@ pub(crate) fn admin_config(env: &Env, merchants: &str) -> timeoutd::config::Conf
 fn admin_config_with_sweep(env: &Env, merchants: &str, sweep: &str) -> timeoutd::config::Config {
     let toml = format!(
         "[redis]\nurl = \"redis://127.0.0.1:6379\"\n[admin]\nlisten = \"127.0.0.1:0\"\nsample_interval = \"100ms\"\noverdue_margin = \"1s\"\n[admin.tokens]\nops = \"{TOKEN}\"\n\
-         [sweep]\n{sweep}\n[runtime]\ndeadline = \"2s\"\n[database]\nurl = \"{}\"\n{merchants}",
-        env.url
+         [sweep]\n{sweep}\n[runtime]\ndeadline = \"2s\"\n[database]\nurl = \"{}\"\ntable_prefix = \"{}\"\n{merchants}",
+        env.url,
+        crate::support::table_prefix()
     );
     timeoutd::config::Config::from_toml(&toml, env.dir.path(), &|_| None).unwrap()
 }

@@ -34,6 +34,7 @@ mod redis_server;
 mod retention;
 mod rocketmq;
 mod runtime;
+mod shadow;
 mod shards;
 mod shop;
 mod shop_payments;

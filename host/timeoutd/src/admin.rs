@@ -13,6 +13,7 @@ mod ledger;
 mod ops;
 mod orders;
 mod pauses;
+mod shadow;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -61,6 +62,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/pauses"),
     ("post", "/v1/merchants/{merchant}/pause"),
     ("post", "/v1/merchants/{merchant}/resume"),
+    ("get", "/v1/merchants/{merchant}/shadow"),
     ("post", "/v1/orders/{id}/pause"),
     ("post", "/v1/orders/{id}/resume"),
 ];
@@ -273,6 +275,7 @@ pub fn router(state: AdminState) -> Router {
             "/v1/merchants/{merchant}/resume",
             post(pauses::resume_merchant),
         )
+        .route("/v1/merchants/{merchant}/shadow", get(shadow::summary))
         .route("/v1/orders/{id}/pause", post(pauses::pause_order))
         .route("/v1/orders/{id}/resume", post(pauses::resume_order))
         .layer(middleware::from_fn_with_state(

@@ -853,6 +853,29 @@ pub struct MerchantConfig {
     /// `effects.merchant_slots`.
     #[serde(default = "defaults::weight")]
     pub weight: u32,
+    /// A candidate policy asked beside this one and never acting (`[merchants.<id>.shadow]`,
+    /// [`crate::shadow`]): on a sampled share of triggers it decides on exactly the live
+    /// plugin's input, off the close's path, and the two answers are compared and recorded.
+    #[serde(default)]
+    pub shadow: Option<ShadowConfig>,
+}
+
+/// `[merchants.<id>.shadow]`: the candidate plugin a merchant tries in the shadow.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShadowConfig {
+    /// The candidate component: a path (relative to this file) or `builtin:<name>`, as
+    /// `merchants.<id>.plugin`. Loaded with the merchant's limits (`plugin_deadline`,
+    /// `plugin_max_memory_mib`) and reviewed with its `granted_effects`.
+    pub plugin: String,
+    /// The candidate's settings; left out, the live plugin's (`[merchants.<id>.settings]`).
+    #[serde(default)]
+    pub settings: Option<BTreeMap<String, String>>,
+    /// The share of triggers the shadow is asked on, more than 0 and at most 1 (default 1:
+    /// every trigger). Chosen by the order id's hash, so an order is shadowed on all its
+    /// phases or none.
+    #[serde(default = "defaults::one")]
+    pub sample: f64,
 }
 
 /// The dotted key of the `key = value` line holding byte `offset` of `text`, under its
@@ -955,9 +978,15 @@ impl Config {
 
     /// Where a merchant's plugin comes from.
     pub fn plugin_source(&self, merchant: &MerchantConfig) -> PluginSource {
-        match merchant.plugin.strip_prefix("builtin:") {
+        self.source_of(&merchant.plugin)
+    }
+
+    /// Where a plugin named as in `merchants.<id>.plugin` comes from: `builtin:<name>`, or a
+    /// path relative to this file.
+    pub fn source_of(&self, plugin: &str) -> PluginSource {
+        match plugin.strip_prefix("builtin:") {
             Some(name) => PluginSource::Builtin(name.to_string()),
-            None => PluginSource::File(self.base_dir.join(&merchant.plugin)),
+            None => PluginSource::File(self.base_dir.join(plugin)),
         }
     }
 }
@@ -973,6 +1002,10 @@ pub enum PluginSource {
 
 pub(crate) mod defaults {
     use std::time::Duration;
+
+    pub fn one() -> f64 {
+        1.0
+    }
 
     pub fn yes() -> bool {
         true

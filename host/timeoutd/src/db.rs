@@ -29,8 +29,10 @@ pub mod pooler;
 pub mod relay;
 pub mod replay;
 pub mod retention;
+pub mod shadow;
 pub mod shop;
 pub mod slowlog;
+pub mod statements;
 pub mod stock_journal;
 pub mod views;
 

@@ -225,6 +225,8 @@ pub struct Dispatcher {
     deciders: Arc<tokio::sync::Semaphore>,
     /// The deciders' permits: the most blocking calls a group's asks are split into ([`ask`]).
     decider_count: usize,
+    /// Merchants' shadow plugins, asked beside the live decisions and never acting.
+    shadows: crate::shadow::Shadows,
 }
 
 /// The ledger executor's side of a commit: told which orders a transaction just recorded
@@ -335,6 +337,7 @@ impl Dispatcher {
     ) -> Self {
         let cores = std::thread::available_parallelism().map_or(2, usize::from);
         Dispatcher {
+            shadows: crate::shadow::Shadows::new(db.clone()),
             db,
             clock,
             policies,

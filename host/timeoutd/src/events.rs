@@ -31,6 +31,25 @@ pub enum Event<'a> {
         /// `deadline`, `memory` or `fault`.
         kind: &'a str,
     },
+    /// A merchant's shadow plugin was asked beside the live one and the answers compared
+    /// ([`crate::shadow`]; `timeoutd_shadow_decisions_total{merchant, outcome}` and, per part
+    /// that differs, `timeoutd_shadow_differences_total{merchant, difference}`).
+    ShadowCompared {
+        /// Merchant.
+        merchant: &'a str,
+        /// `agree`, `differ`, `refused`, `timeout`, `trap` or `error`.
+        outcome: &'a str,
+        /// The parts that differ, comma-separated (empty when none).
+        differences: &'a str,
+    },
+    /// A trigger was not shadowed (`timeoutd_shadow_skipped_total{merchant, why}`): `busy`,
+    /// every shadow slot taken.
+    ShadowSkipped {
+        /// Merchant.
+        merchant: &'a str,
+        /// Why.
+        why: &'static str,
+    },
     /// A changed plugin file was looked at by a reload (the file watcher's or
     /// `POST /v1/plugins/reload`; `timeoutd_plugin_reloads_total{merchant, outcome}`): `taken`
     /// (the new version serves) or `refused` (the old one keeps serving; worth an alert).
@@ -244,6 +263,22 @@ pub fn emit(event: Event<'_>) {
         Event::PluginTrap { plugin, kind } => {
             tracing::warn!(plugin, kind, "plugin trapped");
             counter!("timeoutd_plugin_traps_total", "plugin" => plugin.to_string(), "kind" => kind.to_string())
+                .increment(1);
+        }
+        Event::ShadowCompared {
+            merchant,
+            outcome,
+            differences,
+        } => {
+            counter!("timeoutd_shadow_decisions_total", "merchant" => merchant.to_string(), "outcome" => outcome.to_string())
+                .increment(1);
+            for difference in differences.split(',').filter(|d| !d.is_empty()) {
+                counter!("timeoutd_shadow_differences_total", "merchant" => merchant.to_string(), "difference" => difference.to_string())
+                    .increment(1);
+            }
+        }
+        Event::ShadowSkipped { merchant, why } => {
+            counter!("timeoutd_shadow_skipped_total", "merchant" => merchant.to_string(), "why" => why)
                 .increment(1);
         }
         Event::PluginReloaded { merchant, outcome } => {

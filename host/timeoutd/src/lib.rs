@@ -44,6 +44,7 @@ pub mod retention;
 /// The backoff rule and the default retry settings (shared with the plugin harness).
 pub use timeoutd_runtime::retry;
 pub mod rocketmq;
+pub mod shadow;
 pub mod shards;
 pub mod shutdown;
 pub mod sources;

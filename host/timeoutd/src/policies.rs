@@ -49,6 +49,24 @@ pub struct MerchantPolicy {
     pub granted_effects: Option<Vec<String>>,
 }
 
+/// A merchant's shadow (`[merchants.<id>.shadow]`, [`crate::shadow`]): the candidate plugin
+/// asked beside the live one, which never acts. Loaded when the daemon starts, with the
+/// merchant's limits; a reload of the live plugin leaves it as it is.
+#[derive(Debug)]
+pub struct ShadowPolicy {
+    /// Merchant id.
+    pub merchant: String,
+    /// The candidate plugin.
+    pub plugin: Plugin,
+    /// Its settings (`shadow.settings`, or the live plugin's when left out), in key order.
+    pub settings: Vec<(String, String)>,
+    /// The merchant's `granted_effects`: the guard reviews the shadow's answers as it would
+    /// the live plugin's.
+    pub granted_effects: Option<Vec<String>>,
+    /// The share of triggers it is asked on, (0, 1].
+    pub sample: f64,
+}
+
 /// Where a merchant's plugin comes from, and the file's stamp when it was last loaded.
 #[derive(Debug, Clone)]
 struct Source {
@@ -91,6 +109,8 @@ pub struct Policies {
     sources: RwLock<HashMap<String, Source>>,
     /// Merchants whose plugin has not loaded yet, by merchant id.
     held: RwLock<HashMap<String, Held>>,
+    /// Each merchant's shadow, if it has one that loaded.
+    shadows: HashMap<String, Arc<ShadowPolicy>>,
 }
 
 impl std::fmt::Debug for Policies {
@@ -139,9 +159,15 @@ pub fn load(config: &Config) -> Result<Arc<Policies>, SetupError> {
 pub fn load_serving(config: &Config) -> Result<(Arc<Policies>, Vec<String>), SetupError> {
     let engine = PolicyEngine::new(limits(config), config.runtime.cache_dir.as_deref())
         .map_err(SetupError::Engine)?;
-    let (policies, problems) = Policies::load_all(config, &engine);
+    let (policies, problems, shadow_problems) = Policies::load_all(config, &engine);
     if !problems.is_empty() && policies.all().is_empty() {
         return Err(SetupError::Plugins(problems));
+    }
+    for problem in &shadow_problems {
+        tracing::error!(
+            problem = %problem,
+            "a merchant's shadow plugin did not load: that merchant runs without its shadow"
+        );
     }
     for problem in &problems {
         tracing::error!(
@@ -214,7 +240,8 @@ impl Policies {
     /// # Errors
     /// Every plugin that failed, each naming its merchant and why.
     pub fn load(config: &Config, engine: &PolicyEngine) -> Result<Policies, Vec<String>> {
-        let (policies, problems) = Policies::load_all(config, engine);
+        let (policies, mut problems, shadow_problems) = Policies::load_all(config, engine);
+        problems.extend(shadow_problems);
         if problems.is_empty() {
             Ok(policies)
         } else {
@@ -223,8 +250,8 @@ impl Policies {
     }
 
     /// Every merchant whose plugin loads, and the others held ([`load_serving`]) with one
-    /// problem each.
-    fn load_all(config: &Config, engine: &PolicyEngine) -> (Policies, Vec<String>) {
+    /// problem each; then each shadow that loads, with one problem per shadow that does not.
+    fn load_all(config: &Config, engine: &PolicyEngine) -> (Policies, Vec<String>, Vec<String>) {
         let mut held = HashMap::new();
         let mut loaded: HashMap<(PluginSource, PluginLimits), Plugin> = HashMap::new();
         let mut map = HashMap::new();
@@ -288,13 +315,20 @@ impl Policies {
                 }
             }
         }
+        let (shadows, shadow_problems) = load_shadows(config, engine);
         let policies = Policies {
             engine: engine.clone(),
             by_merchant: RwLock::new(map),
             sources: RwLock::new(sources),
             held: RwLock::new(held),
+            shadows,
         };
-        (policies, problems)
+        (policies, problems, shadow_problems)
+    }
+
+    /// `merchant`'s shadow, if it has one that loaded.
+    pub fn shadow(&self, merchant: &str) -> Option<Arc<ShadowPolicy>> {
+        self.shadows.get(merchant).cloned()
     }
 
     /// Why `merchant`'s plugin is not deciding, when it did not load ([`load_serving`]), and how
@@ -555,6 +589,52 @@ impl Policies {
 /// # Errors
 /// Every problem, joined with `; `, e.g. `plugin `tea-house` does not fit the merchant's
 /// config: settings.grace: ...`.
+/// Each merchant's `[merchants.<id>.shadow]` plugin, loaded with the merchant's limits and
+/// checked against its settings and grants as a live plugin is; one problem per shadow that
+/// does not load.
+fn load_shadows(
+    config: &Config,
+    engine: &PolicyEngine,
+) -> (HashMap<String, Arc<ShadowPolicy>>, Vec<String>) {
+    let (mut shadows, mut problems) = (HashMap::new(), Vec::new());
+    for (id, merchant) in &config.merchants {
+        let Some(shadow) = &merchant.shadow else {
+            continue;
+        };
+        let source = Source {
+            name: shadow.plugin.clone(),
+            source: config.source_of(&shadow.plugin),
+            limits: merchant_limits(config, merchant),
+            stamp: None,
+        };
+        let settings: Vec<(String, String)> = shadow
+            .settings
+            .as_ref()
+            .unwrap_or(&merchant.settings)
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let granted = merchant.granted_effects.clone();
+        let loaded = load_fitting(engine, &source, granted.as_deref(), &settings);
+        match loaded {
+            Ok(plugin) => {
+                shadows.insert(
+                    id.clone(),
+                    Arc::new(ShadowPolicy {
+                        merchant: id.clone(),
+                        plugin,
+                        settings,
+                        granted_effects: granted,
+                        sample: shadow.sample,
+                    }),
+                );
+            }
+            Err(e) => problems.push(format!("merchants.{id}.shadow.plugin: {e}")),
+        }
+    }
+    (shadows, problems)
+}
+
 fn fits(
     plugin: &Plugin,
     granted: Option<&[String]>,

@@ -57,7 +57,8 @@ pub async fn backlog(State(s): State<AdminState>) -> ApiResult<crate::gauges::Sa
     Ok(Json(s.sample.borrow().clone()))
 }
 
-/// `GET /v1/plugins`: per merchant, the plugin's name, API version, SHA-256 and circuit state.
+/// `GET /v1/plugins`: per merchant, the plugin's name, API version, SHA-256 and circuit state,
+/// and its shadow (plugin, SHA-256, sample) or null.
 pub async fn plugins(State(s): State<AdminState>) -> ApiResult<Value> {
     let now = s.clock.now_ms(&s.db).await?;
     let plugins: Vec<Value> = s
@@ -69,6 +70,9 @@ pub async fn plugins(State(s): State<AdminState>) -> ApiResult<Value> {
                 "merchant": p.merchant, "plugin": p.plugin.name(),
                 "api_version": p.plugin.api_version(), "digest": p.plugin.digest(),
                 "circuit": p.breaker.state(now), "tripped_until_ms": p.breaker.open_until(now),
+                "shadow": s.policies.shadow(&p.merchant).map(|c| json!({
+                    "plugin": c.plugin.name(), "digest": c.plugin.digest(), "sample": c.sample,
+                })),
             })
         })
         .collect();

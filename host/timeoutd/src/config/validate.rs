@@ -565,20 +565,23 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
         );
     }
     for (id, m) in &c.merchants {
-        let at = format!("merchants.{id}.plugin");
-        match c.plugin_source(m) {
-            PluginSource::Builtin(name) if !BUILTIN_PLUGINS.contains(&name.as_str()) => p.push(
-                at,
-                format!(
-                    "unknown built-in plugin `{name}` (have: {})",
-                    BUILTIN_PLUGINS.join(", ")
-                ),
-            ),
-            PluginSource::File(path) if !path.is_file() => {
-                p.push(at, format!("no plugin file at {}", path.display()))
+        if let Some(shadow) = &m.shadow {
+            plugin_exists(
+                c.source_of(&shadow.plugin),
+                format!("merchants.{id}.shadow.plugin"),
+                &mut p,
+            );
+            if !(shadow.sample > 0.0 && shadow.sample <= 1.0) {
+                p.push(
+                    format!("merchants.{id}.shadow.sample"),
+                    format!(
+                        "{} is not a share of triggers: more than 0, at most 1 (0.1 is one in ten)",
+                        shadow.sample
+                    ),
+                );
             }
-            _ => {}
         }
+        plugin_exists(c.plugin_source(m), format!("merchants.{id}.plugin"), &mut p);
         for (key, template) in [
             ("flash_stock_key", &m.flash_stock_key),
             ("flash_users_key", &m.flash_users_key),
@@ -620,4 +623,21 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigProblems> {
         }
     }
     p.into_result(())
+}
+
+/// A plugin at `at` that is one of the built-ins or a file that exists.
+fn plugin_exists(source: PluginSource, at: String, p: &mut ConfigProblems) {
+    match source {
+        PluginSource::Builtin(name) if !BUILTIN_PLUGINS.contains(&name.as_str()) => p.push(
+            at,
+            format!(
+                "unknown built-in plugin `{name}` (have: {})",
+                BUILTIN_PLUGINS.join(", ")
+            ),
+        ),
+        PluginSource::File(path) if !path.is_file() => {
+            p.push(at, format!("no plugin file at {}", path.display()))
+        }
+        _ => {}
+    }
 }

@@ -190,6 +190,12 @@ const SQLITE: &[Step] = &[
         include_str!("../../migrations/sqlite/0017_pauses.sql"),
         Change::Additive,
     ),
+    (
+        18,
+        "shadow decisions",
+        include_str!("../../migrations/sqlite/0018_shadow_decisions.sql"),
+        Change::Additive,
+    ),
 ];
 const MYSQL: &[Step] = &[
     (
@@ -294,6 +300,12 @@ const MYSQL: &[Step] = &[
         include_str!("../../migrations/mysql/0017_pauses.sql"),
         Change::Additive,
     ),
+    (
+        18,
+        "shadow decisions",
+        include_str!("../../migrations/mysql/0018_shadow_decisions.sql"),
+        Change::Additive,
+    ),
 ];
 const POSTGRES: &[Step] = &[
     (
@@ -384,6 +396,12 @@ const POSTGRES: &[Step] = &[
         17,
         "pauses",
         include_str!("../../migrations/postgres/0017_pauses.sql"),
+        Change::Additive,
+    ),
+    (
+        18,
+        "shadow decisions",
+        include_str!("../../migrations/postgres/0018_shadow_decisions.sql"),
         Change::Additive,
     ),
 ];
@@ -953,7 +971,11 @@ async fn apply_statements(
             0
         }
     };
-    for (i, statement) in statements(sql).into_iter().enumerate().skip(from) {
+    for (i, statement) in crate::db::statements::split(sql)
+        .into_iter()
+        .enumerate()
+        .skip(from)
+    {
         // Where to resume if this process stops here (a crash, a cancelled start, a give-up):
         // at this statement. Had it completed after all, running it again fails, and the row
         // is then left for an operator (below).
@@ -1030,46 +1052,6 @@ async fn apply_statements(
     Ok(())
 }
 
-/// A migration's statements: split at `;` outside quotes and `--` comments, each trimmed,
-/// empty ones dropped.
-pub(super) fn statements(sql: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut current = String::new();
-    let mut chars = sql.chars().peekable();
-    let mut quote: Option<char> = None;
-    while let Some(c) = chars.next() {
-        match quote {
-            Some(q) => {
-                current.push(c);
-                if c == q {
-                    quote = None;
-                }
-            }
-            None => match c {
-                '\'' | '"' | '`' => {
-                    quote = Some(c);
-                    current.push(c);
-                }
-                '-' if chars.peek() == Some(&'-') => {
-                    for c in chars.by_ref() {
-                        if c == '\n' {
-                            current.push('\n');
-                            break;
-                        }
-                    }
-                }
-                ';' => out.push(std::mem::take(&mut current)),
-                _ => current.push(c),
-            },
-        }
-    }
-    out.push(current);
-    out.into_iter()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .collect()
-}
-
 /// Records this build's window; called only when no applied migration is newer than this build
 /// (a newer build's row stands), under the migrator's lock, so no newer build migrates
 /// meanwhile. Retried as DDL is after a lock-wait timeout.
@@ -1129,33 +1111,29 @@ mod tests {
     fn every_mysql_migration_splits_into_its_statements() {
         let counts: Vec<usize> = MYSQL
             .iter()
-            .map(|&(_, _, sql, _)| statements(sql).len())
+            .map(|&(_, _, sql, _)| crate::db::statements::split(sql).len())
             .collect();
         // Counted by hand: the lines ending a statement, outside comments.
         assert_eq!(
             counts,
-            [13, 3, 1, 6, 2, 1, 3, 1, 11, 5, 2, 1, 1, 1, 2, 1, 1]
+            [13, 3, 1, 6, 2, 1, 3, 1, 11, 5, 2, 1, 1, 1, 2, 1, 1, 1]
         );
         for &(version, _, sql, _) in MYSQL {
-            for s in statements(sql) {
+            for s in crate::db::statements::split(sql) {
                 assert!(!s.contains("--") && !s.ends_with(';'), "{version}: {s}");
             }
         }
-        assert_eq!(
-            statements("-- a; comment\nINSERT INTO t VALUES ('a;b'); SELECT 1;\n"),
-            ["INSERT INTO t VALUES ('a;b')", "SELECT 1"]
-        );
     }
 
     #[test]
     fn a_newer_schema_runs_inside_its_window_and_is_refused_outside() {
         // MariaDB/MySQL's 12 (the write fence) and every backend's 13 (payment leases), 14
-        // (coupons by order), 15 (ledger by claim), 16 (stock journal) and 17 (pauses) are additive: the window
+        // (coupons by order), 15 (ledger by claim), 16 (stock journal), 17 (pauses) and 18 (shadow decisions) are additive: the window
         // still starts at 11.
-        assert_eq!(latest(Backend::MySql), 17);
+        assert_eq!(latest(Backend::MySql), 18);
         assert_eq!(compatible_from(Backend::MySql), 11);
         assert_eq!(
-            assess(Some(&state(17, Some((17, 11)))), Backend::MySql).unwrap(),
+            assess(Some(&state(18, Some((18, 11)))), Backend::MySql).unwrap(),
             Fit::Current
         );
         assert_eq!(
@@ -1163,10 +1141,10 @@ mod tests {
             Fit::Behind(Some(11))
         );
         let build = latest(Backend::Postgres);
-        assert_eq!(build, 17);
+        assert_eq!(build, 18);
         assert_eq!(compatible_from(Backend::Postgres), 11);
         assert_eq!(
-            assess(Some(&state(17, Some((17, 11)))), Backend::Postgres).unwrap(),
+            assess(Some(&state(18, Some((18, 11)))), Backend::Postgres).unwrap(),
             Fit::Current
         );
         assert_eq!(
@@ -1175,29 +1153,29 @@ mod tests {
         );
         assert_eq!(assess(None, Backend::Postgres).unwrap(), Fit::Behind(None));
         assert!(matches!(
-            assess(Some(&state(18, Some((18, 11)))), Backend::Postgres),
+            assess(Some(&state(19, Some((19, 11)))), Backend::Postgres),
             Ok(Fit::Newer {
-                database: 18,
+                database: 19,
                 compatible_from: 11,
                 ..
             })
         ));
-        let refused = assess(Some(&state(18, Some((18, 18)))), Backend::Postgres).unwrap_err();
+        let refused = assess(Some(&state(19, Some((19, 19)))), Backend::Postgres).unwrap_err();
         assert!(refused.needs_operator());
         let line = refused.to_string();
         assert!(!line.contains('\n'), "{line}");
         for part in [
-            "version 18",
-            "at least 18",
-            "this build's is 17",
+            "version 19",
+            "at least 19",
+            "this build's is 18",
             "upgrade this daemon",
         ] {
             assert!(line.contains(part), "{part}: {line}");
         }
         assert!(matches!(
-            assess(Some(&state(18, None)), Backend::Postgres),
+            assess(Some(&state(19, None)), Backend::Postgres),
             Err(SchemaError::TooNew {
-                compatible_from: 18,
+                compatible_from: 19,
                 ..
             })
         ));
@@ -1224,10 +1202,10 @@ mod tests {
             assess(Some(&s), Backend::MySql).unwrap(),
             Fit::Behind(Some(9))
         );
-        s.half_applied.as_mut().unwrap().version = 18;
+        s.half_applied.as_mut().unwrap().version = 19;
         assert!(matches!(
             assess(Some(&s), Backend::MySql),
-            Err(SchemaError::HalfApplied { version: 18, .. })
+            Err(SchemaError::HalfApplied { version: 19, .. })
         ));
     }
 }

@@ -212,7 +212,7 @@ pub fn migration(backend: Backend, sql: &'static str) -> Cow<'static, str> {
     }
     match backend {
         Backend::MySql => Cow::Owned(
-            super::migrate::statements(sql)
+            super::statements::split(sql)
                 .into_iter()
                 .filter(|s| !starts_with_words(s, &["ALTER", "DATABASE"]))
                 .map(|s| {
@@ -295,7 +295,7 @@ mod tests {
         );
         for backend in [Backend::Sqlite, Backend::MySql, Backend::Postgres] {
             for sql in super::super::migrate::sources(backend) {
-                for s in super::super::migrate::statements(sql) {
+                for s in super::super::statements::split(sql) {
                     let words: Vec<String> = s
                         .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
                         .filter(|w| !w.is_empty())

@@ -44,6 +44,13 @@ pub const RULES: &[Rule] = &[
         condition: "t.decided_at_ms < ?",
         of_order: true,
     },
+    // A shadow's comparisons age with the decisions they shadow.
+    Rule {
+        table: "shadow_decisions",
+        key: "retention.decision_log",
+        condition: "t.decided_at_ms < ?",
+        of_order: false,
+    },
     Rule {
         table: "admin_audit",
         key: "retention.audit",

@@ -113,6 +113,21 @@ impl Dispatcher {
             });
         }
         let answered = self.ask_all(asks).await;
+        // Each merchant's shadow sees exactly what its live plugin saw, after the live answer
+        // is in hand, off this path (`crate::shadow`).
+        for ((ask, (answer, _)), &i) in answered.iter().zip(&positions) {
+            if let Some(shadow) = self.policies.shadow(&ask.order.merchant) {
+                self.shadows.offer(
+                    &shadow,
+                    crate::shadow::Offer {
+                        order: &ask.order,
+                        ctx: &ask.ctx,
+                        trigger_kind: triggers[i].kind.as_str(),
+                        live: answer,
+                    },
+                );
+            }
+        }
         let concluded = join_all(
             positions
                 .iter()
