@@ -158,3 +158,59 @@ fn bad_shadows_are_named_by_their_keys() {
         assert!(problems.contains(needle), "{needle} in:\n{problems}");
     }
 }
+
+/// The console's shadow section in headless Chromium (as `admin::console_closes_…`): a
+/// merchant whose shadow waits where its live plugin closes shows the comparisons counted
+/// (`differ`, in `kind`), a chart bar for the differing minute, and the order's two answers
+/// side by side. `TIMEOUTD_CONSOLE_SCREENSHOT=path.png` saves the section.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_shows_a_shadows_comparisons_in_headless_chromium() {
+    let dir = crate::support::repo_root().join("tests/console");
+    assert!(
+        dir.join("node_modules/playwright-core").is_dir(),
+        "run `npm ci --prefix tests/console` and install Debian's chromium first (scripts/test does)"
+    );
+    let env = Env::new(timeoutd::db::Backend::Sqlite).await;
+    env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
+    let merchants = format!(
+        "{ACME}[merchants.acme.shadow]\nplugin = \"builtin:two-phase\"\nsettings = {{ grace = \"5m\" }}\n"
+    );
+    let now = env.db.now_ms().await.unwrap();
+    for id in ["shadowed-1", "shadowed-2", "shadowed-3"] {
+        env.create(&order(id, "acme", now - 1_000)).await;
+    }
+    let daemon = Daemon::start(&admin_config(&env, &merchants), Clock::Database)
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(30),
+        "three comparisons recorded",
+        || async { outcomes(&env, "acme").await == [("differ".to_string(), 3)] },
+    )
+    .await;
+    let base = format!("http://{}", daemon.admin_addr().unwrap());
+    let mut args = vec![
+        base,
+        crate::admin::TOKEN.to_string(),
+        "acme".to_string(),
+        "shadowed-3".to_string(),
+    ];
+    if let Ok(path) = std::env::var("TIMEOUTD_CONSOLE_SCREENSHOT") {
+        args.push(path);
+    }
+    let run = tokio::process::Command::new("node")
+        .arg("shadow.test.mjs")
+        .args(&args)
+        .current_dir(&dir)
+        .output()
+        .await
+        .expect("node");
+    daemon.stop().await;
+    assert!(
+        run.status.success(),
+        "console shadow test failed:\n{}\n{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    env.cleanup().await;
+}
