@@ -521,3 +521,210 @@ fn plugin_new_makes_a_project_that_builds_and_passes_its_cases_on_first_run() {
     ]);
     assert_eq!(bad.status.code(), Some(64), "{}", text(&bad));
 }
+
+/// `plugin whatif` over a merchant's recorded decisions (#44 part 2): six closes the
+/// single-phase plugin made, decided again by the two-phase candidate, are six closes that
+/// become waits with a reminder, every unit and coupon released later by 1–5 minutes; the
+/// totals printed, written as JSON, and drawn by the report (in headless Chromium when the
+/// console test's browser is installed); the same plugin agrees on all six.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whatif_totals_what_a_candidate_would_have_changed() {
+    let env = Env::new(Backend::Sqlite).await;
+    env.stock_up(&[("sku-a", 100), ("sku-b", 100)]).await;
+    let ids: Vec<String> = (0..6).map(|k| format!("w{k}")).collect();
+    for id in &ids {
+        env.create(&order(id, "acme", T0)).await;
+    }
+    let config = env.config(&[("acme", "builtin:single-phase", &[])], "");
+    let (clock, _) = Clock::manual(T0 + 200);
+    let d = env.dispatcher(&config, clock).await;
+    let outcomes = env.process(&d, T0 + 200).await;
+    assert_eq!(outcomes.len(), 6, "{outcomes:?}");
+    for id in &ids {
+        assert_eq!(env.status(id).await, "CLOSED");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config_file = file(
+        dir.path(),
+        "timeoutd.toml",
+        format!(
+            "[database]\nurl = \"{}\"\nmigrate = false\ntable_prefix = \"{}\"\n[merchants.acme]\nplugin = \"builtin:single-phase\"\n",
+            env.url,
+            crate::support::table_prefix()
+        )
+        .as_bytes(),
+    );
+    let whatif = |wasm: &Path, out: &Path, extra: &[&str]| {
+        let mut args: Vec<&std::ffi::OsStr> = vec![
+            "whatif".as_ref(),
+            wasm.as_os_str(),
+            "--config".as_ref(),
+            config_file.as_os_str(),
+            "--merchant".as_ref(),
+            "acme".as_ref(),
+            "--since".as_ref(),
+            "60d".as_ref(),
+            "--out".as_ref(),
+            out.as_os_str(),
+        ];
+        args.extend(extra.iter().map(|a| std::ffi::OsStr::new(*a)));
+        plugin_cmd(&args)
+    };
+    let two = file(dir.path(), "two_phase.wasm", builtin("two-phase").unwrap());
+    let report = dir.path().join("report");
+    let out = whatif(&two, &report, &["--setting", "grace=5m"]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    assert!(all.contains("cancel→wait: 6"), "{all}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(report.join("whatif.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        (
+            json["decisions"].as_u64(),
+            json["same"].as_u64(),
+            json["different"].as_u64()
+        ),
+        (Some(6), Some(0), Some(6)),
+        "{json}"
+    );
+    assert_eq!(json["transitions"]["cancel→wait"], 6, "{json}");
+    assert_eq!(json["reminders_added"], 6, "{json}");
+    // Each order: two units of sku-a, one of sku-b, its coupon — all released later.
+    assert_eq!(
+        (
+            json["stock_units"]["later"].as_u64(),
+            json["coupons"]["later"].as_u64(),
+            json["stock_units"]["earlier"].as_u64()
+        ),
+        (Some(18), Some(6), Some(0)),
+        "{json}"
+    );
+    assert_eq!(
+        json["shift"][1],
+        serde_json::json!(["1–5 min", 0, 6]),
+        "{json}"
+    );
+    assert_eq!(json["refused"], 0, "{json}");
+    let html = std::fs::read_to_string(report.join("whatif.html")).unwrap();
+    assert!(
+        html.contains("function stackedBars") && html.contains("\"cancel→wait\": 6"),
+        "the report carries the chart code and its data"
+    );
+    let console = repo_root().join("tests/console");
+    if console.join("node_modules/playwright-core").is_dir() {
+        let run = Command::new("node")
+            .arg("whatif.test.mjs")
+            .arg(report.join("whatif.html"))
+            .current_dir(&console)
+            .output()
+            .unwrap();
+        assert!(run.status.success(), "{}", text(&run));
+    }
+    // The live plugin itself agrees with every recorded decision.
+    let one = file(
+        dir.path(),
+        "single_phase.wasm",
+        builtin("single-phase").unwrap(),
+    );
+    let out = whatif(&one, &dir.path().join("same"), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains("same 6 · different 0"),
+        "{}",
+        text(&out)
+    );
+    env.cleanup().await;
+}
+
+/// By hand (`--ignored`): `plugin whatif`'s speed and memory over many recorded decisions.
+/// Real decisions of the single-phase plugin for 8 orders, the rows copied (doubling, SQL)
+/// up to `TIMEOUTD_WHATIF_DECISIONS` (default 1,000,000), then the two-phase candidate over
+/// all of them through the built binary: prints decisions a second, a second per core, and
+/// the binary's peak RSS (`/proc`'s `VmHWM` is not readable after exit: GNU time's `%M`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a bench, run by hand"]
+async fn bench_whatif_over_many_recorded_decisions() {
+    let n: i64 = std::env::var("TIMEOUTD_WHATIF_DECISIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
+    let env = Env::new(Backend::Sqlite).await;
+    env.stock_up(&[("sku-a", 1_000), ("sku-b", 1_000)]).await;
+    for k in 0..8 {
+        env.create(&order(&format!("b{k}"), "acme", T0)).await;
+    }
+    let config = env.config(&[("acme", "builtin:single-phase", &[])], "");
+    let (clock, _) = Clock::manual(T0 + 200);
+    let d = env.dispatcher(&config, clock).await;
+    assert_eq!(env.process(&d, T0 + 200).await.len(), 8);
+    let columns = "order_id, merchant_id, plugin, plugin_digest, trigger_kind, phase, attempt, \
+                   decision, outcome, detail, decided_at_ms, latency_us, input, answer";
+    loop {
+        let have = env
+            .int(
+                "SELECT COUNT(*) FROM decision_log WHERE merchant_id = ?",
+                "acme",
+            )
+            .await;
+        if have >= n {
+            break;
+        }
+        let sql = format!(
+            "INSERT INTO decision_log ({columns}) SELECT {columns} FROM decision_log LIMIT {}",
+            (n - have).min(have)
+        );
+        env.db
+            .backend()
+            .query_owned(sql)
+            .execute(env.db.pool())
+            .await
+            .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config_file = file(
+        dir.path(),
+        "timeoutd.toml",
+        format!(
+            "[database]\nurl = \"{}\"\nmigrate = false\n[merchants.acme]\nplugin = \"builtin:single-phase\"\n",
+            env.url
+        )
+        .as_bytes(),
+    );
+    let two = file(dir.path(), "two_phase.wasm", builtin("two-phase").unwrap());
+    let out = Command::new("/usr/bin/time")
+        .args(["-f", "peak RSS %M KiB, %e s wall, %U s user"])
+        .arg(timeoutd_bin())
+        .args(["plugin", "whatif"])
+        .arg(&two)
+        .arg("--config")
+        .arg(&config_file)
+        .args([
+            "--merchant",
+            "acme",
+            "--since",
+            "60d",
+            "--setting",
+            "grace=5m",
+            "--out",
+        ])
+        .arg(dir.path().join("report"))
+        .output()
+        .unwrap();
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    let cores = std::thread::available_parallelism().map_or(2, usize::from);
+    let per_second: f64 = all
+        .lines()
+        .find_map(|l| l.trim().strip_suffix(" a second"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    eprintln!("{all}");
+    eprintln!(
+        "whatif over {n} decisions: {per_second:.0}/s on {cores} cores = {:.0}/s per core",
+        per_second / cores as f64
+    );
+    assert!(all.contains(&format!("cancel→wait: {n}")), "{all}");
+    env.cleanup().await;
+}

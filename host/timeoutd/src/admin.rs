@@ -67,8 +67,14 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/orders/{id}/resume"),
 ];
 
-/// The operators' console: one page over this API (sign in with a token).
-pub const CONSOLE: &str = include_str!("admin/console.html");
+/// The operators' console: one page over this API (sign in with a token), with the chart
+/// code it shares with `timeoutd plugin whatif`'s report ([`CHART_JS`]) in its script.
+pub static CONSOLE: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| include_str!("admin/console.html").replace("/*CHART*/", CHART_JS));
+
+/// The stacked-bar chart, drawn as SVG in the page (`assets/chart.js`): the console's and the
+/// what-if report's one chart code.
+pub const CHART_JS: &str = include_str!("../assets/chart.js");
 
 /// The OpenAPI 3.1 document of this API.
 pub const OPENAPI: &str = include_str!("admin/openapi.json");
@@ -283,7 +289,10 @@ pub fn router(state: AdminState) -> Router {
             authenticate_and_audit,
         ));
     Router::new()
-        .route("/console", get(|| async { axum::response::Html(CONSOLE) }))
+        .route(
+            "/console",
+            get(|| async { axum::response::Html(CONSOLE.as_str()) }),
+        )
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ops::ready))
         .route("/metrics", get(ops::metrics))

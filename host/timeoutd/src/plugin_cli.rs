@@ -7,6 +7,8 @@
 //!   prints pass/fail per case ([`test`]);
 //! - `replay FILE.wasm --config CONFIG` — re-runs the plugin over `decision_log` and prints where
 //!   it decides differently ([`replay`]);
+//! - `whatif FILE.wasm --config CONFIG --merchant M --since 7d` — the totals a merchant asks
+//!   before a change, over every recorded decision of the period, with a report ([`whatif`]);
 //! - `run FILE.wasm --order ORDER.json` — one ad-hoc call: the decision, the guard's verdict and
 //!   the plugin's log lines ([`run`]).
 //!
@@ -18,6 +20,7 @@ mod new;
 mod replay;
 mod run;
 mod test;
+mod whatif;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -87,6 +90,30 @@ pub enum PluginCommand {
         /// the recorded orders would have got under the new settings.
         #[arg(long)]
         setting: Vec<String>,
+    },
+    /// What a candidate version would have done to a merchant's recorded orders: every decision
+    /// of the period decided again, streamed; prints the totals (closes that become waits and
+    /// the reverse, stock and coupons released earlier or later and by how much, reminders
+    /// added or dropped, answers the guard would refuse) and writes `whatif.json` and a
+    /// self-contained `whatif.html` with the charts.
+    Whatif {
+        /// The candidate plugin.
+        file: PathBuf,
+        /// The daemon's configuration (its database; the merchant's limits and grants).
+        #[arg(long)]
+        config: PathBuf,
+        /// The merchant whose decisions are decided again.
+        #[arg(long)]
+        merchant: String,
+        /// How far back: decisions decided in the last `7d`, `12h`, …
+        #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
+        since: Duration,
+        /// Decide with this merchant setting changed or added, `KEY=VALUE` (repeat it).
+        #[arg(long)]
+        setting: Vec<String>,
+        /// Where `whatif.json` and `whatif.html` go (made if missing).
+        #[arg(long, default_value = ".")]
+        out: PathBuf,
     },
 }
 
@@ -158,6 +185,20 @@ pub async fn run(command: PluginCommand) -> ExitCode {
             setting,
         } => match parse_settings(&setting) {
             Ok(changed) => replay::run(&file, &config, merchant.as_deref(), limit, &changed).await,
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::from(EXIT_BAD_INPUT)
+            }
+        },
+        PluginCommand::Whatif {
+            file,
+            config,
+            merchant,
+            since,
+            setting,
+            out,
+        } => match parse_settings(&setting) {
+            Ok(changed) => whatif::run(&file, &config, &merchant, since, &changed, &out).await,
             Err(e) => {
                 eprintln!("{e}");
                 ExitCode::from(EXIT_BAD_INPUT)

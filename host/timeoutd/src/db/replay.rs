@@ -59,24 +59,52 @@ pub async fn recorded_calls(
         query = query.bind(m);
     }
     let rows = query.bind(i64::from(limit)).fetch_all(db.pool()).await?;
-    rows.into_iter()
-        .map(|r| {
-            let phase: i64 = r.try_get("phase")?;
-            let attempt: i64 = r.try_get("attempt")?;
-            Ok(RecordedCall {
-                id: r.try_get("id")?,
-                order_id: r.try_get("order_id")?,
-                merchant_id: r.try_get("merchant_id")?,
-                plugin_digest: r.try_get("plugin_digest")?,
-                trigger_kind: r.try_get("trigger_kind")?,
-                phase: u32::try_from(phase).unwrap_or(u32::MAX),
-                attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
-                decision: r.try_get("decision")?,
-                detail: r.try_get("detail")?,
-                decided_at_ms: r.try_get("decided_at_ms")?,
-                input: r.try_get("input")?,
-                answer: r.try_get("answer")?,
-            })
-        })
-        .collect()
+    rows.iter().map(call_of).collect()
+}
+
+/// One page of `merchant`'s calls decided at or after `since_ms`, with an id above `after_id`,
+/// oldest id first, at most `page`: what `timeoutd plugin whatif` streams, a page at a time.
+///
+/// # Errors
+/// [`DbError::Sql`] when the query fails or a column cannot be read.
+pub async fn calls_since(
+    db: &Db,
+    merchant: &str,
+    since_ms: i64,
+    after_id: i64,
+    page: u32,
+) -> Result<Vec<RecordedCall>, DbError> {
+    let rows = db
+        .backend()
+        .query(
+            "SELECT id, order_id, merchant_id, plugin_digest, trigger_kind, phase, attempt, \
+                    decision, detail, decided_at_ms, input, answer FROM decision_log \
+                    WHERE merchant_id = ? AND decided_at_ms >= ? AND id > ? ORDER BY id LIMIT ?",
+        )
+        .bind(merchant)
+        .bind(since_ms)
+        .bind(after_id)
+        .bind(i64::from(page))
+        .fetch_all(db.pool())
+        .await?;
+    rows.iter().map(call_of).collect()
+}
+
+fn call_of(r: &sqlx::any::AnyRow) -> Result<RecordedCall, DbError> {
+    let phase: i64 = r.try_get("phase")?;
+    let attempt: i64 = r.try_get("attempt")?;
+    Ok(RecordedCall {
+        id: r.try_get("id")?,
+        order_id: r.try_get("order_id")?,
+        merchant_id: r.try_get("merchant_id")?,
+        plugin_digest: r.try_get("plugin_digest")?,
+        trigger_kind: r.try_get("trigger_kind")?,
+        phase: u32::try_from(phase).unwrap_or(u32::MAX),
+        attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
+        decision: r.try_get("decision")?,
+        detail: r.try_get("detail")?,
+        decided_at_ms: r.try_get("decided_at_ms")?,
+        input: r.try_get("input")?,
+        answer: r.try_get("answer")?,
+    })
 }

@@ -21,15 +21,16 @@ use crate::db::replay::{RecordedCall, recorded_calls};
 use crate::db::{Db, DbError, orders};
 use crate::policies;
 
+/// A recorded call's input (`decision_log.input`).
 #[derive(Deserialize)]
-struct Input {
-    order: Order,
-    context: Context,
+pub(super) struct Input {
+    pub(super) order: Order,
+    pub(super) context: Context,
 }
 
 /// What the recorded call answered, comparable with a new answer.
 #[derive(Debug, PartialEq)]
-enum Answer {
+pub(super) enum Answer {
     Decision(Decision),
     Error(String),
 }
@@ -73,6 +74,11 @@ pub(super) async fn run(
             return ExitCode::from(super::EXIT_BAD_INPUT);
         }
     };
+    // The tables that config's daemon uses (`database.table_prefix`).
+    if let Err(e) = crate::db::names::serve(&config.database.table_prefix) {
+        eprintln!("timeoutd plugin replay: {e}");
+        return ExitCode::from(super::EXIT_BAD_INPUT);
+    }
     let engine = match PolicyEngine::new(policies::limits(&config), None) {
         Ok(e) => e,
         Err(e) => {
@@ -217,7 +223,7 @@ async fn input_of(
 }
 
 /// The recorded answer: the `answer` column, or for older rows the decision in `detail`.
-fn recorded_answer(row: &RecordedCall) -> Option<Answer> {
+pub(super) fn recorded_answer(row: &RecordedCall) -> Option<Answer> {
     if let Some(answer) = &row.answer {
         let value: serde_json::Value = serde_json::from_str(answer).ok()?;
         if let Some(error) = value.get("error").and_then(|e| e.as_str()) {
