@@ -125,6 +125,17 @@ async fn a_merchant_whose_plugin_file_is_broken_at_start_is_held_and_the_others_
     assert_eq!(held.len(), 1, "{held:?}");
     assert!(held[0].starts_with("merchants.broken.plugin: "), "{held:?}");
     assert_eq!(policies.tripped(T0), vec!["broken".to_string()]);
+    // Listed where operators look (`GET /v1/plugins`, the console): held, with its reason.
+    let listed = policies.held_merchants();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(
+        (listed[0].0.as_str(), listed[0].1.as_str()),
+        ("broken", plugin.as_str())
+    );
+    assert!(
+        held[0].ends_with(&listed[0].2),
+        "the same reason: {listed:?} {held:?}"
+    );
     let (clock, now) = Clock::manual(T0);
     let db = Db::connect(&env.url, 8).await.unwrap();
     let effects = EffectRunner::from_config(db.clone(), clock.clone(), &config)
@@ -193,6 +204,7 @@ async fn a_merchant_whose_plugin_file_is_broken_at_start_is_held_and_the_others_
     let taken = report.iter().find(|r| r.merchant == "broken").unwrap();
     assert!(taken.changed && taken.refused.is_none(), "{report:?}");
     assert!(policies.tripped(T0).is_empty());
+    assert!(policies.held_merchants().is_empty(), "taken by the reload");
     now.store(T0 + trip_ms, Ordering::SeqCst);
     let outcomes = env.process(&d, T0 + trip_ms).await;
     assert!(

@@ -384,6 +384,29 @@ impl Policies {
         tripped
     }
 
+    /// The merchants whose plugin did not load at start and are held ([`load_serving`]):
+    /// `(merchant, plugin as configured, why)`, by merchant.
+    pub fn held_merchants(&self) -> Vec<(String, String, String)> {
+        let held = self
+            .held
+            .read()
+            .expect("held plugins lock poisoned")
+            .clone();
+        let sources = self.sources.read().expect("plugin sources lock poisoned");
+        let mut out: Vec<(String, String, String)> = held
+            .into_iter()
+            .map(|(merchant, h)| {
+                let plugin = sources
+                    .get(&merchant)
+                    .map(|s| s.name.clone())
+                    .unwrap_or_default();
+                (merchant, plugin, h.reason)
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Reloads the plugin files that changed on disk since they were loaded (all of them with
     /// `force`). Each new version is compiled and linked before it replaces the old; one that
     /// fails is refused and the old one keeps serving. Runs the compiler: call it off the async

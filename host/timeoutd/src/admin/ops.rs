@@ -58,10 +58,11 @@ pub async fn backlog(State(s): State<AdminState>) -> ApiResult<crate::gauges::Sa
 }
 
 /// `GET /v1/plugins`: per merchant, the plugin's name, API version, SHA-256 and circuit state,
-/// and its shadow (plugin, SHA-256, sample) or null.
+/// and its shadow (plugin, SHA-256, sample) or null. A merchant whose plugin did not load at
+/// start is listed with `circuit` `"held"` and `held` its reason (version and digest null).
 pub async fn plugins(State(s): State<AdminState>) -> ApiResult<Value> {
     let now = s.clock.now_ms(&s.db).await?;
-    let plugins: Vec<Value> = s
+    let mut plugins: Vec<Value> = s
         .policies
         .all()
         .iter()
@@ -76,6 +77,17 @@ pub async fn plugins(State(s): State<AdminState>) -> ApiResult<Value> {
             })
         })
         .collect();
+    // A merchant whose plugin did not load at start: held, not deciding, until a good file.
+    for (merchant, plugin, reason) in s.policies.held_merchants() {
+        plugins.push(json!({
+            "merchant": merchant, "plugin": plugin, "api_version": null, "digest": null,
+            "circuit": "held", "held": reason, "tripped_until_ms": null,
+            "shadow": s.policies.shadow(&merchant).map(|c| json!({
+                "plugin": c.plugin.name(), "digest": c.plugin.digest(), "sample": c.sample,
+            })),
+        }));
+    }
+    plugins.sort_by(|a, b| a["merchant"].as_str().cmp(&b["merchant"].as_str()));
     Ok(Json(json!({ "plugins": plugins })))
 }
 
