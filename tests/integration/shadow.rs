@@ -214,3 +214,50 @@ async fn the_console_shows_a_shadows_comparisons_in_headless_chromium() {
     );
     env.cleanup().await;
 }
+
+/// A shadow file swapped on disk is taken by the next reload (the watcher's or
+/// `POST /v1/plugins/reload`) as a live plugin is, reported with `shadow: true`; a broken
+/// one is refused and the old shadow is asked on.
+#[test]
+fn a_changed_shadow_file_is_reloaded_and_a_broken_one_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("candidate.wasm");
+    let single = timeoutd::policies::builtin("single-phase").unwrap();
+    std::fs::write(&file, single).unwrap();
+    let toml = format!(
+        "[database]\nurl = \"sqlite://x.db\"\n[merchants.acme]\nplugin = \"builtin:single-phase\"\n\
+         [merchants.acme.shadow]\nplugin = \"{}\"\nsettings = {{ grace = \"5m\" }}\n",
+        file.display()
+    );
+    let config = timeoutd::config::Config::from_toml(&toml, dir.path(), &|_| None).unwrap();
+    let policies = timeoutd::policies::load(&config).unwrap();
+    let before = policies.shadow("acme").unwrap().plugin.digest().to_string();
+    // A different file, with a different size (the watcher compares time and size).
+    std::fs::write(&file, timeoutd::policies::builtin("two-phase").unwrap()).unwrap();
+    let report = policies.reload(false);
+    let shadow = report
+        .iter()
+        .find(|r| r.merchant == "acme" && r.shadow)
+        .unwrap();
+    assert!(shadow.changed && shadow.refused.is_none(), "{report:?}");
+    let after = policies.shadow("acme").unwrap().plugin.digest().to_string();
+    assert_ne!(before, after);
+    assert_eq!(shadow.digest, after);
+    let live = report
+        .iter()
+        .find(|r| r.merchant == "acme" && !r.shadow)
+        .unwrap();
+    assert!(!live.changed, "the live plugin is untouched: {report:?}");
+    std::fs::write(&file, b"a truncated upload").unwrap();
+    let report = policies.reload(false);
+    let shadow = report
+        .iter()
+        .find(|r| r.merchant == "acme" && r.shadow)
+        .unwrap();
+    assert!(!shadow.changed && shadow.refused.is_some(), "{report:?}");
+    assert_eq!(
+        policies.shadow("acme").unwrap().plugin.digest(),
+        after,
+        "the old shadow is asked on"
+    );
+}

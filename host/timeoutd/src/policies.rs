@@ -87,6 +87,9 @@ pub struct Reloaded {
     pub changed: bool,
     /// Why a new version was refused (the old one keeps serving).
     pub refused: Option<String>,
+    /// Whether this is the merchant's shadow plugin (`[merchants.<id>.shadow]`), not its live one.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub shadow: bool,
 }
 
 /// A merchant whose plugin did not load when the daemon started ([`load_serving`]): its
@@ -109,8 +112,8 @@ pub struct Policies {
     sources: RwLock<HashMap<String, Source>>,
     /// Merchants whose plugin has not loaded yet, by merchant id.
     held: RwLock<HashMap<String, Held>>,
-    /// Each merchant's shadow, if it has one that loaded.
-    shadows: HashMap<String, Arc<ShadowPolicy>>,
+    /// Each merchant's shadow, if it has one that loaded, and where its file is.
+    shadows: RwLock<HashMap<String, (Arc<ShadowPolicy>, Source)>>,
 }
 
 impl std::fmt::Debug for Policies {
@@ -321,14 +324,18 @@ impl Policies {
             by_merchant: RwLock::new(map),
             sources: RwLock::new(sources),
             held: RwLock::new(held),
-            shadows,
+            shadows: RwLock::new(shadows),
         };
         (policies, problems, shadow_problems)
     }
 
     /// `merchant`'s shadow, if it has one that loaded.
     pub fn shadow(&self, merchant: &str) -> Option<Arc<ShadowPolicy>> {
-        self.shadows.get(merchant).cloned()
+        self.shadows
+            .read()
+            .expect("shadow map lock poisoned")
+            .get(merchant)
+            .map(|(s, _)| s.clone())
     }
 
     /// Why `merchant`'s plugin is not deciding, when it did not load ([`load_serving`]), and how
@@ -439,6 +446,7 @@ impl Policies {
                         digest: String::new(),
                         changed: false,
                         refused: Some(held.reason),
+                        shadow: false,
                     });
                 }
                 continue;
@@ -452,6 +460,7 @@ impl Policies {
                     digest: current.plugin.digest().to_string(),
                     changed: false,
                     refused: None,
+                    shadow: false,
                 });
                 continue;
             }
@@ -469,6 +478,7 @@ impl Policies {
                         digest: plugin.digest().to_string(),
                         changed: false,
                         refused: None,
+                        shadow: false,
                     });
                 }
                 Ok(plugin) => {
@@ -497,6 +507,7 @@ impl Policies {
                         digest,
                         changed: true,
                         refused: None,
+                        shadow: false,
                     });
                 }
                 Err(e) => {
@@ -512,12 +523,91 @@ impl Policies {
                         digest: current.plugin.digest().to_string(),
                         changed: false,
                         refused: Some(e),
+                        shadow: false,
                     });
                 }
             }
         }
-        report.sort_by(|a, b| a.merchant.cmp(&b.merchant));
+        self.reload_shadows(force, &mut report);
+        report.sort_by(|a, b| (&a.merchant, a.shadow).cmp(&(&b.merchant, b.shadow)));
         report
+    }
+
+    /// The shadows' part of [`Policies::reload`]: a changed shadow file (every one with
+    /// `force`) is loaded and checked as a live plugin is, taken when it fits, refused (the old
+    /// shadow asked on) when not. Each is reported with `shadow: true`.
+    fn reload_shadows(&self, force: bool, report: &mut Vec<Reloaded>) {
+        let shadows: Vec<(String, Arc<ShadowPolicy>, Source)> = self
+            .shadows
+            .read()
+            .expect("shadow map lock poisoned")
+            .iter()
+            .map(|(m, (p, s))| (m.clone(), p.clone(), s.clone()))
+            .collect();
+        for (merchant, current, source) in shadows {
+            let now_stamp = stamp(&source.source);
+            let unchanged = !(force || now_stamp != source.stamp)
+                || matches!(source.source, PluginSource::Builtin(_));
+            let digest = current.plugin.digest().to_string();
+            if unchanged {
+                report.push(Reloaded {
+                    merchant,
+                    digest,
+                    changed: false,
+                    refused: None,
+                    shadow: true,
+                });
+                continue;
+            }
+            let loaded = load_fitting(
+                &self.engine,
+                &source,
+                current.granted_effects.as_deref(),
+                &current.settings,
+            );
+            let mut shadows = self.shadows.write().expect("shadow map lock poisoned");
+            let Some(entry) = shadows.get_mut(&merchant) else {
+                continue;
+            };
+            entry.1.stamp = now_stamp;
+            match loaded {
+                Ok(plugin) if plugin.digest() == digest => report.push(Reloaded {
+                    merchant,
+                    digest,
+                    changed: false,
+                    refused: None,
+                    shadow: true,
+                }),
+                Ok(plugin) => {
+                    let digest = plugin.digest().to_string();
+                    tracing::warn!(%merchant, old = current.plugin.digest(), new = %digest, "shadow plugin reloaded");
+                    entry.0 = Arc::new(ShadowPolicy {
+                        merchant: merchant.clone(),
+                        plugin,
+                        settings: current.settings.clone(),
+                        granted_effects: current.granted_effects.clone(),
+                        sample: current.sample,
+                    });
+                    report.push(Reloaded {
+                        merchant,
+                        digest,
+                        changed: true,
+                        refused: None,
+                        shadow: true,
+                    });
+                }
+                Err(e) => {
+                    tracing::error!(%merchant, error = %e, "new shadow plugin version refused; the old one is asked on");
+                    report.push(Reloaded {
+                        merchant,
+                        digest,
+                        changed: false,
+                        refused: Some(e),
+                        shadow: true,
+                    });
+                }
+            }
+        }
     }
 
     /// A held merchant's plugin file tried again: taken when it loads and fits (its triggers
@@ -567,6 +657,7 @@ impl Policies {
                     digest,
                     changed: true,
                     refused: None,
+                    shadow: false,
                 }
             }
             Err(e) => {
@@ -588,6 +679,7 @@ impl Policies {
                     digest: String::new(),
                     changed: false,
                     refused: Some(e),
+                    shadow: false,
                 }
             }
         }
@@ -615,21 +707,23 @@ impl Policies {
 /// Each merchant's `[merchants.<id>.shadow]` plugin, loaded with the merchant's limits and
 /// checked against its settings and grants as a live plugin is; one problem per shadow that
 /// does not load.
+#[allow(clippy::type_complexity)]
 fn load_shadows(
     config: &Config,
     engine: &PolicyEngine,
-) -> (HashMap<String, Arc<ShadowPolicy>>, Vec<String>) {
+) -> (HashMap<String, (Arc<ShadowPolicy>, Source)>, Vec<String>) {
     let (mut shadows, mut problems) = (HashMap::new(), Vec::new());
     for (id, merchant) in &config.merchants {
         let Some(shadow) = &merchant.shadow else {
             continue;
         };
-        let source = Source {
+        let mut source = Source {
             name: shadow.plugin.clone(),
             source: config.source_of(&shadow.plugin),
             limits: merchant_limits(config, merchant),
             stamp: None,
         };
+        source.stamp = stamp(&source.source);
         let settings: Vec<(String, String)> = shadow
             .settings
             .as_ref()
@@ -643,13 +737,16 @@ fn load_shadows(
             Ok(plugin) => {
                 shadows.insert(
                     id.clone(),
-                    Arc::new(ShadowPolicy {
-                        merchant: id.clone(),
-                        plugin,
-                        settings,
-                        granted_effects: granted,
-                        sample: shadow.sample,
-                    }),
+                    (
+                        Arc::new(ShadowPolicy {
+                            merchant: id.clone(),
+                            plugin,
+                            settings,
+                            granted_effects: granted,
+                            sample: shadow.sample,
+                        }),
+                        source,
+                    ),
                 );
             }
             Err(e) => problems.push(format!("merchants.{id}.shadow.plugin: {e}")),
