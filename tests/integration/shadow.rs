@@ -105,11 +105,20 @@ each_backend! {
         .await;
         assert_eq!(env.int("SELECT COUNT(*) FROM dead_letter WHERE order_id LIKE ?", "%-%").await, 0);
 
+        // A trigger alone (a group of one takes the single path) is shadowed too.
+        let now = env.db.now_ms().await.unwrap();
+        env.create(&order("acme-alone", "acme", now - 1_000)).await;
+        eventually(Duration::from_secs(30), "the lone order closes and is shadowed", || async {
+            env.status("acme-alone").await == "CLOSED"
+                && outcomes(env, "acme").await == [("differ".to_string(), 3)]
+        })
+        .await;
+
         // Where operators look.
         let api = Api::of(&daemon);
         let (status, acme) = api.call("GET", "/v1/merchants/acme/shadow", None).await;
         assert_eq!(status, 200, "{acme}");
-        assert_eq!((acme["outcomes"]["differ"].as_i64(), acme["differences"]["kind"].as_i64()), (Some(2), Some(2)), "{acme}");
+        assert_eq!((acme["outcomes"]["differ"].as_i64(), acme["differences"]["kind"].as_i64()), (Some(3), Some(3)), "{acme}");
         assert_eq!(acme["shadow"]["plugin"].as_str(), Some("builtin:two-phase"), "{acme}");
         let first = &acme["latest"][0];
         assert_eq!(
@@ -118,7 +127,7 @@ each_backend! {
             "both answers side by side: {first}"
         );
         let minutes = acme["minutes"].as_array().unwrap();
-        assert_eq!(minutes.iter().map(|m| m["differ"].as_i64().unwrap()).sum::<i64>(), 2, "{acme}");
+        assert_eq!(minutes.iter().map(|m| m["differ"].as_i64().unwrap()).sum::<i64>(), 3, "{acme}");
         let (_, greedy) = api.call("GET", "/v1/merchants/greedy/shadow", None).await;
         let refused = greedy["latest"][0]["shadow"]["refused"].as_array().unwrap();
         assert!(!refused.is_empty(), "the guard's reasons are shown: {greedy}");
@@ -215,22 +224,38 @@ async fn the_console_shows_a_shadows_comparisons_in_headless_chromium() {
     env.cleanup().await;
 }
 
-/// A shadow file swapped on disk is taken by the next reload (the watcher's or
-/// `POST /v1/plugins/reload`) as a live plugin is, reported with `shadow: true`; a broken
-/// one is refused and the old shadow is asked on.
+/// A shadow file that does not load at start leaves its merchant served without a shadow,
+/// and the next reload that finds a good file takes it; a shadow file swapped on disk is
+/// taken by the next reload (the watcher's or `POST /v1/plugins/reload`) as a live plugin
+/// is, reported with `shadow: true`; a broken one is refused and the old shadow is asked on.
 #[test]
-fn a_changed_shadow_file_is_reloaded_and_a_broken_one_refused() {
+fn a_shadow_file_is_taken_by_a_reload_and_a_broken_one_refused() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("candidate.wasm");
     let single = timeoutd::policies::builtin("single-phase").unwrap();
-    std::fs::write(&file, single).unwrap();
+    std::fs::write(&file, b"a truncated upload").unwrap();
     let toml = format!(
         "[database]\nurl = \"sqlite://x.db\"\n[merchants.acme]\nplugin = \"builtin:single-phase\"\n\
          [merchants.acme.shadow]\nplugin = \"{}\"\nsettings = {{ grace = \"5m\" }}\n",
         file.display()
     );
     let config = timeoutd::config::Config::from_toml(&toml, dir.path(), &|_| None).unwrap();
-    let policies = timeoutd::policies::load(&config).unwrap();
+    // The daemon's loader serves the merchant without the shadow that did not load…
+    assert!(
+        timeoutd::policies::load(&config).is_err(),
+        "validate refuses it"
+    );
+    let (policies, held) = timeoutd::policies::load_serving(&config).unwrap();
+    assert!(held.is_empty(), "the live plugin is not held: {held:?}");
+    assert!(policies.shadow("acme").is_none());
+    // …and a reload that finds a good file takes it.
+    std::fs::write(&file, single).unwrap();
+    let report = policies.reload(false);
+    let shadow = report
+        .iter()
+        .find(|r| r.merchant == "acme" && r.shadow)
+        .unwrap();
+    assert!(shadow.changed && shadow.refused.is_none(), "{report:?}");
     let before = policies.shadow("acme").unwrap().plugin.digest().to_string();
     // A different file, with a different size (the watcher compares time and size).
     std::fs::write(&file, timeoutd::policies::builtin("two-phase").unwrap()).unwrap();

@@ -43,7 +43,7 @@ pub enum Event<'a> {
         differences: &'a str,
     },
     /// A trigger was not shadowed (`timeoutd_shadow_skipped_total{merchant, why}`): `busy`,
-    /// every shadow slot taken.
+    /// the shadow worker's queue full; `stopped`, the worker gone.
     ShadowSkipped {
         /// Merchant.
         merchant: &'a str,

@@ -50,8 +50,8 @@ pub struct MerchantPolicy {
 }
 
 /// A merchant's shadow (`[merchants.<id>.shadow]`, [`crate::shadow`]): the candidate plugin
-/// asked beside the live one, which never acts. Loaded when the daemon starts, with the
-/// merchant's limits; a reload of the live plugin leaves it as it is.
+/// asked beside the live one, which never acts. Loaded with the merchant's limits when the
+/// daemon starts, and again by a reload that finds its file changed.
 #[derive(Debug)]
 pub struct ShadowPolicy {
     /// Merchant id.
@@ -65,6 +65,23 @@ pub struct ShadowPolicy {
     pub granted_effects: Option<Vec<String>>,
     /// The share of triggers it is asked on, (0, 1].
     pub sample: f64,
+}
+
+/// A merchant's shadow as the daemon holds it.
+#[derive(Debug, Clone)]
+enum Shadow {
+    /// Loaded: asked beside the live plugin.
+    Asked(Arc<ShadowPolicy>, Source),
+    /// Its file did not load: not asked; a reload that finds a good file takes it.
+    Waiting(ShadowPolicyParts, Source),
+}
+
+/// What a shadow is asked with besides its plugin.
+#[derive(Debug, Clone)]
+struct ShadowPolicyParts {
+    settings: Vec<(String, String)>,
+    granted_effects: Option<Vec<String>>,
+    sample: f64,
 }
 
 /// Where a merchant's plugin comes from, and the file's stamp when it was last loaded.
@@ -112,8 +129,8 @@ pub struct Policies {
     sources: RwLock<HashMap<String, Source>>,
     /// Merchants whose plugin has not loaded yet, by merchant id.
     held: RwLock<HashMap<String, Held>>,
-    /// Each merchant's shadow, if it has one that loaded, and where its file is.
-    shadows: RwLock<HashMap<String, (Arc<ShadowPolicy>, Source)>>,
+    /// Each merchant's shadow, loaded or waiting for a good file, and where its file is.
+    shadows: RwLock<HashMap<String, Shadow>>,
 }
 
 impl std::fmt::Debug for Policies {
@@ -331,11 +348,15 @@ impl Policies {
 
     /// `merchant`'s shadow, if it has one that loaded.
     pub fn shadow(&self, merchant: &str) -> Option<Arc<ShadowPolicy>> {
-        self.shadows
+        match self
+            .shadows
             .read()
             .expect("shadow map lock poisoned")
             .get(merchant)
-            .map(|(s, _)| s.clone())
+        {
+            Some(Shadow::Asked(policy, _)) => Some(policy.clone()),
+            Some(Shadow::Waiting(..)) | None => None,
+        }
     }
 
     /// Why `merchant`'s plugin is not deciding, when it did not load ([`load_serving`]), and how
@@ -534,22 +555,37 @@ impl Policies {
     }
 
     /// The shadows' part of [`Policies::reload`]: a changed shadow file (every one with
-    /// `force`) is loaded and checked as a live plugin is, taken when it fits, refused (the old
-    /// shadow asked on) when not. Each is reported with `shadow: true`.
+    /// `force`), or one that did not load before, is loaded and checked as a live plugin is,
+    /// taken when it fits, refused (the old shadow asked on, or none) when not. Each is
+    /// reported with `shadow: true`.
     fn reload_shadows(&self, force: bool, report: &mut Vec<Reloaded>) {
-        let shadows: Vec<(String, Arc<ShadowPolicy>, Source)> = self
+        let shadows: Vec<(String, Shadow)> = self
             .shadows
             .read()
             .expect("shadow map lock poisoned")
             .iter()
-            .map(|(m, (p, s))| (m.clone(), p.clone(), s.clone()))
+            .map(|(m, s)| (m.clone(), s.clone()))
             .collect();
-        for (merchant, current, source) in shadows {
+        for (merchant, shadow) in shadows {
+            let (parts, source, current) = match shadow {
+                Shadow::Asked(policy, source) => (
+                    ShadowPolicyParts {
+                        settings: policy.settings.clone(),
+                        granted_effects: policy.granted_effects.clone(),
+                        sample: policy.sample,
+                    },
+                    source,
+                    Some(policy),
+                ),
+                Shadow::Waiting(parts, source) => (parts, source, None),
+            };
+            let digest = current
+                .as_ref()
+                .map_or_else(String::new, |p| p.plugin.digest().to_string());
             let now_stamp = stamp(&source.source);
-            let unchanged = !(force || now_stamp != source.stamp)
-                || matches!(source.source, PluginSource::Builtin(_));
-            let digest = current.plugin.digest().to_string();
-            if unchanged {
+            let changed = force || now_stamp != source.stamp || current.is_none();
+            let builtin = matches!(source.source, PluginSource::Builtin(_));
+            if !changed || (current.is_some() && builtin) {
                 report.push(Reloaded {
                     merchant,
                     digest,
@@ -562,51 +598,50 @@ impl Policies {
             let loaded = load_fitting(
                 &self.engine,
                 &source,
-                current.granted_effects.as_deref(),
-                &current.settings,
+                parts.granted_effects.as_deref(),
+                &parts.settings,
             );
-            let mut shadows = self.shadows.write().expect("shadow map lock poisoned");
-            let Some(entry) = shadows.get_mut(&merchant) else {
-                continue;
+            let source = Source {
+                stamp: now_stamp,
+                ..source
             };
-            entry.1.stamp = now_stamp;
-            match loaded {
-                Ok(plugin) if plugin.digest() == digest => report.push(Reloaded {
-                    merchant,
-                    digest,
-                    changed: false,
-                    refused: None,
-                    shadow: true,
-                }),
-                Ok(plugin) => {
+            let (entry, next) = match (loaded, current) {
+                (Ok(plugin), Some(current)) if plugin.digest() == digest => {
+                    (Shadow::Asked(current, source), (digest, false, None))
+                }
+                (Ok(plugin), _) => {
                     let digest = plugin.digest().to_string();
-                    tracing::warn!(%merchant, old = current.plugin.digest(), new = %digest, "shadow plugin reloaded");
-                    entry.0 = Arc::new(ShadowPolicy {
+                    tracing::warn!(%merchant, new = %digest, "shadow plugin loaded by a reload");
+                    let policy = Arc::new(ShadowPolicy {
                         merchant: merchant.clone(),
                         plugin,
-                        settings: current.settings.clone(),
-                        granted_effects: current.granted_effects.clone(),
-                        sample: current.sample,
+                        settings: parts.settings,
+                        granted_effects: parts.granted_effects,
+                        sample: parts.sample,
                     });
-                    report.push(Reloaded {
-                        merchant,
-                        digest,
-                        changed: true,
-                        refused: None,
-                        shadow: true,
-                    });
+                    (Shadow::Asked(policy, source), (digest, true, None))
                 }
-                Err(e) => {
-                    tracing::error!(%merchant, error = %e, "new shadow plugin version refused; the old one is asked on");
-                    report.push(Reloaded {
-                        merchant,
-                        digest,
-                        changed: false,
-                        refused: Some(e),
-                        shadow: true,
-                    });
+                (Err(e), current) => {
+                    tracing::error!(%merchant, error = %e, "shadow plugin refused; the old one, if any, is asked on");
+                    let entry = match current {
+                        Some(p) => Shadow::Asked(p, source),
+                        None => Shadow::Waiting(parts, source),
+                    };
+                    (entry, (digest, false, Some(e)))
                 }
-            }
+            };
+            self.shadows
+                .write()
+                .expect("shadow map lock poisoned")
+                .insert(merchant.clone(), entry);
+            let (digest, changed, refused) = next;
+            report.push(Reloaded {
+                merchant,
+                digest,
+                changed,
+                refused,
+                shadow: true,
+            });
         }
     }
 
@@ -697,21 +732,11 @@ impl Policies {
     }
 }
 
-/// Whether `plugin`'s manifest (API 0.2.0 on) fits its merchant's config: every kind it
-/// declares is granted, every setting it needs is set with a value of its type, no setting is
-/// set that it does not read. A 0.1.0 plugin declares nothing and always fits.
-///
-/// # Errors
-/// Every problem, joined with `; `, e.g. `plugin `tea-house` does not fit the merchant's
-/// config: settings.grace: ...`.
 /// Each merchant's `[merchants.<id>.shadow]` plugin, loaded with the merchant's limits and
 /// checked against its settings and grants as a live plugin is; one problem per shadow that
-/// does not load.
-#[allow(clippy::type_complexity)]
-fn load_shadows(
-    config: &Config,
-    engine: &PolicyEngine,
-) -> (HashMap<String, (Arc<ShadowPolicy>, Source)>, Vec<String>) {
+/// does not load. Every shadow is returned with its source, the ones that did not load as
+/// [`Shadow::Waiting`] (a later reload tries them again).
+fn load_shadows(config: &Config, engine: &PolicyEngine) -> (HashMap<String, Shadow>, Vec<String>) {
     let (mut shadows, mut problems) = (HashMap::new(), Vec::new());
     for (id, merchant) in &config.merchants {
         let Some(shadow) = &merchant.shadow else {
@@ -735,26 +760,36 @@ fn load_shadows(
         let loaded = load_fitting(engine, &source, granted.as_deref(), &settings);
         match loaded {
             Ok(plugin) => {
-                shadows.insert(
-                    id.clone(),
-                    (
-                        Arc::new(ShadowPolicy {
-                            merchant: id.clone(),
-                            plugin,
-                            settings,
-                            granted_effects: granted,
-                            sample: shadow.sample,
-                        }),
-                        source,
-                    ),
-                );
+                let policy = Arc::new(ShadowPolicy {
+                    merchant: id.clone(),
+                    plugin,
+                    settings,
+                    granted_effects: granted,
+                    sample: shadow.sample,
+                });
+                shadows.insert(id.clone(), Shadow::Asked(policy, source));
             }
-            Err(e) => problems.push(format!("merchants.{id}.shadow.plugin: {e}")),
+            Err(e) => {
+                problems.push(format!("merchants.{id}.shadow.plugin: {e}"));
+                let waiting = ShadowPolicyParts {
+                    settings,
+                    granted_effects: granted,
+                    sample: shadow.sample,
+                };
+                shadows.insert(id.clone(), Shadow::Waiting(waiting, source));
+            }
         }
     }
     (shadows, problems)
 }
 
+/// Whether `plugin`'s manifest (API 0.2.0 on) fits its merchant's config: every kind it
+/// declares is granted, every setting it needs is set with a value of its type, no setting is
+/// set that it does not read. A 0.1.0 plugin declares nothing and always fits.
+///
+/// # Errors
+/// Every problem, joined with `; `, e.g. `plugin `tea-house` does not fit the merchant's
+/// config: settings.grace: ...`.
 fn fits(
     plugin: &Plugin,
     granted: Option<&[String]>,

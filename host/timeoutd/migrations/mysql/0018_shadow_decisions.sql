@@ -4,7 +4,7 @@
 -- is one comparison: `outcome` agree, differ, trap, timeout, error or refused (the guard would
 -- refuse the shadow's answer), `differences` the parts that differ (kind, wait, phase,
 -- reminder, effects; comma-separated), both answers as JSON. Retention deletes rows older than
--- `retention.decisions`. Additive: older builds of the window ignore it.
+-- `retention.decision_log`. Additive: older builds of the window ignore it.
 CREATE TABLE shadow_decisions (
     id             BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
     merchant_id    VARCHAR(64)  NOT NULL,
@@ -18,5 +18,6 @@ CREATE TABLE shadow_decisions (
     shadow         TEXT         NOT NULL,
     shadow_digest  VARCHAR(80)  NOT NULL,
     latency_us     BIGINT       NOT NULL,
-    KEY shadow_decisions_merchant (merchant_id, decided_at_ms)
+    KEY shadow_decisions_merchant (merchant_id, decided_at_ms),
+    KEY shadow_decisions_decided (decided_at_ms)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;

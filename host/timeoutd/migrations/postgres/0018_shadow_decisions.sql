@@ -4,7 +4,7 @@
 -- is one comparison: `outcome` agree, differ, trap, timeout, error or refused (the guard would
 -- refuse the shadow's answer), `differences` the parts that differ (kind, wait, phase,
 -- reminder, effects; comma-separated), both answers as JSON. Retention deletes rows older than
--- `retention.decisions`. Additive: older builds of the window ignore it.
+-- `retention.decision_log`. Additive: older builds of the window ignore it.
 CREATE TABLE shadow_decisions (
     id             BIGSERIAL PRIMARY KEY,
     merchant_id    TEXT    NOT NULL,
@@ -20,3 +20,5 @@ CREATE TABLE shadow_decisions (
     latency_us     BIGINT  NOT NULL
 );
 CREATE INDEX shadow_decisions_merchant ON shadow_decisions (merchant_id, decided_at_ms);
+-- Retention deletes by age across merchants.
+CREATE INDEX shadow_decisions_decided ON shadow_decisions (decided_at_ms);

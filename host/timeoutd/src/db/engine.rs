@@ -35,30 +35,13 @@ use sqlx::Row;
 
 use super::{Backend, Db, DbError};
 
-/// The tables timeoutd reads or writes on a close: the order service's and its own.
-pub const TABLES: &[&str] = &[
-    "orders",
-    "order_items",
-    "sku_stock",
-    "coupons",
-    "order_timeout_msg",
-    "effect_ledger",
-    "decision_log",
-    "dead_letter",
-    "paid_after_close",
-    "maintenance_lease",
-    "write_fence",
-    "payment_leases",
-    "stock_journal",
-    "pauses",
-];
-
 /// What the server is.
 #[derive(Debug, Clone, Default)]
 pub struct Engine {
     /// The server's version string (`10.11.19-MariaDB-…`, `15.19 (Debian …)`, `3.46.0`).
     pub version: String,
-    /// MySQL/MariaDB: the storage engine of each of [`TABLES`] present that is not InnoDB, as
+    /// MySQL/MariaDB: the storage engine of each of timeoutd's tables ([`super::names::TABLES`],
+    /// but sqlx's bookkeeping) present that is not InnoDB, as
     /// (table, engine). Empty on the other backends.
     pub foreign_tables: Vec<(String, String)>,
     /// Set when the server is a MariaDB Galera node with replication on (`wsrep_on = ON`).
@@ -102,8 +85,9 @@ pub async fn inspect(db: &Db) -> Result<Engine, DbError> {
         return Ok(engine);
     }
     let mut conn = db.pool().acquire().await?;
-    let listed = TABLES
+    let listed = super::names::TABLES
         .iter()
+        .filter(|t| **t != "_sqlx_migrations")
         .map(|t| format!("'{}'", super::names::table(t)))
         .collect::<Vec<_>>()
         .join(", ");

@@ -60,6 +60,7 @@ const INDEXES: &[&str] = &[
     "orders_status_deadline",
     "payment_leases_order",
     "payment_leases_until",
+    "shadow_decisions_decided",
     "shadow_decisions_merchant",
 ];
 

@@ -87,7 +87,25 @@ impl Dispatcher {
             .await
             .expect("plugin call thread panicked")
         });
-        join_all(calls).await.into_iter().flatten().collect()
+        let answered: Vec<(Asking, Answered)> =
+            join_all(calls).await.into_iter().flatten().collect();
+        // Each merchant's shadow sees exactly what its live plugin saw, after the live answer
+        // is in hand, off this path (`crate::shadow`): every live ask of every path (a group,
+        // a single trigger, a manual close) comes through here once.
+        for (ask, (answer, _)) in &answered {
+            if let Some(shadow) = self.policies.shadow(&ask.order.merchant) {
+                self.shadows.offer(
+                    &shadow,
+                    crate::shadow::Offer {
+                        order: &ask.order,
+                        ctx: &ask.ctx,
+                        trigger_kind: ask.ctx.trigger.as_str(),
+                        live: answer,
+                    },
+                );
+            }
+        }
+        answered
     }
 
     /// The rest of [`Dispatcher::prepare`] for a group already staged (`None`: a trigger whose
@@ -113,21 +131,6 @@ impl Dispatcher {
             });
         }
         let answered = self.ask_all(asks).await;
-        // Each merchant's shadow sees exactly what its live plugin saw, after the live answer
-        // is in hand, off this path (`crate::shadow`).
-        for ((ask, (answer, _)), &i) in answered.iter().zip(&positions) {
-            if let Some(shadow) = self.policies.shadow(&ask.order.merchant) {
-                self.shadows.offer(
-                    &shadow,
-                    crate::shadow::Offer {
-                        order: &ask.order,
-                        ctx: &ask.ctx,
-                        trigger_kind: triggers[i].kind.as_str(),
-                        live: answer,
-                    },
-                );
-            }
-        }
         let concluded = join_all(
             positions
                 .iter()

@@ -7,10 +7,12 @@
 //! comparison is the shadow's ([`crate::shadow::compare`]); the totals are what a merchant
 //! asks before a change:
 //! - closes that would become waits (or ignores), and waits that would become closes;
-//! - stock units and coupons released earlier or later, and by how much — a lower bound: a
-//!   close turned into a wait releases at least that wait later; a wait turned into a close
-//!   releases at least the wait earlier; two waits of different lengths move the order's
-//!   release by their difference; a close turned into an ignore may never release;
+//! - stock units and coupons released earlier or later, and by how much, counted once per
+//!   order at its first decision at or after its deadline (phase 0, first attempt) — a lower
+//!   bound: a close turned into a wait releases at least that wait later; a wait turned into a
+//!   close releases at least the wait earlier; two waits of different lengths move the order's
+//!   release by their difference; a close turned into an ignore may never release. Later
+//!   phases count in the decision totals only: the candidate might never have reached them;
 //! - reminders added or dropped;
 //! - answers the guard would refuse, and calls that failed.
 //!
@@ -316,7 +318,12 @@ fn decide_again(
         (true, false) => part.reminders_dropped += 1,
         _ => {}
     }
-    shift(part, &order, &live, &candidate);
+    // Releases are counted once per order, at its first decision at or after its deadline
+    // (phase 0, first attempt): later phases the candidate might never have reached, and an
+    // early look (API 0.2.0) is held until the deadline anyway.
+    if context.phase == 0 && context.attempt == 0 && context.now_ms >= order.deadline_ms {
+        shift(part, &order, &live, &candidate);
+    }
     example(
         part,
         call,
@@ -469,8 +476,9 @@ fn write(r: &WhatIf, out: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(out)?;
     let json = serde_json::to_string_pretty(r).expect("the totals serialise");
     std::fs::write(out.join("whatif.json"), &json)?;
-    // `</` would end the script early; JSON allows it escaped.
-    let data = json.replace("</", "<\\/");
+    // No `<` at all in the script: `</script>` or `<!--` in a reason or an order id would
+    // end or derail it. JSON reads `\u003c` as the same character.
+    let data = json.replace('<', "\\u003c");
     let html = include_str!("whatif.html")
         .replace("/*CHART*/", CHART_JS)
         .replace("/*DATA*/null", &data);
