@@ -62,34 +62,6 @@ pub async fn recorded_calls(
     rows.iter().map(call_of).collect()
 }
 
-/// One page of `merchant`'s calls decided at or after `since_ms`, with an id above `after_id`,
-/// oldest id first, at most `page`: what `timeoutd plugin whatif` streams, a page at a time.
-///
-/// # Errors
-/// [`DbError::Sql`] when the query fails or a column cannot be read.
-pub async fn calls_since(
-    db: &Db,
-    merchant: &str,
-    since_ms: i64,
-    after_id: i64,
-    page: u32,
-) -> Result<Vec<RecordedCall>, DbError> {
-    let rows = db
-        .backend()
-        .query(
-            "SELECT id, order_id, merchant_id, plugin_digest, trigger_kind, phase, attempt, \
-                    decision, detail, decided_at_ms, input, answer FROM decision_log \
-                    WHERE merchant_id = ? AND decided_at_ms >= ? AND id > ? ORDER BY id LIMIT ?",
-        )
-        .bind(merchant)
-        .bind(since_ms)
-        .bind(after_id)
-        .bind(i64::from(page))
-        .fetch_all(db.pool())
-        .await?;
-    rows.iter().map(call_of).collect()
-}
-
 fn call_of(r: &sqlx::any::AnyRow) -> Result<RecordedCall, DbError> {
     let phase: i64 = r.try_get("phase")?;
     let attempt: i64 = r.try_get("attempt")?;
@@ -107,4 +79,53 @@ fn call_of(r: &sqlx::any::AnyRow) -> Result<RecordedCall, DbError> {
         input: r.try_get("input")?,
         answer: r.try_get("answer")?,
     })
+}
+
+/// What `timeoutd plugin whatif` reads of one recorded call: no more than it decides with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedInput {
+    /// Row id.
+    pub id: i64,
+    /// Order.
+    pub order_id: String,
+    /// What the plugin was given, JSON (`None` on rows older than migration 0005).
+    pub input: Option<String>,
+    /// What it answered, JSON (`None` on rows older than migration 0005).
+    pub answer: Option<String>,
+}
+
+/// One page of `merchant`'s recorded inputs and answers decided at or after `since_ms`, with
+/// an id above `after_id`, oldest id first, at most `page`: what `timeoutd plugin whatif`
+/// streams, a page at a time.
+///
+/// # Errors
+/// [`DbError::Sql`] when the query fails or a column cannot be read.
+pub async fn inputs_since(
+    db: &Db,
+    merchant: &str,
+    since_ms: i64,
+    after_id: i64,
+    page: u32,
+) -> Result<Vec<RecordedInput>, DbError> {
+    db.backend()
+        .query(
+            "SELECT id, order_id, input, answer FROM decision_log \
+             WHERE merchant_id = ? AND decided_at_ms >= ? AND id > ? ORDER BY id LIMIT ?",
+        )
+        .bind(merchant)
+        .bind(since_ms)
+        .bind(after_id)
+        .bind(i64::from(page))
+        .fetch_all(db.pool())
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(RecordedInput {
+                id: r.try_get(0)?,
+                order_id: r.try_get(1)?,
+                input: r.try_get(2)?,
+                answer: r.try_get(3)?,
+            })
+        })
+        .collect()
 }

@@ -30,7 +30,7 @@ pub(super) struct Input {
 
 /// What the recorded call answered, comparable with a new answer.
 #[derive(Debug, PartialEq)]
-pub(super) enum Answer {
+enum Answer {
     Decision(Decision),
     Error(String),
 }
@@ -223,7 +223,7 @@ async fn input_of(
 }
 
 /// The recorded answer: the `answer` column, or for older rows the decision in `detail`.
-pub(super) fn recorded_answer(row: &RecordedCall) -> Option<Answer> {
+fn recorded_answer(row: &RecordedCall) -> Option<Answer> {
     if let Some(answer) = &row.answer {
         let value: serde_json::Value = serde_json::from_str(answer).ok()?;
         if let Some(error) = value.get("error").and_then(|e| e.as_str()) {

@@ -29,9 +29,9 @@ use timeoutd_runtime::guard::{Review, review};
 use timeoutd_runtime::model::{Decision, Effect, Order};
 use timeoutd_runtime::{Plugin, PolicyEngine};
 
-use super::replay::{Answer, Input, recorded_answer};
+use super::replay::Input;
 use crate::config::Config;
-use crate::db::replay::{RecordedCall, calls_since};
+use crate::db::replay::{RecordedInput, inputs_since};
 use crate::db::{Db, DbError};
 use crate::policies;
 use crate::shadow::compare::differences;
@@ -200,43 +200,68 @@ async fn whatif(
         ..WhatIf::default()
     };
     let cores = std::thread::available_parallelism().map_or(2, usize::from);
-    let mut after = 0;
-    loop {
-        let page = calls_since(&db, merchant, since_ms, after, PAGE).await?;
-        let Some(last) = page.last() else {
-            break;
-        };
-        after = last.id;
-        let chunk = page.len().div_ceil(cores);
-        let decided = std::thread::scope(|scope| {
-            let handles: Vec<_> = page
-                .chunks(chunk)
-                .map(|calls| {
-                    let granted = granted.as_deref();
-                    scope.spawn(move || {
-                        let mut part = WhatIf {
-                            shift: SHIFT_BUCKETS
-                                .iter()
-                                .map(|(_, l)| (l.to_string(), 0, 0))
-                                .collect(),
-                            ..WhatIf::default()
-                        };
-                        for call in calls {
-                            decide_again(&mut part, plugin, call, changed, granted);
+    // Pages are read by a task of their own while the last one is decided (two in hand at
+    // most: memory stays two pages whatever the period).
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Vec<RecordedInput>, DbError>>(1);
+    let reader = {
+        let (db, merchant) = (db.clone(), merchant.to_string());
+        tokio::spawn(async move {
+            let mut after = 0;
+            loop {
+                match inputs_since(&db, &merchant, since_ms, after, PAGE).await {
+                    Ok(page) if page.is_empty() => return,
+                    Ok(page) => {
+                        after = page.last().map_or(after, |c| c.id);
+                        if tx.send(Ok(page)).await.is_err() {
+                            return;
                         }
-                        part
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                }
+            }
+        })
+    };
+    while let Some(page) = rx.recv().await {
+        let page = page?;
+        let (plugin, changed, granted) = (plugin.clone(), changed.to_vec(), granted.clone());
+        let decided = tokio::task::spawn_blocking(move || {
+            let chunk = page.len().div_ceil(cores);
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = page
+                    .chunks(chunk)
+                    .map(|calls| {
+                        let (plugin, changed, granted) = (&plugin, &changed, granted.as_deref());
+                        scope.spawn(move || {
+                            let mut part = WhatIf {
+                                shift: SHIFT_BUCKETS
+                                    .iter()
+                                    .map(|(_, l)| (l.to_string(), 0, 0))
+                                    .collect(),
+                                ..WhatIf::default()
+                            };
+                            for call in calls {
+                                decide_again(&mut part, plugin, call, changed, granted);
+                            }
+                            part
+                        })
                     })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("a what-if thread panicked"))
-                .collect::<Vec<_>>()
-        });
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("a what-if thread panicked"))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .await
+        .expect("the what-if pool panicked");
         for part in decided {
             merge(&mut total, part);
         }
     }
+    let _ = reader.await;
     db.close().await;
     total.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     total.per_second = total.decisions as f64 / started.elapsed().as_secs_f64().max(1e-9);
@@ -247,7 +272,7 @@ async fn whatif(
 fn decide_again(
     part: &mut WhatIf,
     plugin: &Plugin,
-    call: &RecordedCall,
+    call: &RecordedInput,
     changed: &[(String, String)],
     granted: Option<&[String]>,
 ) {
@@ -255,9 +280,12 @@ fn decide_again(
         .input
         .as_deref()
         .and_then(|i| serde_json::from_str::<Input>(i).ok());
-    let (Some(Input { order, mut context }), Some(Answer::Decision(live))) =
-        (input, recorded_answer(call))
-    else {
+    // A live call that failed recorded `{"error": …}`, which is no decision: skipped.
+    let live = call
+        .answer
+        .as_deref()
+        .and_then(|a| serde_json::from_str::<Decision>(a).ok());
+    let (Some(Input { order, mut context }), Some(live)) = (input, live) else {
         part.skipped += 1;
         return;
     };
@@ -382,7 +410,7 @@ fn shift(part: &mut WhatIf, order: &Order, live: &Decision, candidate: &Decision
     }
 }
 
-fn example(part: &mut WhatIf, call: &RecordedCall, live: &Decision, candidate: &str) {
+fn example(part: &mut WhatIf, call: &RecordedInput, live: &Decision, candidate: &str) {
     if part.examples.len() < EXAMPLES {
         part.examples.push((
             call.id,
