@@ -155,6 +155,26 @@ fn bad_shadows_are_named_by_their_keys() {
     let problems = timeoutd::config::Config::from_toml(toml, dir.path(), &|_| None)
         .unwrap_err()
         .to_string();
+    // A good shadow is listed by `validate`.
+    let good = dir.path().join("good.toml");
+    std::fs::write(
+        &good,
+        "[database]\nurl = \"sqlite://x.db\"\n[merchants.a]\nplugin = \"builtin:single-phase\"\n\
+         [merchants.a.shadow]\nplugin = \"builtin:two-phase\"\nsettings = { grace = \"5m\" }\nsample = 0.25\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(crate::support::timeoutd_bin())
+        .args(["validate", "--config"])
+        .arg(&good)
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{listed}");
+    assert!(
+        listed.contains("merchant a: shadow builtin:two-phase")
+            && listed.contains("asked on 25 % of orders"),
+        "{listed}"
+    );
     for needle in [
         "merchants.a.shadow.plugin",
         "unknown built-in plugin `nope`",

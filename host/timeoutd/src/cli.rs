@@ -530,6 +530,16 @@ fn validate(path: &std::path::Path) -> ExitCode {
                     p.plugin.api_version(),
                     p.plugin.digest()
                 );
+                if let Some(shadow) = policies.shadow(&p.merchant) {
+                    println!(
+                        "merchant {}: shadow {} (timeout:policy@{}, sha256 {}, asked on {} % of orders)",
+                        p.merchant,
+                        shadow.plugin.name(),
+                        shadow.plugin.api_version(),
+                        shadow.plugin.digest(),
+                        shadow.sample * 100.0
+                    );
+                }
             }
             for warning in crate::effects::unexecuted(&config) {
                 println!("warning: {warning}");
